@@ -1,0 +1,57 @@
+"""Shared fixtures. Every test runs with one intra-op thread: on 2 cores, timings and results stay steady."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.environ.get("NPU_RL_DATA_DIR", os.path.join(REPO_ROOT, "..", "shared", "data"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests run only with NPU_RL_SLOW=1 (CI's default run keeps one real end-to-end path unmarked)."""
+    if os.environ.get("NPU_RL_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set NPU_RL_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> str:
+    if not os.path.isdir(SHARED_DATA):
+        pytest.skip(f"shared data folder {SHARED_DATA} not found (set NPU_RL_DATA_DIR)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from tests.helpers import make_tiny_tokenizer
+
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A tiny Qwen2 + char tokenizer saved as an HF folder (pad != eos)."""
+    from tests.helpers import save_tiny_model_dir
+
+    return save_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model")))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_pad_is_eos(tmp_path_factory) -> str:
+    """Like tiny_model_dir, but pad == end of turn, as in SmolLM2."""
+    from tests.helpers import save_tiny_model_dir
+
+    return save_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model_pad_eos")), pad_is_eos=True)
