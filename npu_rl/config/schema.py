@@ -237,6 +237,7 @@ class RolloutConfig:
     calculate_log_probs: bool = False
     update_weights_bucket_megabytes: int = 512
     layered_summon: bool = False
+    enable_expert_parallel: bool = False  # vLLM expert parallelism for MoE models
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]

@@ -1,0 +1,97 @@
+"""``npu-rl``: train | eval | merge | preprocess | doctor | bench.
+
+Each sub-command's body lives with the code it drives; this file only routes (imports are lazy so that
+``npu-rl doctor`` works on a machine where half the stack is broken).
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: npu-rl <command> [args]
+
+commands:
+  train       RL training (GRPO/PPO/DAPO ...). No arguments: the embedded default (GRPO on arithmetic with
+              SmolLM2-135M). verl overrides work: npu-rl train --config-name ppo_trainer data.train_files=...
+  eval        accuracy / pass@k of a model folder or checkpoint on gsm8k | math500 | aime24 | arith
+  merge       turn a (sharded) checkpoint into a plain Hugging Face folder
+  preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
+  doctor      device, versions found and known-bad combinations
+  bench       benchmarks: kernels | rollout | trainer
+
+`npu-rl <command> --help` for a command's options."""
+
+
+def _train(argv: list[str]) -> int:
+    from npu_rl.trainer.main_ppo import main
+
+    return main(argv, default_config="quickstart")
+
+
+def _eval(argv: list[str]) -> int:
+    from npu_rl.trainer.evaluate import main
+
+    return main(argv)
+
+
+def _merge(argv: list[str]) -> int:
+    from npu_rl.trainer.merge import main
+
+    return main(argv)
+
+
+def _preprocess(argv: list[str]) -> int:
+    from npu_rl.data.preprocess import preprocess_main
+
+    return preprocess_main(argv)
+
+
+def _doctor(argv: list[str]) -> int:
+    from npu_rl.device.doctor import main
+
+    return main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    targets = {
+        "kernels": "npu_rl_kernels.bench",
+        "rollout": "npu_rl.rollout.bench",
+        "trainer": "npu_rl.trainer.bench",
+    }
+    if not argv or argv[0] not in targets:
+        print(f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]", file=sys.stderr)
+        return 2
+    import importlib
+
+    return importlib.import_module(targets[argv[0]]).main(argv[1:])
+
+
+COMMANDS = {
+    "train": _train,
+    "eval": _eval,
+    "merge": _merge,
+    "preprocess": _preprocess,
+    "doctor": _doctor,
+    "bench": _bench,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        print(f"npu-rl: unknown command {command!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+              file=sys.stderr)
+        print(USAGE, file=sys.stderr)
+        return 2
+    return int(COMMANDS[command](rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

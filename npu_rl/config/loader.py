@@ -1,0 +1,219 @@
+"""Compose a config from ``configs/`` + command-line overrides, with errors that say what to change.
+
+Order of precedence (lowest first): the dataclass defaults (``schema.py``), the chosen YAML (``--config-name``,
+default ``ppo_trainer``), a preset (``preset=grpo``), then ``key=value`` overrides. Before Hydra sees an override we
+check its key against the schema, so a misspelt key fails naming the closest valid one, including ``+key=value``
+(Hydra would accept a force-added key silently).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import importlib.resources
+import os
+import typing
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from npu_rl.config.schema import PPOConfig
+
+SCHEMA_NAME = "npu_rl_schema"
+CONFIG_GROUPS = ("preset",)  # Hydra groups under configs/ selectable as group=name
+
+
+class ConfigError(ValueError):
+    """A user's config is wrong; the message lists every problem found and what to change."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid config ({len(self.problems)} problem{'s' if len(self.problems) > 1 else ''}):\n{lines}")
+
+
+def config_dir() -> str:
+    return str(importlib.resources.files("npu_rl.configs"))
+
+
+def available_config_names(path: str | None = None) -> list[str]:
+    folder = path or config_dir()
+    return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml"))
+
+
+# ------------------------------------------------------------------------------------------- schema introspection
+def _unwrap(tp: Any) -> Any:
+    """Optional[X] -> X."""
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: _unwrap(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+@functools.lru_cache(maxsize=1)
+def all_keys() -> tuple[str, ...]:
+    """Every key path of the schema, leaves and inner nodes."""
+    out: list[str] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, tp in _fields(cls).items():
+            path = f"{prefix}{name}"
+            out.append(path)
+            if dataclasses.is_dataclass(tp):
+                walk(tp, path + ".")
+
+    walk(PPOConfig, "")
+    return tuple(out)
+
+
+def suggest_key(key: str) -> str | None:
+    """The closest valid key: a sibling spelt alike, then the same leaf elsewhere in the tree, then by spelling."""
+    keys = all_keys()
+    parent, _, leaf = key.rpartition(".")
+    sibling_leaves = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+    close = [s for s in sibling_leaves if len(leaf) >= 3 and s.startswith(leaf)]  # a truncated name: temp
+    close = close or difflib.get_close_matches(leaf, sibling_leaves, n=1, cutoff=0.6)
+    if close:
+        return f"{parent}.{close[0]}" if parent else close[0]
+    same_leaf = [k for k in keys if k.rpartition(".")[2] == leaf]
+    if same_leaf:
+        return difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)[0]
+    candidates = [k for k in keys if not key.startswith(k + ".")]  # a parent of the key is no suggestion
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def check_key(key: str) -> bool:
+    """Whether ``key`` names something in the schema. Returns True if it exists as a typed field, False if it
+    lies inside a free-form dict (e.g. ``model.override_config.attention_dropout``). Raises ConfigError if unknown."""
+    node: Any = PPOConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(node):
+            return False  # inside a dict / Any: free-form
+        fields = _fields(node)
+        if part not in fields:
+            hint = suggest_key(key)
+            where = ".".join(parts[:i]) or "the top level"
+            msg = f"unknown config key {key!r} ({part!r} is not a key of {where})"
+            raise ConfigError(msg + (f"; did you mean {hint!r}?" if hint else ""))
+        node = fields[part]
+    return True
+
+
+# -------------------------------------------------------------------------------------------------- overrides
+def _check_group_choice(group: str, choice, config_path: str | None) -> list[str]:
+    folder = os.path.join(config_path or config_dir(), group)
+    names = available_config_names(folder) if os.path.isdir(folder) else []
+    if choice is None or choice in names:
+        return []
+    return [f"{group}={choice!r} does not exist; available: {', '.join(names)}"]
+
+
+def normalise_overrides(overrides: list[str], config_path: str | None = None) -> list[str]:
+    """Check every override's key; turn ``+key=v`` for a key the schema already has into ``++key=v``.
+
+    verl users write ``+actor_rollout_ref.actor.foo=...`` for keys their verl version lacked; here the key may
+    exist, and Hydra would refuse to add it twice.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:  # Hydra's grammar errors
+        raise ConfigError(f"cannot parse overrides: {exc}") from exc
+    problems, out = [], []
+    for text, override in zip(overrides, parsed):
+        key = override.key_or_group
+        if key in CONFIG_GROUPS:
+            problems.extend(_check_group_choice(key, override.value(), config_path))
+            out.append(text)
+            continue
+        if key.startswith("hydra"):
+            out.append(text)
+            continue
+        try:
+            typed = check_key(key)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if override.is_add() and not override.is_force_add() and typed:
+            text = "+" + text
+        out.append(text)
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=PPOConfig)
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
+            config_path: str | None = None) -> DictConfig:
+    """The composed (unresolved) config; raises ConfigError naming bad keys or values."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    folder = os.path.abspath(os.path.expanduser(config_path)) if config_path else config_dir()
+    overrides = normalise_overrides(list(overrides or []), folder)
+    if not os.path.isfile(os.path.join(folder, f"{config_name}.yaml")):
+        raise ConfigError(
+            f"no config named {config_name!r} in {folder}; available: {', '.join(available_config_names(folder))}"
+        )
+    _register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=folder, version_base=None):
+            return hydra_compose(config_name=config_name, overrides=overrides)
+    except Exception as exc:
+        raise ConfigError(_explain(exc)) from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _explain(exc: BaseException) -> str:
+    """Hydra wraps OmegaConf's errors; find the innermost one and phrase it with the full key."""
+    inner: BaseException = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    if isinstance(inner, OmegaConfBaseException):
+        key = getattr(inner, "full_key", None)
+        msg = str(inner).split("\n")[0]
+        return f"{key}: {msg}" if key else msg
+    return str(exc).split("\n")[0] if str(exc) else repr(exc)
+
+
+def to_dataclass(cfg: DictConfig) -> PPOConfig:
+    """Resolve interpolations and build the typed config object."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_explain(exc)) from exc
+
+
+def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
+                config_path: str | None = None, validate: bool = True, **validate_kwargs) -> PPOConfig:
+    """Compose, resolve and validate (see :func:`npu_rl.config.validate.validate`)."""
+    config = to_dataclass(compose(overrides, config_name, config_path))
+    if validate:
+        from npu_rl.config.validate import validate as run_validation
+
+        run_validation(config, **validate_kwargs)
+    return config
+
+
+def to_yaml(config: PPOConfig | DictConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config) if dataclasses.is_dataclass(config) else config)

@@ -1,0 +1,261 @@
+"""Checks that run before anything heavy starts. Every problem is collected and reported at once, each naming the
+key and what to change. Registries (estimators, losses, KL types, reward managers) are asked directly, so a
+plug-in path is loaded and checked here too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from npu_rl.config.loader import ConfigError
+from npu_rl.config.schema import PPOConfig
+
+TRUNCATION_MODES = ("error", "left", "right")
+ROLLOUT_ENGINES = ("vllm", "hf")
+STRATEGIES = ("fsdp", "fsdp2")
+RESUME_MODES = ("auto", "disable", "resume_path")
+CONTROLLERS = ("auto", "local", "ray")
+KL_CONTROLLERS = ("fixed", "adaptive")
+LOGGERS = ("console", "file", "jsonl", "tensorboard", "wandb", "swanlab", "mlflow")
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+SCHEDULERS = ("constant", "cosine")
+KERNEL_BACKENDS = ("torch", "triton")
+DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+ESTIMATORS_WITH_CRITIC = ("gae",)
+
+
+def as_list(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def critic_enabled(config: PPOConfig) -> bool:
+    if config.critic.enable is not None:
+        return bool(config.critic.enable)
+    return config.algorithm.adv_estimator in ESTIMATORS_WITH_CRITIC
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def require(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.problems.append(message)
+
+    def choice(self, key: str, value, choices) -> None:
+        self.require(value in choices, f"{key}={value!r} is not one of {', '.join(map(str, choices))}")
+
+    def attempt(self, fn: Callable[[], object], prefix: str = "") -> None:
+        """Run a check that raises (a registry lookup, a file load) and keep its message."""
+        try:
+            fn()
+        except (ValueError, TypeError, ImportError, AttributeError, FileNotFoundError, OSError) as exc:
+            message = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
+            self.problems.extend(prefix + m for m in message)
+
+
+def _check_choices(c: _Checker, config: PPOConfig) -> None:
+    arr = config.actor_rollout_ref
+    c.choice("data.truncation", config.data.truncation, TRUNCATION_MODES)
+    c.choice("actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES)
+    c.require(arr.rollout.mode == "sync", f"actor_rollout_ref.rollout.mode={arr.rollout.mode!r}: only 'sync' is "
+              "supported (async / agent-loop rollout is not implemented)")
+    c.choice("actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES)
+    c.choice("critic.strategy", config.critic.strategy, STRATEGIES)
+    c.choice("trainer.resume_mode", config.trainer.resume_mode, RESUME_MODES)
+    c.choice("trainer.controller", config.trainer.controller, CONTROLLERS)
+    c.choice("algorithm.kl_ctrl.type", config.algorithm.kl_ctrl.type, KL_CONTROLLERS)
+    c.choice("actor_rollout_ref.model.fused_kernel_options.impl_backend",
+             arr.model.fused_kernel_options.impl_backend, KERNEL_BACKENDS)
+    for key, optim in (("actor_rollout_ref.actor.optim", arr.actor.optim), ("critic.optim", config.critic.optim)):
+        c.choice(f"{key}.lr_scheduler_type", optim.warmup_style or optim.lr_scheduler_type, SCHEDULERS)
+        c.require(optim.lr >= 0, f"{key}.lr={optim.lr} must be >= 0")
+        c.require(optim.optimizer.lower() in ("adamw", "adam"), f"{key}.optimizer={optim.optimizer!r}: only AdamW")
+    for key, fsdp in (("actor_rollout_ref.actor.fsdp_config", arr.actor.fsdp_config),
+                      ("critic.model.fsdp_config", config.critic.model.fsdp_config)):
+        c.choice(f"{key}.model_dtype", fsdp.model_dtype, DTYPES)
+        c.choice(f"{key}.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, DTYPES)
+    for name in as_list(config.trainer.logger):
+        c.choice("trainer.logger", name, LOGGERS)
+    if config.trainer.resume_mode == "resume_path":
+        c.require(bool(config.trainer.resume_from_path),
+                  "trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
+    c.require(arr.model.lora_rank == 0, "actor_rollout_ref.model.lora_rank > 0: LoRA is not supported yet; set 0")
+    c.require(not arr.model.use_liger, "actor_rollout_ref.model.use_liger: Liger is not supported (and not on NPU); "
+              "use actor_rollout_ref.model.use_fused_kernels=True")
+
+
+def _check_numbers(c: _Checker, config: PPOConfig) -> None:
+    actor = config.actor_rollout_ref.actor
+    rollout = config.actor_rollout_ref.rollout
+    c.require(actor.clip_ratio_c > 1.0, f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 "
+              "(it is the dual-clip bound on the ratio for negative advantages; verl's default is 3.0)")
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", "kl_loss_coef", "grad_clip"):
+        value = getattr(actor, key)
+        c.require(value >= 0, f"actor_rollout_ref.actor.{key}={value} must be >= 0")
+    c.require(config.critic.cliprange_value >= 0, "critic.cliprange_value must be >= 0")
+    c.require(actor.ppo_epochs >= 1, f"actor_rollout_ref.actor.ppo_epochs={actor.ppo_epochs} must be >= 1")
+    c.require(rollout.n >= 1, f"actor_rollout_ref.rollout.n={rollout.n} must be >= 1")
+    c.require(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n must be >= 1")
+    c.require(0 < rollout.gpu_memory_utilization <= 1,
+              f"actor_rollout_ref.rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1]")
+    for key, value in (("temperature", rollout.temperature), ("val_kwargs.temperature", rollout.val_kwargs.temperature)):
+        c.require(value >= 0, f"actor_rollout_ref.rollout.{key}={value} must be >= 0")
+    c.require(0 < rollout.top_p <= 1, f"actor_rollout_ref.rollout.top_p={rollout.top_p} must be in (0, 1]")
+    c.require(rollout.top_k == -1 or rollout.top_k >= 0, "actor_rollout_ref.rollout.top_k must be -1 (off) or >= 0")
+    c.require(rollout.sleep_level in (1, 2), "actor_rollout_ref.rollout.sleep_level must be 1 or 2")
+    data = config.data
+    c.require(data.max_prompt_length > 0, "data.max_prompt_length must be > 0")
+    c.require(data.max_response_length > 0, "data.max_response_length must be > 0")
+    c.require(data.train_batch_size > 0, "data.train_batch_size must be > 0")
+    if data.gen_batch_size is not None:
+        c.require(data.gen_batch_size > 0, "data.gen_batch_size must be > 0")
+    fg = config.algorithm.filter_groups
+    if fg.enable:
+        c.require(fg.metric in FILTER_METRICS, f"algorithm.filter_groups.enable=True needs algorithm.filter_groups."
+                  f"metric set to one of {', '.join(FILTER_METRICS)} (got {fg.metric!r})")
+        c.require(fg.max_num_gen_batches >= 0, "algorithm.filter_groups.max_num_gen_batches must be >= 0 (0: no limit)")
+    tr = config.trainer
+    c.require(tr.total_epochs >= 1, f"trainer.total_epochs={tr.total_epochs} must be >= 1")
+    if tr.total_training_steps is not None:
+        c.require(tr.total_training_steps >= 1, "trainer.total_training_steps must be >= 1 (or null)")
+    c.require(tr.nnodes >= 1 and tr.n_gpus_per_node >= 1, "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+    kl = config.algorithm.kl_ctrl
+    if kl.type == "adaptive":
+        c.require(kl.horizon > 0 and kl.target_kl > 0, "algorithm.kl_ctrl: adaptive needs horizon > 0, target_kl > 0")
+
+
+def _check_batch_sizes(c: _Checker, config: PPOConfig) -> None:
+    """Every split of the step's rows must come out even: prompts -> mini-batches -> ranks -> micro-batches."""
+    arr = config.actor_rollout_ref
+    n = arr.rollout.n
+    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    sp = arr.actor.ulysses_sequence_parallel_size
+    if sp < 1 or world % sp:
+        c.problems.append(f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp} must divide the number of "
+                          f"devices ({world} = trainer.nnodes x trainer.n_gpus_per_node)")
+        return
+    dp = world // sp
+    tp = arr.rollout.tensor_model_parallel_size
+    c.require(1 <= tp <= world and world % tp == 0,
+              f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the {world} device(s) "
+              "(trainer.nnodes x trainer.n_gpus_per_node); on one device set it to 1")
+    rows = config.data.train_batch_size * n
+    c.require(rows % dp == 0, f"data.train_batch_size x rollout.n = {rows} rows must divide evenly over {dp} "
+              "data-parallel ranks")
+    roles = [("actor_rollout_ref.actor", arr.actor, True)]
+    if critic_enabled(config):
+        roles.append(("critic", config.critic, True))
+    for key, role, _ in roles:
+        mini = role.ppo_mini_batch_size
+        if mini <= 0:
+            c.problems.append(f"{key}.ppo_mini_batch_size must be > 0")
+            continue
+        c.require(config.data.train_batch_size % mini == 0,
+                  f"data.train_batch_size={config.data.train_batch_size} must be a multiple of "
+                  f"{key}.ppo_mini_batch_size={mini}")
+        mini_rows = mini * n
+        if mini_rows % dp:
+            c.problems.append(f"{key}.ppo_mini_batch_size x rollout.n = {mini_rows} must divide over {dp} ranks")
+            continue
+        per_rank = mini_rows // dp
+        if role.ppo_micro_batch_size is not None and role.ppo_micro_batch_size_per_gpu is not None:
+            c.problems.append(f"set only one of {key}.ppo_micro_batch_size (deprecated) and "
+                              f"{key}.ppo_micro_batch_size_per_gpu")
+        micro = role.ppo_micro_batch_size_per_gpu
+        if micro is None and role.ppo_micro_batch_size is not None:
+            micro = role.ppo_micro_batch_size // dp
+        if role.use_dynamic_bsz:
+            # With Ulysses each rank holds 1/sp of a sequence, so the budget covers sp times more tokens.
+            need = config.data.max_prompt_length + config.data.max_response_length
+            role_sp = role.ulysses_sequence_parallel_size
+            c.require(role.ppo_max_token_len_per_gpu * role_sp >= need,
+                      f"{key}.ppo_max_token_len_per_gpu={role.ppo_max_token_len_per_gpu} x ulysses_sequence_parallel_"
+                      f"size={role_sp} is below one sequence's maximum length ({need} = data.max_prompt_length + "
+                      "data.max_response_length)")
+        elif micro is not None:
+            c.require(micro > 0 and per_rank % micro == 0,
+                      f"{key}: the {per_rank} rows per rank of a mini-batch (ppo_mini_batch_size x n / dp ranks) must "
+                      f"be a multiple of the micro-batch size {micro} (ppo_micro_batch_size_per_gpu)")
+
+
+def _check_registries(c: _Checker, config: PPOConfig) -> None:
+    from npu_rl.core import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, check_kl_type
+
+    arr = config.actor_rollout_ref
+    c.attempt(lambda: ADV_ESTIMATORS.check(config.algorithm.adv_estimator))
+    c.attempt(lambda: POLICY_LOSSES.check(arr.actor.policy_loss.loss_mode))
+    c.choice("actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES)
+    if arr.actor.use_kl_loss:
+        c.attempt(lambda: check_kl_type(arr.actor.kl_loss_type), "actor_rollout_ref.actor.kl_loss_type: ")
+    if config.algorithm.use_kl_in_reward:
+        c.attempt(lambda: check_kl_type(config.algorithm.kl_penalty), "algorithm.kl_penalty: ")
+    from npu_rl.reward import check_reward_config
+
+    c.attempt(lambda: check_reward_config(config.reward_model, config.custom_reward_function))
+
+
+def _check_paths(c: _Checker, config: PPOConfig) -> None:
+    from npu_rl.models.loader import resolve_model_path
+
+    for key in ("train_files", "val_files"):
+        files = as_list(getattr(config.data, key))
+        c.require(bool(files), f"data.{key} is empty")
+        for path in files:
+            c.require(data_file_exists(str(path)), f"data.{key}: file {path!r} does not exist (run `npu-rl preprocess "
+                      "gsm8k` or point the key at a parquet/jsonl file)")
+    c.attempt(lambda: _check_model_path(config.actor_rollout_ref.model.path), "actor_rollout_ref.model.path: ")
+    if critic_enabled(config):
+        c.attempt(lambda: _check_model_path(config.critic.model.path), "critic.model.path: ")
+    if config.reward_model.enable:
+        c.attempt(lambda: resolve_model_path(config.reward_model.model.path), "reward_model.model.path: ")
+
+
+def data_file_exists(path: str) -> bool:
+    """A data file on disk, or a built-in data set (``builtin://arith/train``), generated on first use."""
+    return path.startswith("builtin://") or os.path.isfile(os.path.expanduser(path))
+
+
+def _check_model_path(path: str) -> None:
+    from npu_rl.models.loader import is_builtin, resolve_model_path
+
+    if not is_builtin(path):  # a built-in model is converted on first use; don't do that at validation
+        resolve_model_path(path)
+
+
+def _check_device(c: _Checker, config: PPOConfig) -> None:
+    from npu_rl.device import select_backend
+
+    requested = config.trainer.device
+    if requested != "auto" or os.environ.get("DEVICE"):
+        requested = requested if requested != "auto" else None
+    try:
+        backend = select_backend(requested if requested else None)
+    except (RuntimeError, ValueError) as exc:
+        c.problems.append(f"trainer.device: {exc}")
+        return
+    if backend.is_accelerator and config.trainer.nnodes == 1:
+        have = backend.device_count()
+        c.require(config.trainer.n_gpus_per_node <= have,
+                  f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node} but only {have} {backend.name} "
+                  f"device(s) are visible ({backend.visible_devices_env}={os.environ.get(backend.visible_devices_env)})")
+
+
+def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = True) -> None:
+    """Raise ConfigError listing every problem in ``config``."""
+    c = _Checker()
+    _check_choices(c, config)
+    _check_numbers(c, config)
+    _check_batch_sizes(c, config)
+    _check_registries(c, config)
+    if check_paths:
+        _check_paths(c, config)
+    if check_device:
+        _check_device(c, config)
+    if c.problems:
+        raise ConfigError(c.problems)

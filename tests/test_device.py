@@ -1,0 +1,199 @@
+"""Device selection and the NPU path, tested with a stand-in torch_npu (no Ascend hardware here)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from npu_rl.device import DeviceUnavailableError, backend as backend_mod, flops, npu_patches, select_backend
+from tests.conftest import REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def _no_device_env(monkeypatch):
+    monkeypatch.delenv("DEVICE", raising=False)
+    monkeypatch.delenv("NPU_RL_PEAK_TFLOPS", raising=False)
+
+
+def test_auto_on_this_machine_is_cpu():
+    backend = select_backend("auto")
+    assert (backend.name, backend.dist_backend, backend.ray_resource, backend.visible_devices_env) == (
+        "cpu", "gloo", None, None)
+    assert backend.device() == torch.device("cpu")
+    assert backend.graph_class is None
+
+
+def test_device_env_is_read(monkeypatch):
+    monkeypatch.setenv("DEVICE", "cpu")
+    assert select_backend().name == "cpu"
+
+
+def test_explicit_npu_without_torch_npu_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu -> ImportError
+    with pytest.raises(DeviceUnavailableError, match=r"DEVICE=npu was requested but torch_npu is not importable.*"
+                                                     r"pip install torch-npu"):
+        select_backend("npu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_explicit_cuda_without_gpu_fails_clearly():
+    with pytest.raises(DeviceUnavailableError, match="DEVICE=cuda was requested but torch.cuda.is_available"):
+        select_backend("cuda")
+
+
+def test_unknown_device_name():
+    with pytest.raises(ValueError, match="DEVICE='tpu' is not valid; expected one of auto, npu, cuda, cpu"):
+        select_backend("tpu")
+
+
+def test_get_backend_refuses_to_switch(monkeypatch):
+    monkeypatch.setattr(backend_mod, "_BACKEND", None)
+    assert backend_mod.get_backend("cpu").name == "cpu"
+    assert backend_mod.get_backend().name == "cpu"
+    with pytest.raises(DeviceUnavailableError, match="already chosen as 'cpu'"):
+        backend_mod.get_backend("npu")
+
+
+# ------------------------------------------------------------------------------------------ a stand-in torch_npu
+class _FakeNpuModule(types.SimpleNamespace):
+    """Enough of torch.npu for selection, seeding and the patches."""
+
+    def __init__(self):
+        super().__init__(calls=[], config=types.SimpleNamespace(allow_internal_format=True))
+
+    def is_available(self):
+        return True
+
+    def device_count(self):
+        return 2
+
+    def current_device(self):
+        return 0
+
+    def set_compile_mode(self, jit_compile):
+        self.calls.append(("set_compile_mode", jit_compile))
+
+    def manual_seed_all(self, seed):
+        self.calls.append(("manual_seed_all", seed))
+
+    def get_device_name(self, index=0):
+        return "Ascend910B3"
+
+
+@pytest.fixture
+def fake_npu(monkeypatch):
+    import transformers.models.llama.modeling_llama as llama
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+
+    fake_module = _FakeNpuModule()
+    fake_torch_npu = types.ModuleType("torch_npu")
+    fake_torch_npu.npu_rms_norm = lambda x, w, epsilon: (x * w * 2.0, None)  # recognisably not the real norm
+    fake_torch_npu.npu_rotary_mul = lambda x, cos, sin: x + 1.0
+    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu)
+    monkeypatch.setattr(torch, "npu", fake_module, raising=False)
+    monkeypatch.setattr(npu_patches, "_APPLIED", False)
+    monkeypatch.delenv("TASK_QUEUE_ENABLE", raising=False)
+    # The patches replace class attributes: monkeypatch restores them after the test.
+    monkeypatch.setattr(qwen2.Qwen2RMSNorm, "forward", qwen2.Qwen2RMSNorm.forward)
+    monkeypatch.setattr(qwen2, "apply_rotary_pos_emb", qwen2.apply_rotary_pos_emb)
+    monkeypatch.setattr(llama.LlamaRMSNorm, "forward", llama.LlamaRMSNorm.forward)
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", llama.apply_rotary_pos_emb)
+    try:
+        import transformers.models.qwen3.modeling_qwen3 as qwen3
+
+        monkeypatch.setattr(qwen3.Qwen3RMSNorm, "forward", qwen3.Qwen3RMSNorm.forward)
+        monkeypatch.setattr(qwen3, "apply_rotary_pos_emb", qwen3.apply_rotary_pos_emb)
+    except ImportError:
+        pass
+    return fake_module
+
+
+def test_auto_prefers_npu_when_torch_npu_sees_a_device(fake_npu):
+    backend = select_backend("auto")
+    assert (backend.name, backend.dist_backend, backend.visible_devices_env, backend.ray_resource) == (
+        "npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "NPU")
+    assert backend.device_count() == 2
+    assert backend.peak_flops() == 354e12
+
+
+def test_npu_patches_apply_once(fake_npu):
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+
+    select_backend("npu")
+    select_backend("npu")  # second selection: no second application
+    assert fake_npu.calls.count(("set_compile_mode", False)) == 1
+    assert fake_npu.config.allow_internal_format is False
+    assert os.environ["TASK_QUEUE_ENABLE"] == "1"
+    norm = qwen2.Qwen2RMSNorm(4)
+    x = torch.ones(1, 4)
+    torch.testing.assert_close(norm(x), torch.full((1, 4), 2.0))  # went through the fake npu_rms_norm
+    q = torch.zeros(1, 1, 2, 4)
+    q_out, k_out = qwen2.apply_rotary_pos_emb(q, q, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
+    torch.testing.assert_close(q_out, torch.ones_like(q))
+
+
+def test_npu_seeding_reaches_the_device(fake_npu):
+    select_backend("npu").manual_seed(7)
+    assert ("manual_seed_all", 7) in fake_npu.calls
+
+
+# ------------------------------------------------------------------------------------------ CPU backend figures
+def test_rng_state_round_trip():
+    backend = select_backend("cpu")
+    backend.manual_seed(3)
+    state = backend.rng_state()
+    a = torch.rand(3)
+    backend.set_rng_state(state)
+    torch.testing.assert_close(torch.rand(3), a)
+
+
+def test_memory_stats_and_peak(monkeypatch):
+    backend = select_backend("cpu")
+    stats = backend.memory_stats_gb()
+    assert set(stats) == {"cpu_memory_used_gb", "max_memory_allocated_gb", "max_memory_reserved_gb"}
+    assert stats["cpu_memory_used_gb"] > 0
+    monkeypatch.setenv("NPU_RL_PEAK_TFLOPS", "12.5")
+    assert backend.peak_flops() == 12.5e12
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H200", 989e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12),
+                                        ("Ascend910B3", 354e12), ("NVIDIA A100-SXM4-80GB", 312e12)])
+def test_peak_flops_table(name, peak):
+    assert flops.peak_flops(name) == peak
+
+
+def test_cpu_peak_scales_with_threads():
+    assert flops.peak_flops("CPU", num_threads=4) == 4 * flops.peak_flops("CPU", num_threads=1)
+
+
+# ------------------------------------------------------------------------------------------ only device/ names one
+DEVICE_NAMES = re.compile(r"torch\.cuda|torch\.npu|[\"']cuda[\"']|[\"']npu[\"']")
+
+
+def test_no_device_names_outside_the_device_layer():
+    offenders = []
+    package = os.path.join(REPO_ROOT, "npu_rl")
+    for root, _, files in os.walk(package):
+        if os.path.relpath(root, package).split(os.sep)[0] == "device":
+            continue
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as f:
+                    for lineno, line in enumerate(f, 1):
+                        if DEVICE_NAMES.search(line):
+                            offenders.append(f"{os.path.relpath(path, REPO_ROOT)}:{lineno}: {line.strip()}")
+    assert not offenders, "device names outside npu_rl/device/:\n" + "\n".join(offenders)
+
+
+def test_doctor_runs_here():
+    out = subprocess.run([sys.executable, "-m", "npu_rl.cli", "doctor"], capture_output=True, text=True,
+                         cwd=REPO_ROOT, env={**os.environ, "DEVICE": ""})
+    assert "chosen (DEVICE=" in out.stdout and ": cpu, dist backend gloo" in out.stdout, out.stdout + out.stderr
+    assert "torch " in out.stdout and "vllm-ascend" in out.stdout and "CANN" in out.stdout
