@@ -1,0 +1,78 @@
+"""The RL math, as pure tensor functions: advantage estimators, policy losses, value loss, entropy bonus, KL
+estimators and controllers, and loss aggregation.
+
+No config objects, no device names, no ``torch.distributed``, no ``.item()``: the workers pass plain numbers and
+tensors in (including the global denominators of :mod:`npu_rl.core.aggregation`) and log the metric tensors.
+
+Extension points, one registry and one signature each (a user's function plugs in by ``pkg.mod:fn`` or
+``path/file.py:fn`` as the name):
+
+- ``ADV_ESTIMATORS`` (``algorithm.adv_estimator``): ``fn(inputs: AdvantageInputs) -> AdvantageOutput``
+- ``POLICY_LOSSES`` (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``fn(inputs: PolicyLossInputs) -> LossOutput``
+- ``KL_ESTIMATORS`` (``algorithm.kl_penalty``, ``actor.kl_loss_type``): ``fn(*, logprobs, ref_logprobs) -> [B, T]``
+
+Config validation calls ``ADV_ESTIMATORS.check(name)``, ``POLICY_LOSSES.check(name)``, ``check_kl_type(name)`` and
+``check_loss_agg_mode(name)`` / ``LOSS_AGG_MODES``.
+"""
+
+from npu_rl.core.advantages import ADV_ESTIMATORS, AdvantageInputs, AdvantageOutput, compute_advantages
+from npu_rl.core.aggregation import (
+    LOSS_AGG_MODES,
+    LossOutput,
+    agg_loss,
+    check_loss_agg_mode,
+    loss_denominators,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from npu_rl.core.groups import as_group_ids, group_stats
+from npu_rl.core.kl import (
+    KL_CONTROLLER_TYPES,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    check_kl_type,
+    kl_in_reward,
+    kl_loss,
+    kl_penalty,
+    make_kl_controller,
+)
+from npu_rl.core.policy_loss import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
+from npu_rl.core.value_loss import entropy_bonus, entropy_from_logits, value_loss
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "AdvantageInputs",
+    "AdvantageOutput",
+    "compute_advantages",
+    "LOSS_AGG_MODES",
+    "LossOutput",
+    "agg_loss",
+    "check_loss_agg_mode",
+    "loss_denominators",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "as_group_ids",
+    "group_stats",
+    "KL_CONTROLLER_TYPES",
+    "KL_ESTIMATORS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "KLController",
+    "check_kl_type",
+    "kl_in_reward",
+    "kl_loss",
+    "kl_penalty",
+    "make_kl_controller",
+    "POLICY_LOSSES",
+    "PolicyLossInputs",
+    "compute_policy_loss",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "value_loss",
+]

@@ -1,0 +1,272 @@
+"""Policy losses: the registry ``POLICY_LOSSES`` (config key ``actor_rollout_ref.actor.policy_loss.loss_mode``).
+
+Every loss has ONE signature, ``fn(inputs: PolicyLossInputs) -> LossOutput(loss, metrics)``; the actor calls
+``compute_policy_loss(loss_mode=name, inputs=...)``. ``loss`` is this micro-batch's share of the global loss (see
+:mod:`npu_rl.core.aggregation`: pass ``global_num_tokens`` AND ``global_num_seqs``, since the sequence-level losses
+use the second whatever ``loss_agg_mode`` says). ``metrics`` always holds ``pg_clipfrac``, ``pg_clipfrac_lower`` and
+``ppo_kl`` as detached 0-d tensors, means over this micro-batch's valid tokens (0 where a loss does not clip);
+``ppo_kl = mean(old_logprobs - logprobs)``. Nothing here calls ``.item()``.
+
+Notation: ``r = exp(logprobs - old_logprobs)`` per token (log-ratio clamped to [-20, 20] before ``exp``, as verl
+does for vanilla and cispo), ``A`` the advantage, ``eps_lo / eps_hi`` = ``clip_ratio_low / clip_ratio_high``
+(``actor.clip_ratio_low/high``, default 0.2 each; DAPO's clip-higher uses 0.2 / 0.28). Losses are minimised.
+
+- ``vanilla``: PPO clip (Schulman et al. 2017, arXiv:1707.06347) with asymmetric bounds and dual clip
+  (Ye et al. 2019, arXiv:1912.09729): ``l1 = max(-A r, -A clip(r, 1 - eps_lo, 1 + eps_hi))``; for ``A < 0`` the
+  loss is ``min(l1, -A c)`` with ``c = clip_ratio_c`` (default 3.0, must be > 1). ``pg_clipfrac`` counts tokens
+  where the clipped term won, ``pg_clipfrac_lower`` those where the dual clip did.
+- ``gspo``: sequence-level ratio ``s_i = exp(mean_t log r_{i,t})`` (GSPO, arXiv:2507.18071), applied per token as
+  ``sg[s_i] * pi / sg[pi]`` so every token gets the sequence ratio's value and its own gradient; log-ratio clamped
+  above at 10; PPO clip on ``s_i``. Aggregated as ``seq-mean-token-mean`` whatever ``loss_agg_mode`` is (verl does
+  the same: the objective is a mean over sequences).
+- ``clip_cov``: PPO clip, plus the gradient of a random ``clip_cov_ratio`` fraction of the tokens whose centered
+  covariance ``(A - mean A)(logp - mean logp)`` lies in ``(clip_cov_lb, clip_cov_ub)`` (and not already clipped) is
+  cut (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617). ``pg_clipfrac`` is the
+  fraction cut. Uses torch's global RNG. Statistics are over this micro-batch, as in verl.
+- ``kl_cov``: ``-A r``, plus ``ppo_kl_coef * |log r|`` on the ``kl_cov_ratio`` fraction of tokens with the largest
+  covariance (same paper). No ratio clip. Statistics over this micro-batch.
+- ``gpg``: ``-A logp`` (Group Policy Gradient, arXiv:2504.02546): plain policy gradient, no ratio.
+- ``geo_mean``: GMPO (arXiv:2507.20673): per token the log-ratio is clipped to ``[-eps_lo, eps_hi]`` in the
+  direction of ``sign(A)``; the sequence ratio is the geometric mean ``exp(mean_t clipped log r)``, the sequence
+  advantage ``mean_t A``; loss ``-A_seq r_seq`` averaged over sequences (``loss_agg_mode`` does not apply).
+- ``cispo``: ``-sg[clip(r, 1 - eps_lo, 1 + eps_hi)] A logp`` (MiniMax-M1, arXiv:2506.13585): the clipped ratio
+  only weights the gradient, every token keeps a gradient. Its value is not a PPO objective; only the gradient is.
+
+``rollout_is_weights`` [B, T] (optional) multiplies the per-token loss (truncated importance sampling between the
+rollout engine and the trainer); ``geo_mean`` uses their geometric mean per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from npu_rl.core.aggregation import Denominator, LossOutput, agg_loss, masked_mean
+from npu_rl.core.checked_registry import CheckedRegistry, describe_callable
+
+
+@dataclass(frozen=True, eq=False)
+class PolicyLossInputs:
+    """Everything any policy loss may read; each uses what it needs."""
+
+    old_logprobs: torch.Tensor  # [B, T] behaviour policy (no grad)
+    logprobs: torch.Tensor  # [B, T] current policy (requires grad)
+    advantages: torch.Tensor  # [B, T]
+    response_mask: torch.Tensor  # [B, T]
+    loss_agg_mode: str = "token-mean"  # actor.loss_agg_mode
+    global_num_tokens: Denominator = None  # valid tokens in the whole mini-batch (all micro-batches and ranks)
+    global_num_seqs: Denominator = None  # sequences with a valid token in the whole mini-batch
+    loss_scale_factor: Denominator = None  # seq-mean-token-sum-norm divisor; default T
+    clip_ratio_low: float = 0.2  # actor.clip_ratio_low
+    clip_ratio_high: float = 0.2  # actor.clip_ratio_high
+    clip_ratio_c: float = 3.0  # actor.clip_ratio_c (dual clip, > 1)
+    clip_cov_ratio: float = 0.0002  # actor.policy_loss.clip_cov_ratio
+    clip_cov_lb: float = 1.0  # actor.policy_loss.clip_cov_lb
+    clip_cov_ub: float = 5.0  # actor.policy_loss.clip_cov_ub
+    kl_cov_ratio: float = 0.0002  # actor.policy_loss.kl_cov_ratio
+    ppo_kl_coef: float = 0.1  # actor.policy_loss.ppo_kl_coef
+    rollout_is_weights: Optional[torch.Tensor] = None  # [B, T] importance weights, no grad
+
+    def aggregate(self, loss_mat: torch.Tensor, loss_agg_mode: str | None = None) -> torch.Tensor:
+        """``agg_loss`` of ``loss_mat`` [B, T] with this batch's mask and denominators."""
+        return agg_loss(
+            loss_mat=loss_mat,
+            loss_mask=self.response_mask,
+            loss_agg_mode=loss_agg_mode or self.loss_agg_mode,
+            global_num_tokens=self.global_num_tokens,
+            global_num_seqs=self.global_num_seqs,
+            loss_scale_factor=self.loss_scale_factor,
+        )
+
+
+POLICY_LOSSES = CheckedRegistry(
+    "policy loss",
+    "actor_rollout_ref.actor.policy_loss.loss_mode",
+    expected="fn(inputs: PolicyLossInputs) -> LossOutput(loss, metrics)",
+    probe_args=(None,),
+)
+
+
+def compute_policy_loss(*, loss_mode: str, inputs: PolicyLossInputs) -> LossOutput:
+    """Run the loss named ``loss_mode`` (a registered name or a plug-in path) and check its output."""
+    fn = POLICY_LOSSES.get(loss_mode)
+    result = fn(inputs)
+    ok = isinstance(result, tuple) and len(result) == 2
+    ok = ok and isinstance(result[0], torch.Tensor) and result[0].dim() == 0 and isinstance(result[1], dict)
+    if not ok:
+        raise TypeError(
+            f"policy loss {loss_mode!r} ({describe_callable(fn)}) returned {type(result).__name__}; expected "
+            "LossOutput(loss: 0-d tensor, metrics: dict of tensors)"
+        )
+    return LossOutput(*result)
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+
+
+def _log_ratio(inputs: PolicyLossInputs, clamp: bool = True) -> torch.Tensor:
+    """``logprobs - old_logprobs`` [B, T], clamped to [-20, 20] so ``exp`` cannot overflow."""
+    log_ratio = inputs.logprobs - inputs.old_logprobs
+    return log_ratio.clamp(min=-20.0, max=20.0) if clamp else log_ratio
+
+
+def _metrics(
+    inputs: PolicyLossInputs,
+    log_ratio: torch.Tensor,
+    clipfrac: torch.Tensor | None = None,
+    clipfrac_lower: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    mask = inputs.response_mask
+    zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
+    return {
+        "pg_clipfrac": (zero if clipfrac is None else clipfrac).detach(),
+        "pg_clipfrac_lower": (zero if clipfrac_lower is None else clipfrac_lower).detach(),
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
+    }
+
+
+def _weighted(inputs: PolicyLossInputs, losses: torch.Tensor) -> torch.Tensor:
+    return losses if inputs.rollout_is_weights is None else losses * inputs.rollout_is_weights
+
+
+def _clipped_surrogate(inputs: PolicyLossInputs, ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``max(-A r, -A clip(r))`` [B, T] and the float mask of tokens where the clipped term won."""
+    advantages = inputs.advantages
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - inputs.clip_ratio_low, 1.0 + inputs.clip_ratio_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).to(ratio.dtype)
+
+
+def _centered_covariance(inputs: PolicyLossInputs) -> torch.Tensor:
+    """``(A - mean A)(logp - mean logp)`` [B, T] over valid tokens, detached (it only selects tokens)."""
+    mask = inputs.response_mask
+    advantages, logprobs = inputs.advantages.detach(), inputs.logprobs.detach()
+    return (advantages - masked_mean(advantages, mask)) * (logprobs - masked_mean(logprobs, mask))
+
+
+def _top_fraction(keys: torch.Tensor, eligible: torch.Tensor, num_selected: torch.Tensor) -> torch.Tensor:
+    """Bool mask [B, T]: the ``num_selected`` (0-d tensor) eligible entries with the largest ``keys``.
+
+    Ranks by sorting, so the count stays on the device (no ``.item()``).
+    """
+    flat = torch.where(eligible, keys, torch.full_like(keys, float("-inf"))).reshape(-1)
+    order = torch.argsort(flat, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    return eligible & (rank.reshape(keys.shape) < num_selected)
+
+
+# -------------------------------------------------------------------------------------------------------- losses
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """Dual-clip PPO with asymmetric clip ratios."""
+    if not inputs.clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c (dual-clip PPO lower bound) must be > 1, got {inputs.clip_ratio_c}")
+    mask, advantages = inputs.response_mask, inputs.advantages
+    log_ratio = _log_ratio(inputs)
+    ratio = torch.exp(log_ratio)  # [B, T]
+    clipped_loss, clipped = _clipped_surrogate(inputs, ratio)
+    dual_bound = -advantages * inputs.clip_ratio_c  # [B, T]
+    negative = advantages < 0
+    dual_clipped = (negative & (clipped_loss > dual_bound)).to(ratio.dtype)
+    losses = torch.where(negative, torch.minimum(clipped_loss, dual_bound), clipped_loss)
+    loss = inputs.aggregate(_weighted(inputs, losses))
+    return LossOutput(loss, _metrics(inputs, log_ratio, masked_mean(clipped, mask), masked_mean(dual_clipped, mask)))
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """Sequence-level ratio with per-token gradient; always ``seq-mean-token-mean``."""
+    mask = inputs.response_mask
+    log_ratio = inputs.logprobs - inputs.old_logprobs  # [B, T]
+    lengths = mask.to(log_ratio.dtype).sum(dim=-1).clamp(min=1)  # [B]
+    seq_log_ratio = (torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio)).sum(dim=-1) / lengths).detach()
+    token_log_ratio = inputs.logprobs - inputs.logprobs.detach() + seq_log_ratio.unsqueeze(-1)  # [B, T]
+    ratio = torch.exp(token_log_ratio.clamp(max=10.0))
+    losses, clipped = _clipped_surrogate(inputs, ratio)
+    loss = inputs.aggregate(_weighted(inputs, losses), loss_agg_mode="seq-mean-token-mean")
+    return LossOutput(loss, _metrics(inputs, log_ratio, masked_mean(clipped, mask)))
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """PPO clip, and the gradient cut on a random few tokens of high covariance."""
+    mask = inputs.response_mask
+    valid = mask.bool()
+    log_ratio = _log_ratio(inputs)
+    losses, clipped = _clipped_surrogate(inputs, torch.exp(log_ratio))
+    covariance = _centered_covariance(inputs)
+    eligible = valid & (clipped == 0) & (covariance > inputs.clip_cov_lb) & (covariance < inputs.clip_cov_ub)
+    num_cut = (inputs.clip_cov_ratio * valid.sum()).floor().clamp(min=1)  # 0-d, stays on the device
+    random_keys = torch.rand(covariance.shape, device=covariance.device)
+    cut = _top_fraction(random_keys, eligible, num_cut)
+    losses = torch.where(cut, torch.zeros_like(losses), losses)
+    loss = inputs.aggregate(_weighted(inputs, losses))
+    return LossOutput(loss, _metrics(inputs, log_ratio, masked_mean(cut.to(losses.dtype), mask)))
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """``-A r``, plus ``ppo_kl_coef |log r|`` on the tokens of largest covariance."""
+    valid = inputs.response_mask.bool()
+    log_ratio = _log_ratio(inputs)
+    losses = -inputs.advantages * torch.exp(log_ratio)
+    num_penalised = (inputs.kl_cov_ratio * valid.sum()).floor().clamp(min=1)
+    penalised = _top_fraction(_centered_covariance(inputs), valid, num_penalised)
+    losses = torch.where(penalised, losses + inputs.ppo_kl_coef * log_ratio.abs(), losses)
+    loss = inputs.aggregate(_weighted(inputs, losses))
+    return LossOutput(loss, _metrics(inputs, log_ratio))
+
+
+@POLICY_LOSSES.register("gpg")
+def gpg_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """Plain policy gradient ``-A logp``."""
+    losses = -inputs.advantages * inputs.logprobs
+    loss = inputs.aggregate(_weighted(inputs, losses))
+    return LossOutput(loss, _metrics(inputs, _log_ratio(inputs)))
+
+
+@POLICY_LOSSES.register("geo_mean")
+def geo_mean_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """GMPO: geometric mean of token ratios clipped in log space; a mean over sequences."""
+    mask = inputs.response_mask
+    valid = mask.bool()
+    advantages = inputs.advantages
+    log_ratio = inputs.logprobs - inputs.old_logprobs  # [B, T]
+    sign = torch.sign(advantages)
+    clamped = log_ratio.clamp(min=-inputs.clip_ratio_low, max=inputs.clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)  # [B, T]
+    seq_ratio = torch.exp(_seq_token_mean(pessimistic, valid))  # [B]
+    seq_advantage = _seq_token_mean(advantages, valid)  # [B]
+    seq_losses = -seq_advantage * seq_ratio  # [B]
+    if inputs.rollout_is_weights is not None:
+        seq_losses = seq_losses * torch.exp(_seq_token_mean(torch.log(inputs.rollout_is_weights + 1e-10), valid))
+    per_token = seq_losses.unsqueeze(-1).expand_as(log_ratio)  # a token-mean of a constant row is the row's value
+    loss = inputs.aggregate(per_token, loss_agg_mode="seq-mean-token-mean")
+    is_clipped = (log_ratio != clamped).to(log_ratio.dtype)
+    clipfrac = masked_mean(is_clipped * (advantages > 0), mask)
+    clipfrac_lower = masked_mean(is_clipped * (advantages < 0), mask)
+    return LossOutput(loss, _metrics(inputs, log_ratio, clipfrac, clipfrac_lower))
+
+
+def _seq_token_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Mean over each row's valid tokens [B, T] -> [B]; empty rows give 0."""
+    total = torch.where(valid, values, torch.zeros_like(values)).sum(dim=-1)
+    return total / valid.to(values.dtype).sum(dim=-1).clamp(min=1)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """``-sg[clip(r)] A logp``: clipped importance weight, gradient through ``logp`` only."""
+    mask = inputs.response_mask
+    log_ratio = _log_ratio(inputs)
+    ratio = torch.exp(log_ratio)
+    weight = ratio.clamp(1.0 - inputs.clip_ratio_low, 1.0 + inputs.clip_ratio_high).detach()
+    losses = -weight * inputs.advantages * inputs.logprobs
+    clipfrac = masked_mean((ratio.detach() != weight).to(ratio.dtype), mask)
+    loss = inputs.aggregate(_weighted(inputs, losses))
+    return LossOutput(loss, _metrics(inputs, log_ratio, clipfrac))
