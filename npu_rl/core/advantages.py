@@ -44,7 +44,7 @@ Estimators (s = sequence score, mu / sigma = group mean / unbiased std, n = grou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
@@ -60,8 +60,8 @@ class AdvantageInputs:
     token_level_rewards: torch.Tensor  # [B, T]
     response_mask: torch.Tensor  # [B, T] 1 on response tokens that count
     index: Any = None  # [B] group ids: int tensor, numpy array of ints or strings (uids), or a list
-    values: Optional[torch.Tensor] = None  # [B, T] critic values (gae)
-    reward_baselines: Optional[torch.Tensor] = None  # [B] reward of the greedy response (remax)
+    values: torch.Tensor | None = None  # [B, T] critic values (gae)
+    reward_baselines: torch.Tensor | None = None  # [B] reward of the greedy response (remax)
     gamma: float = 1.0  # algorithm.gamma
     lam: float = 1.0  # algorithm.lam
     norm_adv_by_std_in_grpo: bool = True  # algorithm.norm_adv_by_std_in_grpo

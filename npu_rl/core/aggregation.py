@@ -27,11 +27,11 @@ A denominator of zero (nothing valid anywhere) gives a loss of zero, not NaN. No
 
 from __future__ import annotations
 
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 import torch
 
-Denominator = Union[int, float, torch.Tensor, None]
+Denominator = int | float | torch.Tensor | None
 
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 

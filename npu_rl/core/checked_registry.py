@@ -9,7 +9,8 @@ The error names the function, where it was defined, its actual signature and the
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from npu_rl.utils.imports import looks_like_spec
 from npu_rl.utils.registry import Registry
@@ -87,4 +88,3 @@ class CheckedRegistry(Registry):
                 del self._entries[name]  # do not keep a broken plug-in cached under its path
             raise
         return obj
-

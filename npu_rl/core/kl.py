@@ -29,14 +29,15 @@ KL loss (``actor.use_kl_loss``, GRPO's choice): ``kl_loss_coef * agg(kl)`` added
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Protocol, Union
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from npu_rl.core.aggregation import Denominator, LossOutput, agg_loss, masked_mean
 from npu_rl.core.checked_registry import CheckedRegistry
 
-Number = Union[float, torch.Tensor]
+Number = float | torch.Tensor
 
 KL_ESTIMATORS = CheckedRegistry(
     "KL estimator",
@@ -78,7 +79,7 @@ def check_kl_type(name: str) -> None:
     """Fail now, listing the known names, unless ``name`` is a KL type :func:`kl_penalty` or the forward accepts."""
     if name == FULL_KL:
         return
-    base = name[:-1] if name.endswith("+") else name
+    base = name.removesuffix("+")
     if base == FULL_KL:
         raise ValueError(f"KL type {name!r}: 'full' has no straight-through variant; known: {_known_kl_types()}")
     try:

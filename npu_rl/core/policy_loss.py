@@ -39,7 +39,6 @@ rollout engine and the trainer); ``geo_mean`` uses their geometric mean per sequ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -67,7 +66,7 @@ class PolicyLossInputs:
     clip_cov_ub: float = 5.0  # actor.policy_loss.clip_cov_ub
     kl_cov_ratio: float = 0.0002  # actor.policy_loss.kl_cov_ratio
     ppo_kl_coef: float = 0.1  # actor.policy_loss.ppo_kl_coef
-    rollout_is_weights: Optional[torch.Tensor] = None  # [B, T] importance weights, no grad
+    rollout_is_weights: torch.Tensor | None = None  # [B, T] importance weights, no grad
 
     def aggregate(self, loss_mat: torch.Tensor, loss_agg_mode: str | None = None) -> torch.Tensor:
         """``agg_loss`` of ``loss_mat`` [B, T] with this batch's mask and denominators."""
@@ -106,10 +105,11 @@ def compute_policy_loss(*, loss_mode: str, inputs: PolicyLossInputs) -> LossOutp
 # ------------------------------------------------------------------------------------------------------- helpers
 
 
-def _log_ratio(inputs: PolicyLossInputs, clamp: bool = True) -> torch.Tensor:
-    """``logprobs - old_logprobs`` [B, T], clamped to [-20, 20] so ``exp`` cannot overflow."""
-    log_ratio = inputs.logprobs - inputs.old_logprobs
-    return log_ratio.clamp(min=-20.0, max=20.0) if clamp else log_ratio
+def _log_ratio(inputs: PolicyLossInputs) -> torch.Tensor:
+    """``logprobs - old_logprobs`` [B, T], clamped to [-20, 20] so ``exp`` cannot overflow, and 0 on padding (so
+    whatever padding holds cannot reach the gradient through the ratio)."""
+    log_ratio = (inputs.logprobs - inputs.old_logprobs).clamp(min=-20.0, max=20.0)
+    return torch.where(inputs.response_mask.bool(), log_ratio, torch.zeros_like(log_ratio))
 
 
 def _metrics(

@@ -13,7 +13,15 @@ from torch.testing import assert_close
 from npu_rl.core import ADV_ESTIMATORS, AdvantageInputs, as_group_ids, compute_advantages
 
 ALL = (
-    "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "grpo_passk",
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "gpg",
+    "grpo_passk",
 )
 EPS = 1e-6
 
@@ -131,7 +139,9 @@ def test_remax_by_hand():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     out = compute_advantages(
         adv_estimator="remax",
-        inputs=AdvantageInputs(token_level_rewards=rewards, response_mask=mask, reward_baselines=torch.tensor([0.25, 1.0])),
+        inputs=AdvantageInputs(
+            token_level_rewards=rewards, response_mask=mask, reward_baselines=torch.tensor([0.25, 1.0])
+        ),
     )
     assert_close(out.returns, torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]))  # reward-to-go
     assert_close(out.advantages, torch.tensor([[0.75, 0.75, 0.75], [0.0, 0.0, 0.0]]))
@@ -227,7 +237,9 @@ def random_batch(seed, num_groups=7):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_vectorised_matches_loop(name, norm, seed):
     rewards, mask, labels, lengths = random_batch(seed)
-    inputs = AdvantageInputs(token_level_rewards=rewards, response_mask=mask, index=labels, norm_adv_by_std_in_grpo=norm)
+    inputs = AdvantageInputs(
+        token_level_rewards=rewards, response_mask=mask, index=labels, norm_adv_by_std_in_grpo=norm
+    )
     out = compute_advantages(adv_estimator=name, inputs=inputs)
     scores = rewards.sum(-1).tolist()
     expected = loop_group_baselines(name, scores, labels.tolist(), lengths.tolist(), norm).unsqueeze(-1) * mask
@@ -325,7 +337,9 @@ def test_all_equal_rewards_give_zero(name):
 @pytest.mark.parametrize("value, size", [(0.7, 16), (0.1, 7), (0.3, 7)])
 def test_all_equal_rewards_give_exactly_zero_despite_rounding(name, value, size):
     # float32: 16 x 0.7 summed and divided by 16 is not 0.7; (0.7 - mean) / (0 + 1e-6) was ~0.1 before the fix
-    adv = first_token(name, outcome([value] * size, lengths=[1, 2, 3] * (size // 3) + [3] * (size % 3), index=[0] * size))
+    adv = first_token(
+        name, outcome([value] * size, lengths=[1, 2, 3] * (size // 3) + [3] * (size % 3), index=[0] * size)
+    )
     assert torch.equal(adv, torch.zeros(size))
 
 
@@ -358,9 +372,13 @@ def test_missing_inputs_are_named():
     with pytest.raises(ValueError, match="AdvantageInputs.values"):
         compute_advantages(adv_estimator="gae", inputs=AdvantageInputs(token_level_rewards=rewards, response_mask=mask))
     with pytest.raises(ValueError, match="AdvantageInputs.index"):
-        compute_advantages(adv_estimator="grpo", inputs=AdvantageInputs(token_level_rewards=rewards, response_mask=mask))
+        compute_advantages(
+            adv_estimator="grpo", inputs=AdvantageInputs(token_level_rewards=rewards, response_mask=mask)
+        )
     with pytest.raises(ValueError, match="AdvantageInputs.reward_baselines"):
-        compute_advantages(adv_estimator="remax", inputs=AdvantageInputs(token_level_rewards=rewards, response_mask=mask))
+        compute_advantages(
+            adv_estimator="remax", inputs=AdvantageInputs(token_level_rewards=rewards, response_mask=mask)
+        )
 
 
 def test_unknown_estimator_lists_known():
@@ -372,6 +390,7 @@ def test_unknown_estimator_lists_known():
 def test_no_grad_in_advantages():
     rewards = torch.tensor([[1.0, 0.0]], requires_grad=True)
     out = compute_advantages(
-        adv_estimator="grpo", inputs=AdvantageInputs(token_level_rewards=rewards, response_mask=torch.ones(1, 2), index=[0])
+        adv_estimator="grpo",
+        inputs=AdvantageInputs(token_level_rewards=rewards, response_mask=torch.ones(1, 2), index=[0]),
     )
     assert not out.advantages.requires_grad
