@@ -1,0 +1,138 @@
+"""Dispatch modes: how a worker method's inputs are split over the ranks and its outputs gathered.
+
+A worker method declares its mode once, with ``@register(Dispatch.DP_SPLIT)``; the driver then calls
+``group.actor.update_policy(batch)`` as if it were a local function, whatever the backend (in-process or Ray).
+The whole mechanism is :func:`split_inputs` (driver -> one ``(args, kwargs)`` per rank) and
+:func:`collect_outputs` (one output per rank -> what the driver gets back).
+
+Modes:
+
+- ``ALL``: every rank gets the same arguments; the driver gets the list of every rank's output (rank order).
+  Use it for collectives (model init, checkpoint save/load, weight sync) and for anything that must run everywhere.
+- ``DP_SPLIT``: every :class:`~npu_rl.protocol.Batch` argument is cut into ``dp_size`` equal pieces along dim 0 and
+  data-parallel rank ``d`` gets piece ``d``; other arguments go to every rank unchanged. Ranks of one
+  sequence-parallel group share a ``dp_rank`` and so receive the same piece; only the group's *collector* output
+  is kept. Kept outputs are concatenated in ``dp_rank`` order: ``Batch.concat`` for batches, ``torch.cat`` for
+  tensors, ``None`` when all are ``None``, else a list (metrics dicts ...).
+- ``RANK0``: only rank 0 runs the method (no collectives allowed inside); the driver gets its output.
+
+The data-parallel layout of a role comes from the worker's optional ``dispatch_layout()`` method
+(:class:`DispatchLayout`; :meth:`npu_rl.parallel.ParallelMesh.dispatch_layout` builds it). Without that method
+every rank is its own data-parallel rank.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from npu_rl.protocol import Batch
+
+_ATTR = "__npu_rl_dispatch__"
+
+
+class Dispatch(enum.Enum):
+    ALL = "all"
+    DP_SPLIT = "dp_split"
+    RANK0 = "rank0"
+
+
+@dataclass(frozen=True)
+class DispatchSpec:
+    mode: Dispatch
+    blocking: bool = True
+
+
+@dataclass(frozen=True)
+class DispatchLayout:
+    """Where one rank sits for ``DP_SPLIT``: its data-parallel rank, the number of them, and whether its output is
+    the one kept for its sequence-parallel group."""
+
+    dp_rank: int
+    dp_size: int
+    is_collector: bool = True
+
+
+def register(mode: Dispatch = Dispatch.ALL, *, blocking: bool = True) -> Callable:
+    """Decorator for worker methods: ``@register(Dispatch.DP_SPLIT)``. ``blocking=False`` makes the group method
+    return a :class:`~npu_rl.controller.worker_group.Pending` (call ``.get()``) so the driver can overlap roles."""
+    if not isinstance(mode, Dispatch):
+        raise TypeError(f"register() takes a Dispatch mode, got {mode!r}; known: {[m.name for m in Dispatch]}")
+
+    def decorate(fn: Callable) -> Callable:
+        setattr(fn, _ATTR, DispatchSpec(mode, blocking))
+        return fn
+
+    return decorate
+
+
+def dispatch_spec(cls: type, name: str) -> DispatchSpec | None:
+    """The spec ``name`` was registered with on ``cls`` (or a base class), or None."""
+    return getattr(getattr(cls, name, None), _ATTR, None)
+
+
+def registered_methods(cls: type) -> dict[str, DispatchSpec]:
+    return {name: spec for name in dir(cls) if (spec := dispatch_spec(cls, name)) is not None}
+
+
+def check_layouts(layouts: Sequence[DispatchLayout]) -> int:
+    """Validate a role's layouts (one per rank); return dp_size."""
+    dp_size = layouts[0].dp_size
+    if any(lay.dp_size != dp_size for lay in layouts):
+        raise ValueError(f"ranks disagree on dp_size: {[lay.dp_size for lay in layouts]}")
+    collectors = sorted(lay.dp_rank for lay in layouts if lay.is_collector)
+    if collectors != list(range(dp_size)):
+        raise ValueError(f"each dp_rank in 0..{dp_size - 1} needs exactly one collector rank; got {collectors}")
+    return dp_size
+
+
+def _chunk(value: Any, dp_size: int, method: str) -> Any:
+    if isinstance(value, Batch):
+        if len(value) % dp_size:
+            raise ValueError(
+                f"{method}: a batch of {len(value)} rows cannot be split evenly over {dp_size} data-parallel ranks; "
+                "make the batch size (train_batch_size x rollout.n, mini-batch sizes) a multiple of the dp size"
+            )
+        return value.chunk(dp_size)
+    return None  # not split: every rank gets it as is
+
+
+def split_inputs(mode: Dispatch, world_size: int, layouts: Sequence[DispatchLayout] | None,
+                 args: tuple, kwargs: dict, method: str = "method") -> list[tuple[tuple, dict] | None]:
+    """One ``(args, kwargs)`` per rank; ``None`` for a rank that does not run the call."""
+    if mode is Dispatch.ALL:
+        return [(args, kwargs)] * world_size
+    if mode is Dispatch.RANK0:
+        return [(args, kwargs)] + [None] * (world_size - 1)
+    dp_size = check_layouts(layouts)
+    split_args = [_chunk(a, dp_size, method) for a in args]
+    split_kwargs = {k: _chunk(v, dp_size, method) for k, v in kwargs.items()}
+    per_rank = []
+    for lay in layouts:
+        rank_args = tuple(a if s is None else s[lay.dp_rank] for a, s in zip(args, split_args))
+        rank_kwargs = {k: v if split_kwargs[k] is None else split_kwargs[k][lay.dp_rank] for k, v in kwargs.items()}
+        per_rank.append((rank_args, rank_kwargs))
+    return per_rank
+
+
+def _concat(outputs: list) -> Any:
+    if all(o is None for o in outputs):
+        return None
+    if all(isinstance(o, Batch) for o in outputs):
+        return Batch.concat(outputs)
+    if all(isinstance(o, torch.Tensor) for o in outputs):
+        return torch.cat(outputs)
+    return outputs
+
+
+def collect_outputs(mode: Dispatch, layouts: Sequence[DispatchLayout] | None, outputs: list) -> Any:
+    """What the driver gets back from the per-rank outputs (``None`` for ranks that did not run)."""
+    if mode is Dispatch.ALL:
+        return list(outputs)
+    if mode is Dispatch.RANK0:
+        return outputs[0]
+    kept = sorted((lay.dp_rank, i) for i, lay in enumerate(layouts) if lay.is_collector)
+    return _concat([outputs[i] for _, i in kept])

@@ -1,0 +1,72 @@
+"""Dispatch modes and the in-process worker group (world size 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from npu_rl.controller import Dispatch, DispatchLayout, LocalWorkerGroup, Pending, WorkerSpec, register
+from npu_rl.controller.dispatch import collect_outputs, split_inputs
+from npu_rl.protocol import Batch
+from tests.controller.workers import CounterWorker, EchoWorker
+
+
+def _batch(n: int) -> Batch:
+    return Batch({"x": torch.arange(n)}, {"name": [f"s{i}" for i in range(n)]})
+
+
+def test_local_group_calls_are_direct():
+    group = LocalWorkerGroup({"echo": WorkerSpec(EchoWorker)})
+    batch = _batch(5)
+    out = group.echo.scale(batch, factor=3.0)
+    assert torch.equal(out["y"], torch.arange(5) * 3.0)
+    assert group.scale(batch)["y"].tolist() == [0, 2, 4, 6, 8]  # one role: methods on the group itself
+    assert group.echo.whoami()[0]["dist"] is False  # ALL -> a list of one; no process group needed
+    assert group.echo.rank_zero() == 0
+    pending = group.echo.slow_sum(batch)
+    assert isinstance(pending, Pending) and pending.get().tolist() == [10]
+    assert group.worker().calls == 2
+
+
+def test_unregistered_method_and_unknown_role_are_errors():
+    group = LocalWorkerGroup({"echo": WorkerSpec(EchoWorker), "counter": WorkerSpec(CounterWorker, (5,))})
+    with pytest.raises(AttributeError, match="not a registered worker method.*whoami"):
+        group.echo.unregistered()
+    with pytest.raises(AttributeError, match="no role 'critic'"):
+        group.critic
+    assert group.counter.add(2) == [7]
+
+
+def test_register_rejects_non_modes():
+    with pytest.raises(TypeError, match="Dispatch mode"):
+        register("dp")
+
+
+def test_dp_split_with_sequence_parallel_layout():
+    # 4 ranks, sp=2: ranks 0,1 hold dp shard 0 and ranks 2,3 shard 1; ranks 0 and 2 collect.
+    layouts = [DispatchLayout(r // 2, 2, r % 2 == 0) for r in range(4)]
+    batch = _batch(6)
+    per_rank = split_inputs(Dispatch.DP_SPLIT, 4, layouts, (batch, 7), {"extra": _batch(6)})
+    assert [args[0]["x"].tolist() for args, _ in per_rank] == [[0, 1, 2]] * 2 + [[3, 4, 5]] * 2
+    assert per_rank[0][0][0] is per_rank[1][0][0]  # the same piece object: Ray puts it once
+    assert all(args[1] == 7 for args, _ in per_rank)  # non-batch arguments are broadcast
+    assert per_rank[3][1]["extra"]["name"].tolist() == ["s3", "s4", "s5"]
+    outputs = [Batch({"r": torch.full((3,), r)}) for r in range(4)]
+    assert collect_outputs(Dispatch.DP_SPLIT, layouts, outputs)["r"].tolist() == [0, 0, 0, 2, 2, 2]
+    assert collect_outputs(Dispatch.DP_SPLIT, layouts, [{"m": r} for r in range(4)]) == [{"m": 0}, {"m": 2}]
+    assert collect_outputs(Dispatch.DP_SPLIT, layouts, [None] * 4) is None
+
+
+def test_dp_split_errors_are_clear():
+    layouts = [DispatchLayout(r, 2) for r in range(2)]
+    with pytest.raises(ValueError, match="5 rows cannot be split evenly over 2"):
+        split_inputs(Dispatch.DP_SPLIT, 2, layouts, (_batch(5),), {}, "actor.update")
+    with pytest.raises(ValueError, match="exactly one collector"):
+        split_inputs(Dispatch.DP_SPLIT, 2, [DispatchLayout(0, 2), DispatchLayout(0, 2)], (_batch(4),), {})
+
+
+def test_rank0_and_all_modes():
+    assert split_inputs(Dispatch.RANK0, 3, None, (1,), {}) == [((1,), {}), None, None]
+    assert collect_outputs(Dispatch.RANK0, None, ["a", None, None]) == "a"
+    assert split_inputs(Dispatch.ALL, 2, None, (1,), {"k": 2}) == [((1,), {"k": 2})] * 2
+    assert collect_outputs(Dispatch.ALL, None, [1, 2]) == [1, 2]
