@@ -1,0 +1,178 @@
+"""``npu-rl preprocess gsm8k|math500|aime24|arith``: local JSONL -> verl's parquet schema (never downloads).
+
+Each converter mirrors verl's ``examples/data_preprocess`` scripts so that parquet files made here and there are
+interchangeable: the same ``data_source`` names (which pick the reward scorer), the same instruction appended to
+the question, ``reward_model.ground_truth`` the bare final answer, ``extra_info.{split, index}`` plus the raw text.
+
+The raw JSONL is read from ``--data-dir``, else ``$NPU_RL_DATA_DIR``, else ``../shared/data`` next to the repository
+(the layout of shared/data/README.md: ``gsm8k/{train,test}.jsonl``, ``math500/test.jsonl``, ``aime24/test.jsonl``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Any, Callable
+
+from npu_rl.data.arith import ArithSpec, generate_arith
+from npu_rl.data.io import expand_path, read_jsonl, write_parquet
+
+GSM8K_DATA_SOURCE = "openai/gsm8k"
+MATH500_DATA_SOURCE = "HuggingFaceH4/MATH-500"
+AIME24_DATA_SOURCE = "aime2024"  # verl dispatches every data_source starting with "aime" to its math_dapo scorer
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+
+_GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def default_data_dir() -> str:
+    """``$NPU_RL_DATA_DIR``, else ``<repo root>/../shared/data``."""
+    if os.environ.get("NPU_RL_DATA_DIR"):
+        return expand_path(os.environ["NPU_RL_DATA_DIR"])
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.normpath(os.path.join(repo_root, "..", "shared", "data"))
+
+
+def _raw_file(data_dir: str, dataset: str, split: str) -> str:
+    path = os.path.join(expand_path(data_dir), dataset, f"{split}.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path} not found: npu-rl never downloads data; put the {dataset} JSONL there, or pass --data-dir / "
+            "set NPU_RL_DATA_DIR to the folder that holds it"
+        )
+    return path
+
+
+def _field(row: dict[str, Any], key: str, path: str, index: int) -> Any:
+    if key not in row or row[key] in (None, ""):
+        raise ValueError(f"{path}: row {index} has no {key!r} (keys: {sorted(row)})")
+    return row[key]
+
+
+def gsm8k_answer(solution: str) -> str:
+    """The number after ``####`` in a GSM8K reference solution, commas removed (verl's extract_solution)."""
+    match = _GSM8K_ANSWER.search(solution)
+    if match is None:
+        raise ValueError(f"no '#### <number>' in GSM8K solution {solution[-80:]!r}")
+    return match.group(1).replace(",", "")
+
+
+def gsm8k_rows(data_dir: str, split: str) -> list[dict[str, Any]]:
+    path = _raw_file(data_dir, "gsm8k", split)
+    rows = []
+    for i, raw in enumerate(read_jsonl(path)):
+        question, answer = _field(raw, "question", path, i), _field(raw, "answer", path, i)
+        try:
+            ground_truth = gsm8k_answer(answer)
+        except ValueError as exc:
+            raise ValueError(f"{path}: row {i}: {exc}") from exc
+        rows.append({
+            "data_source": GSM8K_DATA_SOURCE,
+            "prompt": [{"role": "user", "content": question + " " + GSM8K_INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": {"split": split, "index": i, "answer": answer, "question": question},
+        })
+    return rows
+
+
+def math500_rows(data_dir: str, split: str = "test") -> list[dict[str, Any]]:
+    path = _raw_file(data_dir, "math500", split)
+    rows = []
+    for i, raw in enumerate(read_jsonl(path)):
+        problem, answer = _field(raw, "problem", path, i), _field(raw, "answer", path, i)
+        rows.append({
+            "data_source": MATH500_DATA_SOURCE,
+            "prompt": [{"role": "user", "content": problem + " " + BOXED_INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(answer)},
+            "extra_info": {
+                "split": split, "index": i, "question": problem, "solution": raw.get("solution", ""),
+                "subject": raw.get("subject", ""), "level": int(raw.get("level") or 0),
+                "unique_id": raw.get("unique_id", ""),
+            },
+        })
+    return rows
+
+
+def aime24_rows(data_dir: str, split: str = "test") -> list[dict[str, Any]]:
+    path = _raw_file(data_dir, "aime24", split)
+    rows = []
+    for i, raw in enumerate(read_jsonl(path)):
+        problem, answer = _field(raw, "problem", path, i), _field(raw, "answer", path, i)
+        try:
+            ground_truth = str(int(str(answer).strip()))  # "025" -> "25", as verl's AIME preparation does
+        except ValueError as exc:
+            raise ValueError(f"{path}: row {i}: AIME answer {answer!r} is not an integer") from exc
+        rows.append({
+            "data_source": AIME24_DATA_SOURCE,
+            "prompt": [{"role": "user", "content": problem + "\n\n" + BOXED_INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": {"split": split, "index": i, "id": raw.get("id"), "url": raw.get("url", ""),
+                           "question": problem},
+        })
+    return rows
+
+
+# dataset -> (splits it has, converter)
+CONVERTERS: dict[str, tuple[tuple[str, ...], Callable[[str, str], list[dict[str, Any]]]]] = {
+    "gsm8k": (("train", "test"), gsm8k_rows),
+    "math500": (("test",), math500_rows),
+    "aime24": (("test",), aime24_rows),
+}
+
+
+def convert(dataset: str, data_dir: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """``{split: rows}`` for one of CONVERTERS."""
+    if dataset not in CONVERTERS:
+        raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(sorted(CONVERTERS))}, arith")
+    splits, fn = CONVERTERS[dataset]
+    data_dir = data_dir or default_data_dir()
+    return {split: fn(data_dir, split) for split in splits}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npu-rl preprocess",
+        description="Write verl-schema parquet files (train.parquet / test.parquet) from local JSONL; never downloads.",
+    )
+    parser.add_argument("dataset", choices=sorted(CONVERTERS) + ["arith"])
+    parser.add_argument("--data-dir", default=None,
+                        help="folder holding gsm8k/, math500/, aime24/ (default: $NPU_RL_DATA_DIR or ../shared/data)")
+    parser.add_argument("--output-dir", "--local_save_dir", dest="output_dir", default=None,
+                        help="where to write the parquet files (default: ~/data/<dataset>)")
+    arith = parser.add_argument_group("arith options")
+    defaults = ArithSpec()
+    arith.add_argument("--num-operands", type=int, default=defaults.num_operands)
+    arith.add_argument("--operators", default=defaults.operators, help="operators to draw from, e.g. '+-*'")
+    arith.add_argument("--min-digits", type=int, default=defaults.min_digits)
+    arith.add_argument("--max-digits", type=int, default=defaults.max_digits)
+    arith.add_argument("--num-train", type=int, default=defaults.num_train)
+    arith.add_argument("--num-test", type=int, default=defaults.num_test)
+    arith.add_argument("--seed", type=int, default=defaults.seed)
+    return parser
+
+
+def preprocess_main(argv: list[str]) -> int:
+    """The body of ``npu-rl preprocess``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.dataset == "arith":
+            spec = ArithSpec(num_operands=args.num_operands, operators=args.operators, min_digits=args.min_digits,
+                             max_digits=args.max_digits, num_train=args.num_train, num_test=args.num_test,
+                             seed=args.seed)
+            splits = generate_arith(spec)
+        else:
+            splits = convert(args.dataset, args.data_dir)
+        output_dir = expand_path(args.output_dir or os.path.join("~", "data", args.dataset))
+        for split, rows in splits.items():
+            path = write_parquet(rows, os.path.join(output_dir, f"{split}.parquet"))
+            print(f"{args.dataset} {split}: {len(rows)} rows -> {path}")
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"npu-rl preprocess: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
