@@ -88,8 +88,8 @@ def check_kl_type(name: str) -> None:
         close = difflib.get_close_matches(base, KL_ESTIMATORS.names(), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(
-            f"unknown KL type {name!r} (config keys algorithm.kl_penalty / actor_rollout_ref.actor.kl_loss_type).{hint} "
-            f"Known: {_known_kl_types()}; or a plug-in path 'package.module:function' / 'path/to/file.py:function'"
+            f"unknown KL type {name!r} (config keys algorithm.kl_penalty / actor_rollout_ref.actor.kl_loss_type)."
+            f"{hint} Known: {_known_kl_types()}; or a plug-in path 'package.module:function' / 'path/to/file.py:function'"
         ) from None
 
 

@@ -21,7 +21,7 @@ does for vanilla and cispo), ``A`` the advantage, ``eps_lo / eps_hi`` = ``clip_r
   the same: the objective is a mean over sequences).
 - ``clip_cov``: PPO clip, plus the gradient of a random ``clip_cov_ratio`` fraction of the tokens whose centered
   covariance ``(A - mean A)(logp - mean logp)`` lies in ``(clip_cov_lb, clip_cov_ub)`` (and not already clipped) is
-  cut (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617). ``pg_clipfrac`` is the
+  cut ("The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617). ``pg_clipfrac`` is the
   fraction cut. Uses torch's global RNG. Statistics are over this micro-batch, as in verl.
 - ``kl_cov``: ``-A r``, plus ``ppo_kl_coef * |log r|`` on the ``kl_cov_ratio`` fraction of tokens with the largest
   covariance (same paper). No ratio clip. Statistics over this micro-batch.
