@@ -7,8 +7,9 @@ use the second whatever ``loss_agg_mode`` says). ``metrics`` always holds ``pg_c
 ``ppo_kl`` as detached 0-d tensors, means over this micro-batch's valid tokens (0 where a loss does not clip);
 ``ppo_kl = mean(old_logprobs - logprobs)``. Nothing here calls ``.item()``.
 
-Notation: ``r = exp(logprobs - old_logprobs)`` per token (log-ratio clamped to [-20, 20] before ``exp``, as verl
-does for vanilla and cispo), ``A`` the advantage, ``eps_lo / eps_hi`` = ``clip_ratio_low / clip_ratio_high``
+Notation: ``r = exp(logprobs - old_logprobs)`` per token (the log-ratio is clamped to [-20, 20] before ``exp`` in
+vanilla, clip_cov, kl_cov and cispo; verl clamps only in vanilla and cispo; it is set to 0 on padding so that
+garbage there cannot reach the gradient), ``A`` the advantage, ``eps_lo / eps_hi`` = ``clip_ratio_low / clip_ratio_high``
 (``actor.clip_ratio_low/high``, default 0.2 each; DAPO's clip-higher uses 0.2 / 0.28). Losses are minimised.
 
 - ``vanilla``: PPO clip (Schulman et al. 2017, arXiv:1707.06347) with asymmetric bounds and dual clip
