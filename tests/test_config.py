@@ -118,7 +118,7 @@ def small(*overrides) -> PPOConfig:
     ("actor_rollout_ref.actor.policy_loss.loss_mode=vanila", "unknown policy loss 'vanilla'"[:20]),
     ("actor_rollout_ref.actor.loss_agg_mode=token-sum", "loss_agg_mode='token-sum' is not one of"),
     ("reward_model.reward_manager=naiv", "naiv"),
-    ("data.truncation=middle", "data.truncation='middle' is not one of error, left, right"),
+    ("data.truncation=center", "data.truncation='center' is not one of error, left, right, middle"),
     ("actor_rollout_ref.actor.ppo_mini_batch_size=3", "must be a multiple of actor_rollout_ref.actor.ppo_mini_batch"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", "must be a multiple of the micro-batch size 3"),
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "tensor_model_parallel_size=2 must divide the 1"),

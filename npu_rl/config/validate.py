@@ -11,7 +11,7 @@ from typing import Callable
 from npu_rl.config.loader import ConfigError
 from npu_rl.config.schema import PPOConfig
 
-TRUNCATION_MODES = ("error", "left", "right")
+TRUNCATION_MODES = ("error", "left", "right", "middle")
 ROLLOUT_ENGINES = ("vllm", "hf")
 STRATEGIES = ("fsdp", "fsdp2")
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -97,7 +97,7 @@ def _check_numbers(c: _Checker, config: PPOConfig) -> None:
               "(it is the dual-clip bound on the ratio for negative advantages; verl's default is 3.0)")
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", "kl_loss_coef", "grad_clip"):
         value = getattr(actor, key)
-        c.require(value >= 0, f"actor_rollout_ref.actor.{key}={value} must be >= 0")
+        c.require(value is None or value >= 0, f"actor_rollout_ref.actor.{key}={value} must be >= 0")
     c.require(config.critic.cliprange_value >= 0, "critic.cliprange_value must be >= 0")
     c.require(actor.ppo_epochs >= 1, f"actor_rollout_ref.actor.ppo_epochs={actor.ppo_epochs} must be >= 1")
     c.require(rollout.n >= 1, f"actor_rollout_ref.rollout.n={rollout.n} must be >= 1")

@@ -158,3 +158,28 @@ def load_causal_lm(
     if device is not None:
         model.to(device)
     return model
+
+
+def load_value_model(
+    path: str,
+    dtype: str | torch.dtype = "fp32",
+    override_config: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+):
+    """A critic: the model's trunk with a one-output token-classification head (``score``), as verl builds it.
+    The head is freshly initialised unless the folder already holds one."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    folder = resolve_model_path(path)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    model = AutoModelForTokenClassification.from_pretrained(
+        folder, config=config, dtype=to_dtype(dtype), trust_remote_code=trust_remote_code)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model

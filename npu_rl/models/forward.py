@@ -1,0 +1,131 @@
+"""Log-probs and entropy of response tokens, without materialising logits for the prompt.
+
+The model's ``lm_head`` is swapped, for the duration of one forward, for a function that receives the final
+hidden states and the (unsharded, under FSDP2) output weight and returns per-token log-probs and entropy directly.
+So the same code serves a plain module, an FSDP2-sharded one and tied embeddings, and the fused kernels
+(``npu_rl_kernels``) plug in without ever holding [tokens x vocab]. The plain path computes logits for the
+response positions only, in chunks of rows, as the reference.
+
+Shapes: ``input_ids`` [B, T] = prompt (left-padded) + response (right-padded); ``responses`` [B, R] are its last R
+columns. Position t's hidden state predicts token t+1, so the response log-probs come from positions
+T-R-1 .. T-2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class LogprobOptions:
+    compute_entropy: bool = False
+    use_fused_kernels: bool = False
+    fused_backend: str = "torch"  # torch | triton (npu_rl_kernels)
+    chunk_rows: int = 4096  # rows of [rows x vocab] logits at a time on the plain path
+
+
+def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, compute_entropy: bool):
+    """``logits`` [N, V] (any float dtype), ``targets`` [N] -> (logprobs [N], entropy [N] | None), in float32."""
+    logits = logits.float()
+    logsumexp = torch.logsumexp(logits, dim=-1)  # [N]
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
+    entropy = None
+    if compute_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = logsumexp - (probs * logits).sum(-1)  # H = log Z - E_p[logit]
+    return logprobs, entropy
+
+
+def plain_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          targets: torch.Tensor, temperature: torch.Tensor | float, compute_entropy: bool,
+                          chunk_rows: int):
+    """Reference path: logits for ``chunk_rows`` rows at a time. hidden [N, H], weight [V, H], targets [N]."""
+    out_lp, out_ent = [], []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        logits = F.linear(hidden[rows], weight, bias).float()
+        temp = temperature[rows].unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
+        lp, ent = logprobs_from_logits(logits / temp, targets[rows], compute_entropy)
+        out_lp.append(lp)
+        out_ent.append(ent)
+    logprobs = torch.cat(out_lp)
+    return logprobs, (torch.cat(out_ent) if compute_entropy else None)
+
+
+def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions) -> Callable:
+    """What the swapped lm_head computes: [B, S, H] -> [B, S, 2] = (logprob, entropy) of ``targets`` [B, S]."""
+
+    def head(module: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = hidden.shape
+        flat_hidden = hidden.reshape(-1, dim)
+        flat_targets = targets.reshape(-1)
+        temp = temperature.reshape(-1) if isinstance(temperature, torch.Tensor) else temperature
+        if options.use_fused_kernels:
+            import npu_rl_kernels
+
+            logprobs, entropy = npu_rl_kernels.linear_logprob_entropy(
+                flat_hidden, module.weight, flat_targets, temperature=temp, backend=options.fused_backend)
+            if not options.compute_entropy:
+                entropy = None
+        else:
+            logprobs, entropy = plain_linear_logprobs(flat_hidden, module.weight, getattr(module, "bias", None),
+                                                      flat_targets, temp, options.compute_entropy,
+                                                      options.chunk_rows)
+        if entropy is None:
+            entropy = torch.zeros_like(logprobs)
+        return torch.stack([logprobs, entropy], dim=-1).view(batch, seq, 2)
+
+    return head
+
+
+@contextlib.contextmanager
+def swapped_lm_head(model: torch.nn.Module, head: Callable):
+    """Inside the block, ``model``'s output layer computes ``head(module, hidden)`` instead of logits."""
+    lm_head = model.get_output_embeddings()
+    if lm_head is None:
+        raise TypeError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None)")
+    original = lm_head.forward
+    lm_head.forward = lambda hidden: head(lm_head, hidden)
+    try:
+        yield
+    finally:
+        lm_head.forward = original
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,  # [B, T]
+    attention_mask: torch.Tensor,  # [B, T]
+    position_ids: torch.Tensor,  # [B, T]
+    responses: torch.Tensor,  # [B, R]
+    temperature: torch.Tensor | float = 1.0,  # float, or per-token [B, R]
+    options: LogprobOptions | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs [B, R], entropy [B, R] or None) of ``responses`` under ``model``; entropy at ``temperature``."""
+    options = options or LogprobOptions()
+    response_length = responses.shape[1]
+    # Targets for the R+1 kept positions: the R response tokens, plus a dummy for the last position (dropped).
+    targets = torch.cat([responses, responses[:, -1:]], dim=1)
+    if isinstance(temperature, torch.Tensor) and temperature.dim() == 2:
+        temperature = torch.cat([temperature, temperature[:, -1:]], dim=1).float()
+    with swapped_lm_head(model, _head_fn(targets, temperature, options)):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    use_cache=False, logits_to_keep=response_length + 1)
+    packed = out.logits[:, :-1]  # [B, R, 2]
+    logprobs = packed[..., 0]
+    entropy = packed[..., 1] if options.compute_entropy else None
+    return logprobs, entropy
+
+
+def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    position_ids: torch.Tensor, response_length: int) -> torch.Tensor:
+    """Critic values [B, R]: V(s_t) read at the position before each response token (a token-classification
+    model with one label, as verl's critic)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    values = out.logits[:, -response_length - 1:-1]
+    return values.squeeze(-1).float()

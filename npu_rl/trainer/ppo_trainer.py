@@ -1,0 +1,318 @@
+"""The RL loop (PPO / GRPO / DAPO and relatives), driving the workers through a worker group.
+
+One step::
+
+    prompts --repeat n--> rollout (wake, sync weights, generate, sleep) --> responses [+ rollout logprobs]
+       --> reward manager --> token-level scores        (DAPO: drop groups whose metric is constant, generate more)
+       --> actor forward (no grad) --> old logprobs, entropy
+       --> reference forward --> ref logprobs             (when a KL term is on)
+       --> critic forward --> values                      (PPO / GAE)
+       --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
+       --> advantage estimator (registry) --> advantages, returns
+       --> balance batch across DP ranks by token count
+       --> critic update; actor update (after critic_warmup steps)
+       --> metrics, tracking; validation every test_freq; checkpoint every save_freq
+
+The driver holds no model: every tensor operation on a model happens in a worker (in-process or one Ray actor per
+device); the driver only moves ``Batch`` objects and does the cheap [B, T] math (rewards, advantages).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from npu_rl.config.schema import PPOConfig
+from npu_rl.config.validate import critic_enabled
+from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_kl_controller
+from npu_rl.protocol import Batch
+from npu_rl.trainer import metrics as M
+from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
+from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
+from npu_rl.trainer.validation import validate
+from npu_rl.utils.flops import step_flops
+from npu_rl.utils.timer import PhaseTimer
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def total_training_steps(config: PPOConfig, batches_per_epoch: int) -> int:
+    """``trainer.total_training_steps`` when set, else batches per epoch x ``trainer.total_epochs``."""
+    if config.trainer.total_training_steps is not None:
+        return config.trainer.total_training_steps
+    return batches_per_epoch * config.trainer.total_epochs
+
+
+@dataclass
+class Roles:
+    """Handles on the workers (``group.actor_rollout`` ...); ``ref`` / ``critic`` are None when not needed."""
+
+    actor_rollout: Any
+    ref: Any = None
+    critic: Any = None
+    num_devices: int = 1
+
+
+class PPOTrainer:
+    def __init__(self, config: PPOConfig, roles: Roles, prompts: PromptStream, val_loader, reward_fn, val_reward_fn,
+                 tracker, backend, model_config, tokenizer=None):
+        self.config = config
+        self.roles = roles
+        self.prompts = prompts
+        self.val_loader = val_loader
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.tracker = tracker
+        self.backend = backend
+        self.model_config = model_config  # HF config of the actor, for FLOPs
+        self.tokenizer = tokenizer  # to write validation samples (trainer.log_val_generations)
+        algo = config.algorithm
+        self.use_critic = critic_enabled(config)
+        self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
+        self.kl_ctrl = make_kl_controller(type=algo.kl_ctrl.type, kl_coef=algo.kl_ctrl.kl_coef,
+                                          target_kl=algo.kl_ctrl.target_kl, horizon=algo.kl_ctrl.horizon)
+        self.checkpoints = CheckpointManager(config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep)
+        self.total_steps = total_training_steps(config, prompts.batches_per_epoch)
+        self.global_step = 0
+        self.consecutive_nan_steps = 0
+        self.last_val_metrics: dict[str, float] = {}
+
+
+    # ------------------------------------------------------------------------------------------------- the loop
+    def fit(self) -> int:
+        """Train to ``total_steps``; returns the process exit code."""
+        self._resume()
+        trainer = self.config.trainer
+        if self.global_step >= self.total_steps:
+            print(f"npu-rl: the checkpoint is at step {self.global_step} and total_training_steps is "
+                  f"{self.total_steps}: nothing left to train (raise trainer.total_training_steps or "
+                  "trainer.total_epochs to continue)")
+            return 0
+        if trainer.val_before_train and self.val_reward_fn is not None and self.global_step == 0:
+            self._log(self._validate(), self.global_step)
+            if trainer.val_only:
+                return 0
+        progress = _progress_bar(trainer.progress_bar, self.global_step, self.total_steps)
+        while self.global_step < self.total_steps:
+            self.global_step += 1
+            step_metrics = self.train_step()
+            is_last = self.global_step == self.total_steps
+            if trainer.test_freq > 0 and (self.global_step % trainer.test_freq == 0 or is_last):
+                step_metrics |= self._validate()
+            if trainer.save_freq > 0 and (self.global_step % trainer.save_freq == 0 or is_last):
+                start = time.perf_counter()
+                self.save_checkpoint()
+                step_metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
+            self._log(step_metrics, self.global_step)
+            progress.update(1)
+            progress.set_postfix(_postfix(step_metrics, self.last_val_metrics))
+        progress.close()
+        return 0
+
+    def train_step(self) -> dict[str, float]:
+        timer = PhaseTimer(self.backend.synchronize)
+        metrics: dict[str, Any] = {}
+        with timer("step"):
+            batch = self._generate_and_score(timer, metrics)
+            batch = self._make_experience(batch, timer, metrics)
+            self._update(batch, timer, metrics)
+        num_tokens = int(batch["attention_mask"].sum())
+        metrics |= M.data_metrics(batch, self.config.data.max_prompt_length, self.config.data.max_response_length,
+                                  self.use_critic)
+        metrics |= timer.metrics({"gen": int(batch["response_mask"].sum()), "update_actor": num_tokens})
+        metrics |= M.throughput_metrics(num_tokens, timer.seconds["step"], self.roles.num_devices)
+        metrics |= self._mfu(batch, timer)
+        metrics |= {f"perf/{k}": v for k, v in self.backend.memory_stats_gb().items()}
+        out = M.to_floats(metrics)
+        self._check_nan(out)
+        return out
+
+    # ------------------------------------------------------------------------------------------------- phases
+    def _generate_and_score(self, timer: PhaseTimer, metrics: dict) -> Batch:
+        """Rollouts with scores; DAPO's dynamic sampling keeps generating until enough groups vary."""
+        cfg = self.config
+        fg = cfg.algorithm.filter_groups
+        kept: list[Batch] = []
+        num_gen_batches, num_prompts = 0, 0
+        while True:
+            prompts = self.prompts.next_batch()
+            num_gen_batches += 1
+            with timer("gen"):
+                rollout = self.roles.actor_rollout.generate_sequences(prompts)
+            metrics |= rollout.meta.pop("metrics", {})
+            if cfg.algorithm.adv_estimator == "remax":
+                with timer("gen_max"):
+                    rollout["reward_baselines"] = self._greedy_baseline(prompts, timer)
+            with timer("reward"):
+                metrics |= score_batch(rollout, self.reward_fn)
+            if not fg.enable:
+                batch = rollout
+                break
+            survivors, filter_metrics = filter_groups(rollout, fg.metric)
+            metrics |= filter_metrics
+            kept.append(survivors)
+            num_prompts += len(set(survivors["uid"]))
+            if num_prompts >= cfg.data.train_batch_size:
+                batch = Batch.concat(kept)
+                batch = batch.index(slice(0, cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n))
+                break
+            if 0 < fg.max_num_gen_batches <= num_gen_batches:
+                raise RuntimeError(
+                    f"dynamic sampling: after {num_gen_batches} generation batches only {num_prompts} of "
+                    f"{cfg.data.train_batch_size} prompts have groups whose {fg.metric!r} varies; the data is too "
+                    "easy or too hard for the model. Raise algorithm.filter_groups.max_num_gen_batches (0: no "
+                    "limit), or lower data.train_batch_size")
+        metrics["train/num_gen_batches"] = num_gen_batches
+        return batch
+
+    def _greedy_baseline(self, prompts: Batch, timer: PhaseTimer) -> torch.Tensor:
+        """ReMax: the score of one greedy response per prompt, repeated over its n samples. [B*n]"""
+        greedy = self.roles.actor_rollout.generate_sequences(prompts, greedy=True)
+        greedy.meta.pop("metrics", None)
+        score_batch(greedy, self.reward_fn)
+        baseline = greedy["token_level_scores"].sum(-1)  # [B]
+        return baseline.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+
+    def _make_experience(self, batch: Batch, timer: PhaseTimer, metrics: dict) -> Batch:
+        cfg = self.config
+        if cfg.trainer.balance_batch:
+            from npu_rl.parallel import balance_batch
+
+            batch, balance_metrics = balance_batch(batch, self.roles.num_devices)
+            metrics |= balance_metrics
+        with timer("old_log_prob"):
+            batch.update(self.roles.actor_rollout.compute_logprobs(batch))
+        metrics["actor/entropy"] = M.masked_mean_tensor(batch.pop("entropy"), batch["response_mask"])
+        if "rollout_logprobs" in batch:
+            from npu_rl.rollout.utils import rollout_probs_diff_metrics
+
+            metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
+                                                  batch["response_mask"])
+        if self.use_ref:
+            with timer("ref"):
+                batch.update(self.roles.ref.compute_ref_logprobs(batch))
+        if self.use_critic:
+            with timer("values"):
+                batch.update(self.roles.critic.compute_values(batch))
+        with timer("adv"):
+            if cfg.algorithm.use_kl_in_reward:
+                rewards, kl_metrics = kl_in_reward(
+                    token_level_scores=batch["token_level_scores"], old_logprobs=batch["old_logprobs"],
+                    ref_logprobs=batch["ref_logprobs"], response_mask=batch["response_mask"],
+                    kl_coef=self.kl_ctrl.value, kl_type=cfg.algorithm.kl_penalty)
+                batch["token_level_rewards"] = rewards
+                self.kl_ctrl.update(current_kl=float(kl_metrics["reward_kl_penalty"]), n_steps=len(batch))
+                metrics |= {f"actor/{k}": v for k, v in kl_metrics.items()}
+            else:
+                batch["token_level_rewards"] = batch["token_level_scores"]
+            out = compute_advantages(adv_estimator=cfg.algorithm.adv_estimator, inputs=AdvantageInputs(
+                token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
+                index=batch["uid"], values=batch.get("values"), reward_baselines=batch.get("reward_baselines"),
+                gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo))
+            batch["advantages"], batch["returns"] = out.advantages, out.returns
+        return batch
+
+    def _update(self, batch: Batch, timer: PhaseTimer, metrics: dict) -> None:
+        if self.use_critic:
+            with timer("update_critic"):
+                metrics |= _mean_over_ranks(self.roles.critic.update_critic(batch))
+        if self.global_step > self.config.trainer.critic_warmup:
+            with timer("update_actor"):
+                metrics |= _mean_over_ranks(self.roles.actor_rollout.update_policy(batch))
+
+    # ------------------------------------------------------------------------------------------------- helpers
+    def _mfu(self, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
+        seconds = timer.seconds.get("update_actor")
+        if not seconds or self.model_config is None:
+            return {}
+        seqlens = batch["attention_mask"].sum(-1).tolist()
+        flops = step_flops(self.model_config, seqlens) * self.config.actor_rollout_ref.actor.ppo_epochs
+        peak = self.backend.peak_flops() * self.roles.num_devices
+        return {"perf/mfu/actor": flops / seconds / peak}
+
+    def _check_nan(self, metrics: dict[str, float]) -> None:
+        skipped = metrics.get("actor/nan_skipped", 0.0) + metrics.get("critic/nan_skipped", 0.0)
+        self.consecutive_nan_steps = self.consecutive_nan_steps + 1 if skipped > 0 else 0
+        limit = self.config.trainer.max_consecutive_nan_steps
+        if self.consecutive_nan_steps >= limit:
+            raise NonFiniteLossError(
+                f"step {self.global_step}: the loss or gradient norm was NaN/inf in {self.consecutive_nan_steps} "
+                f"consecutive steps (trainer.max_consecutive_nan_steps={limit}); updates were skipped and the run is "
+                "stopped. Lower the learning rate, check the reward function for NaN, or use fp32 "
+                "(actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32)")
+
+    def _validate(self) -> dict[str, float]:
+        start = time.perf_counter()
+        out = validate(self.config, self.roles.actor_rollout, self.val_loader, self.val_reward_fn,
+                       self.tracker.run_dir, self.global_step, self.tokenizer)
+        out["timing_s/testing"] = time.perf_counter() - start
+        self.last_val_metrics = out
+        return out
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        self.tracker.log(metrics, step)
+
+    # ------------------------------------------------------------------------------------------------- checkpoints
+    def trainer_state(self) -> dict[str, Any]:
+        return {"global_step": self.global_step, "prompts": self.prompts.state_dict(),
+                "rng": self.backend.rng_state(), "kl_ctrl": self.kl_ctrl.state_dict(),
+                "consecutive_nan_steps": self.consecutive_nan_steps}
+
+    def save_checkpoint(self) -> str:
+        tmp = self.checkpoints.begin(self.global_step)
+        self.roles.actor_rollout.save_checkpoint(f"{tmp}/actor")
+        if self.use_critic:
+            self.roles.critic.save_checkpoint(f"{tmp}/critic")
+        return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
+
+    def _resume(self) -> None:
+        cfg = self.config.trainer
+        path = self.checkpoints.resume_dir(cfg.resume_mode, cfg.resume_from_path)
+        if path is None:
+            return
+        state = load_trainer_state(path)
+        self.roles.actor_rollout.load_checkpoint(f"{path}/actor")
+        if self.use_critic:
+            self.roles.critic.load_checkpoint(f"{path}/critic")
+        self.global_step = state["global_step"]
+        self.prompts.load_state_dict(state["prompts"])
+        self.backend.set_rng_state(state["rng"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.consecutive_nan_steps = state["consecutive_nan_steps"]
+        print(f"npu-rl: resumed from {path} (step {self.global_step}, epoch {self.prompts.epoch})")
+
+
+def _mean_over_ranks(outputs) -> dict[str, float]:
+    """DP_SPLIT returns one metrics dict per data-parallel rank; average them key by key."""
+    if isinstance(outputs, dict):
+        return outputs
+    keys = outputs[0].keys()
+    return {k: float(np.mean([o[k] for o in outputs])) for k in keys}
+
+
+def _progress_bar(enabled: bool, initial: int, total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="training", unit="step", disable=not enabled, dynamic_ncols=True)
+
+
+def _postfix(step_metrics: dict[str, float], val_metrics: dict[str, float]) -> dict[str, str]:
+    out = {}
+    if "critic/score/mean" in step_metrics:
+        out["score"] = f"{step_metrics['critic/score/mean']:.3f}"
+    for key, value in val_metrics.items():
+        if key.startswith("val-core/") and math.isfinite(value):
+            out["val"] = f"{value:.3f}"
+            break
+    return out

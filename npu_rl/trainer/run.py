@@ -1,0 +1,130 @@
+"""Build everything a run needs from a validated config, train, and say where the results are."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+
+from npu_rl.config.schema import PPOConfig
+from npu_rl.config.validate import as_list, critic_enabled
+
+logger = logging.getLogger(__name__)
+
+
+def world_size(config: PPOConfig) -> int:
+    return config.trainer.nnodes * config.trainer.n_gpus_per_node
+
+
+def use_ray(config: PPOConfig) -> bool:
+    if config.trainer.controller == "auto":
+        return world_size(config) > 1
+    return config.trainer.controller == "ray"
+
+
+def build_worker_group(config: PPOConfig):
+    """Every role colocated on the same devices (hybrid engine): one group, one process per device."""
+    from npu_rl.controller.worker_group import LocalWorkerGroup, WorkerSpec
+    from npu_rl.workers.actor_rollout import ActorRolloutWorker
+    from npu_rl.workers.critic import CriticWorker
+    from npu_rl.workers.reference import ReferenceWorker
+
+    roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (config,))}
+    if config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward:
+        roles["ref"] = WorkerSpec(ReferenceWorker, (config,))
+    if critic_enabled(config):
+        roles["critic"] = WorkerSpec(CriticWorker, (config,))
+    if not use_ray(config):
+        return LocalWorkerGroup(roles)
+    import ray
+
+    from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
+
+    if not ray.is_initialized():
+        init = config.ray_kwargs.ray_init
+        kwargs = {k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})}
+        ray.init(**kwargs)
+    pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
+    return RayWorkerGroup(pool, roles)
+
+
+def run_dir_for(config: PPOConfig) -> str:
+    return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
+
+
+def run(config: PPOConfig) -> int:
+    """Train with ``config`` (already validated); returns the exit code."""
+    from omegaconf import OmegaConf
+
+    from npu_rl.data.loader import build_dataloader
+    from npu_rl.device import get_backend
+    from npu_rl.models.loader import load_tokenizer
+    from npu_rl.reward import build_reward_manager
+    from npu_rl.tracking import Tracker
+    from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
+    from npu_rl.trainer.sampling import PromptStream
+
+    logging.basicConfig(level=os.environ.get("NPU_RL_LOG_LEVEL", "WARNING"), stream=sys.stderr)
+    backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
+    backend.manual_seed(config.trainer.seed)
+    model_cfg = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
+    prompts = PromptStream(build_dataloader(config.data, tokenizer, "train"))
+    needs_val = config.trainer.val_before_train or config.trainer.test_freq > 0 or config.trainer.val_only
+    val_loader = build_dataloader(config.data, tokenizer, "val") if needs_val else None
+    reward_fn = build_reward_manager(config, tokenizer)
+    val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
+
+    group = build_worker_group(config)
+    total_steps = total_training_steps(config, prompts.batches_per_epoch)
+    group.actor_rollout.init_model(total_steps)
+    roles = Roles(actor_rollout=group.actor_rollout, num_devices=world_size(config))
+    if "ref" in group.role_names():
+        group.ref.init_model()
+        roles.ref = group.ref
+    if "critic" in group.role_names():
+        group.critic.init_model(total_steps)
+        roles.critic = group.critic
+
+    run_dir = run_dir_for(config)
+    tracker = Tracker(as_list(config.trainer.logger), config.trainer.project_name, config.trainer.experiment_name,
+                      run_dir, OmegaConf.to_container(OmegaConf.structured(config), resolve=True))
+    print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
+          f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
+    trainer = PPOTrainer(config, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
+                         group.actor_rollout.model_config(), tokenizer)
+    start = time.perf_counter()
+    try:
+        code = trainer.fit()
+    finally:
+        tracker.close()
+        group.shutdown()
+    _summary(trainer, tracker.jsonl_path, time.perf_counter() - start)
+    return code
+
+
+def _summary(trainer, jsonl_path: str, seconds: float) -> None:
+    """The validation headline before and after, from the run's own metrics file."""
+    import json
+
+    first, last = None, None
+    if os.path.isfile(jsonl_path):
+        with open(jsonl_path, encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                core = {k: v for k, v in row.items() if k.startswith("val-core/")}
+                if core:
+                    first = first or (row["step"], core)
+                    last = (row["step"], core)
+    print(f"npu-rl: finished step {trainer.global_step}/{trainer.total_steps} in {seconds:.0f} s", file=sys.stderr)
+    if first and last:
+        for key in first[1]:
+            print(f"npu-rl: {key}: {first[1][key]:.3f} (step {first[0]}) -> {last[1].get(key, float('nan')):.3f} "
+                  f"(step {last[0]})", file=sys.stderr)
+    print(f"npu-rl: metrics: {jsonl_path}", file=sys.stderr)
+    ckpt = os.path.abspath(trainer.config.trainer.default_local_dir)
+    if os.path.isdir(ckpt):
+        print(f"npu-rl: checkpoints: {ckpt} (npu-rl merge {ckpt}/global_step_{trainer.global_step} --out <dir> "
+              "gives a Hugging Face folder)", file=sys.stderr)

@@ -1,0 +1,87 @@
+"""The hybrid engine: the actor and its rollout engine on the same devices, composed (not fused) in one worker.
+
+Before each generation: wake the engine, stream the actor's weights into it if they changed since the last sync
+(layer by layer from the FSDP2 shards), generate, then put the engine to sleep so the update has the memory.
+The timings and memory figures of those phases come back in ``batch.meta["metrics"]``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from npu_rl.config.schema import PPOConfig
+from npu_rl.controller.dispatch import Dispatch, register
+from npu_rl.models.loader import load_tokenizer, stop_token_ids
+from npu_rl.protocol import Batch
+from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
+from npu_rl.workers.actor import ActorWorker
+
+
+class ActorRolloutWorker:
+    """One role for the driver (``group.actor_rollout``), two parts inside: ``self.actor`` and ``self.engine``."""
+
+    def __init__(self, config: PPOConfig):
+        self.config = config
+        self.actor = ActorWorker(config)
+        self.engine = None
+        self.weights_version = 0  # bumped by every policy update; the engine syncs when it lags behind
+
+    @register(Dispatch.ALL)
+    def init_model(self, total_training_steps: int) -> None:
+        self.actor.init_model(total_training_steps)
+        model_cfg = self.config.actor_rollout_ref.model
+        self.tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
+        self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
+        self.engine = build_rollout_engine(self.config.actor_rollout_ref.rollout, model_cfg.path, self.actor.model,
+                                           self.tokenizer)
+        if self.config.actor_rollout_ref.rollout.free_cache_engine:
+            self.engine.sleep()
+
+    @register(Dispatch.RANK0)
+    def model_config(self):
+        return self.actor.model.config
+
+    @register(Dispatch.DP_SPLIT)
+    def generate_sequences(self, prompts: Batch, validate: bool = False, greedy: bool = False) -> Batch:
+        rollout_cfg = self.config.actor_rollout_ref.rollout
+        sampling = sampling_params_from_config(rollout_cfg, validate, self.config.data.max_response_length,
+                                               self.stop_ids)
+        if greedy:  # ReMax's baseline: one greedy response per prompt
+            sampling.n, sampling.do_sample, sampling.temperature, sampling.return_logprobs = 1, False, 0.0, False
+        metrics: dict[str, float] = {}
+        if rollout_cfg.free_cache_engine:
+            metrics |= self.engine.wake_up()
+        if self.engine.needs_weight_sync:
+            metrics |= self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
+        start = time.perf_counter()
+        out = self.engine.generate(prompts, sampling)
+        metrics["timing_s/generate_sequences"] = time.perf_counter() - start
+        if rollout_cfg.free_cache_engine:
+            metrics |= self.engine.sleep()
+        out.meta["metrics"] = metrics
+        return out
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_logprobs(self, batch: Batch) -> Batch:
+        return self.actor.compute_logprobs(batch)
+
+    @register(Dispatch.DP_SPLIT)
+    def update_policy(self, batch: Batch) -> dict[str, float]:
+        metrics = self.actor.update_policy(batch)
+        self.weights_version += 1
+        return metrics
+
+    @register(Dispatch.ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(path)
+
+    @register(Dispatch.ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.actor.load_checkpoint(path)
+        self.weights_version += 1  # the engine must take the loaded weights
+
+    @register(Dispatch.RANK0)
+    def export_hf(self, path: str) -> None:
+        """The current policy as a plain Hugging Face folder (model + tokenizer)."""
+        self.actor.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)

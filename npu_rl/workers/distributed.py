@@ -1,0 +1,64 @@
+"""What a worker needs to know about the process group, with the single-process case costing nothing.
+
+Workers call these instead of ``torch.distributed`` directly, so the same worker code runs in-process (world size
+1, no process group) and as one Ray actor per device (the controller sets RANK / WORLD_SIZE / MASTER_ADDR).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from npu_rl.device import get_backend
+
+_SP_SIZE = 1
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def init(sequence_parallel_size: int = 1) -> None:
+    """Initialise the process group from the environment when WORLD_SIZE > 1 (idempotent)."""
+    global _SP_SIZE
+    _SP_SIZE = sequence_parallel_size
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not is_distributed():
+        backend = get_backend()
+        backend.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend.dist_backend)
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def dp_size() -> int:
+    return world_size() // _SP_SIZE
+
+
+def all_reduce_sum(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sum 0-d tensors over all ranks (one collective for the whole dict)."""
+    if not is_distributed():
+        return tensors
+    keys = list(tensors)
+    stacked = torch.stack([tensors[k].float() for k in keys]).to(get_backend().device())
+    dist.all_reduce(stacked)
+    return {k: stacked[i] for i, k in enumerate(keys)}
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (e.g. the gradient norm of a sharded model); plain tensors pass through."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) one parameter at a time: gathered from shards when sharded, never the whole model."""
+    for name, tensor in model.state_dict().items():
+        yield name, full_tensor(tensor)
