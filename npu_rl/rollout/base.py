@@ -39,14 +39,31 @@ class SamplingParams:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
+    """One rollout engine per worker process (colocated with the actor: same process, same device).
+
+    ``needs_weight_sync``: False when the engine generates with the actor's own module (nothing to copy), True
+    when it holds its own weights; the trainer skips gathering the actor's weights when it is False.
+
+    The memory methods return metrics (``dict[str, float]``: timings under ``timing_s/``, memory figures in GiB
+    under ``rollout/``) for the trainer to log; callers that do not care may ignore them.
+    """
+
+    needs_weight_sync: bool
+
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Sample ``sampling.n`` responses per prompt; see the module docstring for the fields."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new policy weights (HF parameter names), streamed one tensor at a time."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                       version: int | None = None) -> dict[str, float]:
+        """Load new policy weights (HF parameter names), streamed in buckets.
 
-    def sleep(self, level: int = 1) -> None:
-        """Free device memory while training runs (level 1: offload weights, drop KV cache; 2: drop both)."""
+        ``version``: the actor's weight version (e.g. the global step); an engine already holding it returns
+        without reading ``named_tensors``. None: always load.
+        """
 
-    def wake_up(self) -> None:
+    def sleep(self, level: int | None = None) -> dict[str, float]:
+        """Free device memory while training runs (level 1: offload weights, drop KV cache; 2: drop both;
+        None: the configured ``rollout.sleep_level``)."""
+
+    def wake_up(self) -> dict[str, float]:
         """Take the memory back before generating."""

