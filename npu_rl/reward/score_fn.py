@@ -1,0 +1,134 @@
+"""The reward function a manager calls: the default rule scorers, or a user's function loaded by file path.
+
+A ``ScoreFnSpec`` names the function (file + name) instead of holding it, so it pickles as a few strings and every
+process (the trainer, a Ray worker, a reward-pool worker) loads the function itself: nothing user-defined is ever
+pickled, which is what broke custom rewards under Ray for verl users (#3150).
+
+The user's function has verl's signature, called with keyword arguments::
+
+    compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs) -> float | dict
+
+(a dict must hold ``score``; its other entries are logged). With the ``batch`` manager it takes lists::
+
+    compute_score(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs) -> list[float | dict]
+
+``run_score_fn`` calls it and checks what comes back: NaN/inf, a wrong type or a dict without ``score`` raise
+``RewardFunctionError`` naming the function, never a silently wrong score.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from npu_rl.utils.imports import load_module_from_file
+
+ROW_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
+
+
+class RewardFunctionError(ValueError):
+    """A reward function failed, or returned something that is not a score."""
+
+
+@dataclass(frozen=True)
+class ScoreFnSpec:
+    path: Optional[str] = None  # a Python file; None: npu-rl's default rule scorers
+    name: str = "compute_score"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    batched: bool = False  # the batch manager's list signature
+
+    def describe(self) -> str:
+        if self.path is None:
+            return "default_compute_score (npu_rl.reward.scorers)"
+        return f"function {self.name!r} in {os.path.abspath(os.path.expanduser(self.path))}"
+
+    def load(self) -> Callable[..., Any]:
+        """The callable, loaded in this process; errors name the file and the function."""
+        if self.path is None:
+            from npu_rl.reward import scorers
+
+            return scorers.default_batch_compute_score if self.batched else scorers.default_compute_score
+        path = os.path.abspath(os.path.expanduser(self.path))
+        if not os.path.isfile(path):
+            raise RewardFunctionError(f"custom_reward_function.path: file {path} does not exist "
+                                      f"(looking for function {self.name!r})")
+        try:
+            module = load_module_from_file(path)
+        except Exception as exc:
+            raise RewardFunctionError(f"custom_reward_function.path: cannot import {path}: {exc}") from exc
+        fn = getattr(module, self.name, None)
+        if fn is None:
+            public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            raise RewardFunctionError(f"custom_reward_function.name: {path} has no function {self.name!r}; "
+                                      f"it defines {public}")
+        if not callable(fn):
+            raise RewardFunctionError(f"custom_reward_function.name: {self.name!r} in {path} is a "
+                                      f"{type(fn).__name__}, not a function")
+        check_signature(fn, self)
+        return fn
+
+
+def check_signature(fn: Callable[..., Any], spec: ScoreFnSpec) -> None:
+    """The function must accept the manager's keyword call; fail naming file, function and the expected call."""
+    args = BATCH_ARGS if spec.batched else ROW_ARGS
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins and some C callables have no signature: nothing to check
+    try:
+        signature.bind(**{a: None for a in args}, **spec.kwargs)
+    except TypeError as exc:
+        kwargs = f", **{sorted(spec.kwargs)}" if spec.kwargs else ""
+        raise RewardFunctionError(
+            f"{spec.describe()} has the signature {spec.name}{signature}, which cannot be called as "
+            f"{spec.name}({', '.join(a + '=...' for a in args)}{kwargs}): {exc}. "
+            + ("The batch reward manager passes lists. " if spec.batched else "")
+            + "Expected verl's signature: compute_score(" + ", ".join(args[:3]) + f", {args[3]}=None, **kwargs)."
+        ) from exc
+
+
+def to_score_dict(result: Any, where: str) -> dict[str, Any]:
+    """A float or a dict with ``score`` -> a dict with a finite float ``score``; anything else raises."""
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise RewardFunctionError(f"{where} returned a dict without 'score' (keys {sorted(result)})")
+        out = dict(result)
+        out["score"] = _finite(result["score"], where)
+        return out
+    score = _finite(result, where)
+    return {"score": score, "acc": score}  # verl logs a bare float as acc too
+
+
+def _finite(value: Any, where: str) -> float:
+    if isinstance(value, bool) or isinstance(value, numbers.Real) or _is_scalar_array(value):
+        score = float(value)
+        if not math.isfinite(score):
+            raise RewardFunctionError(f"{where} returned a non-finite score {score}")
+        return score
+    raise RewardFunctionError(f"{where} returned a {type(value).__name__} ({value!r:.80}); expected a float or a "
+                              "dict with a float 'score'")
+
+
+def _is_scalar_array(value: Any) -> bool:
+    # a 0-d NumPy / torch value (np.float32, torch.tensor(1.0)); never a longer array
+    shape = getattr(value, "shape", None)
+    return shape is not None and tuple(shape) in ((), (1,)) and hasattr(value, "__float__")
+
+
+def run_score_fn(fn: Callable[..., Any], spec: ScoreFnSpec, payload: dict[str, Any]) -> Any:
+    """Call ``fn`` on one row (or, batched, one chunk of rows) and check the result(s)."""
+    result = fn(**payload, **spec.kwargs)
+    if not spec.batched:
+        return to_score_dict(result, spec.describe())
+    num_rows = len(payload["solution_strs"])
+    if not isinstance(result, (list, tuple)) or len(result) != num_rows:
+        got = f"{type(result).__name__} of length {len(result)}" if hasattr(result, "__len__") \
+            else type(result).__name__
+        raise RewardFunctionError(f"{spec.describe()} returned a {got}; the batch manager expects a list of "
+                                  f"{num_rows} scores, one per row")
+    return [to_score_dict(r, f"{spec.describe()} (row {i} of the chunk)") for i, r in enumerate(result)]
