@@ -1,0 +1,128 @@
+"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP), and merging them into an HF folder.
+
+Layout of one checkpoint folder (e.g. ``.../global_step_10/actor``)::
+
+    model_optim/     DCP files: {"model": ..., "optimizer": ...}, each rank writing its own shards
+    huggingface/     config.json (+ generation config, tokenizer when given): what the merger needs
+    extra/rank_<r>.pt  per-rank Python state (lr scheduler, RNG, data loader position ...), torch.save
+
+DCP stores every tensor with its global shape, so a checkpoint saved by N ranks loads on M ranks (any mesh, FSDP2
+or a plain unsharded model) and :func:`merge_checkpoint` reads it without any process group. The optimizer state
+dict is keyed by parameter name (``get_state_dict``), so it reshards too.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from npu_rl.parallel.weights import hf_class_from_config, save_hf_state_dict
+
+MODEL_OPTIM_DIR = "model_optim"
+HF_DIR = "huggingface"
+EXTRA_DIR = "extra"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                    extra: dict[str, Any] | None = None, tokenizer: Any = None) -> str:
+    """Save model (+ optimizer) shards, the HF config (+ tokenizer) and this rank's ``extra``. Collective."""
+    optimizers = [optimizer] if optimizer is not None else []
+    model_sd, optim_sd = get_state_dict(model, optimizers)
+    state = {"model": model_sd}
+    if optimizer is not None:
+        state["optimizer"] = optim_sd
+    dcp.save(state, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR))
+    rank = _rank()
+    if rank == 0:
+        hf_dir = os.path.join(path, HF_DIR)
+        os.makedirs(hf_dir, exist_ok=True)
+        model.config.save_pretrained(hf_dir)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(hf_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(hf_dir)
+    if extra is not None:
+        os.makedirs(os.path.join(path, EXTRA_DIR), exist_ok=True)
+        torch.save(extra, os.path.join(path, EXTRA_DIR, f"rank_{rank}.pt"))
+    _barrier()
+    return path
+
+
+def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                    load_optimizer: bool = True) -> dict[str, Any] | None:
+    """Load into ``model`` (+ ``optimizer``) whatever their sharding; return this rank's ``extra`` (rank 0's
+    when the checkpoint had fewer ranks), or None. Collective."""
+    if not os.path.isdir(os.path.join(path, MODEL_OPTIM_DIR)):
+        raise FileNotFoundError(f"{path!r} is not a checkpoint folder (no {MODEL_OPTIM_DIR}/ inside)")
+    with_optim = optimizer is not None and load_optimizer
+    optimizers = [optimizer] if with_optim else []
+    model_sd, optim_sd = get_state_dict(model, optimizers)  # also creates the optimizer's state to load into
+    state = {"model": model_sd}
+    if with_optim:
+        state["optimizer"] = optim_sd
+    dcp.load(state, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR))
+    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+    return _load_extra(path)
+
+
+def _load_extra(path: str) -> dict[str, Any] | None:
+    for name in (f"rank_{_rank()}.pt", "rank_0.pt"):
+        file = os.path.join(path, EXTRA_DIR, name)
+        if os.path.isfile(file):
+            return torch.load(file, map_location="cpu", weights_only=False)
+    return None
+
+
+def merge_checkpoint(path: str, out_dir: str, *, dtype: torch.dtype | None = None) -> str:
+    """Merge a sharded checkpoint into a plain HF folder (``npu-rl merge``). One process, no process group, host
+    memory for one full model. ``dtype`` casts the weights (default: as saved)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    hf_dir = os.path.join(path, HF_DIR)
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        raise FileNotFoundError(f"{path!r}: no {HF_DIR}/config.json: not a checkpoint written by save_checkpoint")
+    config = AutoConfig.from_pretrained(hf_dir)
+    model_class = hf_class_from_config(config)
+    with torch.device("meta"):
+        skeleton = model_class._from_config(config)
+    state_dict = _state_dict_from_metadata(os.path.join(path, MODEL_OPTIM_DIR), skeleton)
+    dcp.load({"model": state_dict}, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR), no_dist=True)
+    if dtype is not None:
+        state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir) if glob.glob(os.path.join(hf_dir, "tokenizer*")) else None
+    save_hf_state_dict(config, state_dict, out_dir, model_class=model_class, tokenizer=tokenizer)
+    for name in ("generation_config.json",):
+        if os.path.isfile(os.path.join(hf_dir, name)):
+            with open(os.path.join(hf_dir, name)) as src, open(os.path.join(out_dir, name), "w") as dst:
+                dst.write(src.read())
+    return out_dir
+
+
+def _state_dict_from_metadata(dcp_dir: str, skeleton: nn.Module) -> dict[str, torch.Tensor]:
+    """Empty host tensors of the saved global shapes for the model keys the skeleton has (tied copies once)."""
+    metadata = dcp.FileSystemReader(dcp_dir).read_metadata()
+    wanted = set(skeleton.state_dict())
+    out = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if not key.startswith("model."):
+            continue
+        name = key[len("model."):]
+        if name in wanted and hasattr(meta, "size"):
+            out[name] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    return out

@@ -1,0 +1,183 @@
+"""FSDP2 (``fully_shard``) for a Hugging Face causal LM or value model, applied after the model is built.
+
+:func:`apply_fsdp2` shards each decoder layer (the classes HF lists in ``model._no_split_modules``) as its own
+group, then the root, which holds what is left: embeddings, final norm, LM / value head. Tied embeddings
+(``tie_word_embeddings``) are one parameter that lives in the root group, so they stay tied.
+
+Options (:class:`FSDPSettings`, read from ``fsdp_config`` by :meth:`FSDPSettings.from_config`):
+
+- mixed precision: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` from ``mixed_precision.param_dtype`` /
+  ``reduce_dtype``; the master weights keep the dtype the model was loaded in (``model_dtype``). FSDP2 has no
+  buffer dtype: buffers (rotary frequencies) stay as loaded, so ``buffer_dtype`` is ignored.
+- ``reshard_after_forward``: free the gathered parameters after forward (re-gather in backward).
+- ``forward_prefetch``: each layer explicitly prefetches the next layer's all-gather
+  (``set_modules_to_forward_prefetch``), issued earlier from the CPU.
+- ``param_offload`` (or ``offload_policy``): ``CPUOffloadPolicy``: sharded parameters, gradients and so the
+  optimizer step and its states live in host memory; FSDP copies each layer to the device for compute.
+- ``optimizer_offload``: optimizer states stay in host memory between steps. Choice: *offload/onload around the
+  step* (:func:`optimizer_step` moves the states to the device, steps there, moves them back), so the step itself
+  runs at device speed and the states only occupy device memory during the step. Costs two host<->device copies of
+  the states per step. With ``param_offload`` the states are already on the host and nothing moves.
+
+Gradient reduction with Ulysses: the FSDP mesh spans all dp x sp ranks, and the sp ranks of a group each hold the
+gradient of *their part* of the same sequences, so the right reduction is a sum over sp and a mean over dp: we set
+the divide factor to ``dp_size`` (instead of FSDP's default ``dp * sp``) and force plain-sum collectives, as gloo
+and HCCL have no PreMulSum.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from npu_rl.device import get_backend
+from npu_rl.parallel.mesh import ParallelMesh
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}
+
+
+def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if value not in _DTYPES:
+        raise ValueError(f"unknown dtype {value!r} in fsdp_config; expected one of {', '.join(_DTYPES)}")
+    return _DTYPES[value]
+
+
+@dataclass
+class FSDPSettings:
+    param_dtype: torch.dtype | None = None  # compute dtype of gathered params; None: keep the master dtype
+    reduce_dtype: torch.dtype | None = None  # gradient reduce-scatter dtype; None: the param dtype
+    reshard_after_forward: bool = True
+    forward_prefetch: bool = False
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+    @classmethod
+    def from_config(cls, fsdp_config: Any) -> FSDPSettings:
+        """From an ``fsdp_config`` node (actor, critic or ref: missing keys take the defaults)."""
+        mp = getattr(fsdp_config, "mixed_precision", None)
+        return cls(
+            param_dtype=_dtype(getattr(mp, "param_dtype", None)),
+            reduce_dtype=_dtype(getattr(mp, "reduce_dtype", None)),
+            reshard_after_forward=bool(getattr(fsdp_config, "reshard_after_forward", True)),
+            forward_prefetch=bool(getattr(fsdp_config, "forward_prefetch", False)),
+            param_offload=bool(getattr(fsdp_config, "param_offload", False) or
+                               getattr(fsdp_config, "offload_policy", False)),
+            optimizer_offload=bool(getattr(fsdp_config, "optimizer_offload", False)),
+        )
+
+
+def decoder_layers(model: nn.Module, layer_classes: list[str] | None = None) -> list[nn.Module]:
+    """The modules sharded one group each: instances of ``layer_classes`` (default: ``model._no_split_modules``)."""
+    names = set(layer_classes or getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__}: no decoder layers found to shard (looked for {sorted(names) or 'nothing'}; "
+            "HF models list them in _no_split_modules); pass layer_classes=['MyDecoderLayer']"
+        )
+    return layers
+
+
+def apply_fsdp2(model: nn.Module, mesh: ParallelMesh | DeviceMesh, settings: FSDPSettings | None = None, *,
+                layer_classes: list[str] | None = None) -> nn.Module:
+    """Shard ``model`` in place (per decoder layer, then the root) and return it. Collective."""
+    settings = settings or FSDPSettings()
+    fsdp_mesh = mesh.fsdp_mesh if isinstance(mesh, ParallelMesh) else mesh
+    master_dtype = next(model.parameters()).dtype
+    param_dtype = settings.param_dtype if settings.param_dtype != master_dtype else None
+    kwargs = dict(
+        mesh=fsdp_mesh,
+        reshard_after_forward=settings.reshard_after_forward,
+        mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=settings.reduce_dtype),
+        offload_policy=CPUOffloadPolicy(pin_memory=get_backend().is_accelerator) if settings.param_offload
+        else OffloadPolicy(),
+    )
+    layers = decoder_layers(model, layer_classes)
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    if settings.forward_prefetch:
+        for layer, next_layer in zip(layers, layers[1:]):
+            layer.set_modules_to_forward_prefetch([next_layer])
+    if isinstance(mesh, ParallelMesh) and mesh.sp_size > 1:
+        for module in fsdp_modules(model):
+            module.set_gradient_divide_factor(float(mesh.dp_size))
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def fsdp_modules(model: nn.Module) -> list[FSDPModule]:
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the (sharded) gradients to ``max_norm`` by their global norm; return that norm as a plain tensor
+    (no ``.item()``: the caller decides when to sync). A non-finite norm is returned as is, gradients untouched
+    beyond what ``clip_grad_norm_`` does (the trainer skips the step)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+# ---------------------------------------------------------------------------------------------- optimizer offload
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[dict, str, torch.Tensor]]:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":  # Adam's step counter stays where it is
+                yield state, key, value
+
+
+def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Move the optimizer states to host memory."""
+    for state, key, value in _optimizer_tensors(optimizer):
+        state[key] = value.to("cpu", non_blocking=True)
+    get_backend().synchronize()
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, device: torch.device | None = None) -> None:
+    """Move the optimizer states back to ``device`` (default: the current device)."""
+    device = device or get_backend().device()
+    for state, key, value in _optimizer_tensors(optimizer):
+        state[key] = value.to(device, non_blocking=True)
+
+
+@contextmanager
+def optimizer_on_device(optimizer: torch.optim.Optimizer, settings: FSDPSettings):
+    """States on the device inside the block, back on the host after it, when ``optimizer_offload`` is on and
+    the parameters themselves are on the device (not ``param_offload``). Wrap ``optimizer.step()`` (and a
+    checkpoint load/save if you like) with it."""
+    active = settings.optimizer_offload and not settings.param_offload
+    if active:
+        load_optimizer(optimizer)
+    try:
+        yield
+    finally:
+        if active:
+            offload_optimizer(optimizer)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, settings: FSDPSettings) -> None:
+    """``optimizer.step()`` honouring ``optimizer_offload``: the one call the trainer needs."""
+    with optimizer_on_device(optimizer, settings):
+        optimizer.step()
+
+
+# ---------------------------------------------------------------------------------------------- model offload
+def offload_model(model: nn.Module) -> None:
+    """Move the sharded parameters (and gradients) to host memory, e.g. while a colocated rollout runs."""
+    model.to("cpu")
+    get_backend().empty_cache()
+
+
+def load_model(model: nn.Module, device: torch.device | None = None) -> None:
+    model.to(device or get_backend().device())

@@ -1,0 +1,134 @@
+"""Process group and device mesh: ``dp x sp`` for data, and the FSDP mesh for parameters.
+
+Layout of the ``world_size = dp * sp`` ranks: sequence-parallel groups are consecutive ranks (sp innermost), so on a
+node of 8 devices with sp=4, ranks 0-3 share one sequence and 4-7 another, and the all-to-all stays inside a node.
+
+- ``device_mesh`` ("dp", "sp"): which data shard a rank holds (``dp_rank``) and its Ulysses group (``sp_group``).
+- ``fsdp_mesh``: the parameter sharding. Parameters are sharded over *all* ranks, sp ranks included (they run the
+  same model on different parts of a sequence). ``fsdp_size`` (``fsdp_config.fsdp_size``): -1 or the world size
+  shards over every rank (1D mesh ("fsdp",)); a proper divisor of the world size gives HSDP, a 2D mesh
+  ("ddp", "fsdp") that shards within groups of ``fsdp_size`` ranks and replicates across groups (cheaper
+  all-gathers inside a node, more memory). Anything else is rejected.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from npu_rl.controller.dispatch import DispatchLayout
+from npu_rl.device import Backend, get_backend
+
+
+def init_distributed(backend: Backend | None = None, *, device_index: int | None = None,
+                     timeout_s: float = 1800.0) -> tuple[int, int]:
+    """Initialise torch.distributed once per process with the device layer's backend (hccl | nccl | gloo) and
+    select this rank's device; return ``(rank, world_size)``. Idempotent.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``LOCAL_RANK`` (set by torchrun and by
+    :class:`~npu_rl.controller.RayWorkerGroup`). Without ``MASTER_ADDR`` (a plain single process) it makes a
+    one-rank group in memory, so the same FSDP2 / checkpoint code runs at world size 1. ``device_index`` defaults to
+    ``LOCAL_RANK`` modulo the number of visible devices (0 when the launcher made one device visible per process).
+    """
+    backend = backend or get_backend()
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if backend.is_accelerator:
+        if device_index is None:
+            device_index = int(os.environ.get("LOCAL_RANK", "0")) % max(backend.device_count(), 1)
+        backend.set_device(device_index)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend.dist_backend, rank=rank, world_size=world_size, timeout=timeout)
+    elif world_size == 1:
+        dist.init_process_group(backend.dist_backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        raise RuntimeError(f"WORLD_SIZE={world_size} but MASTER_ADDR is not set: launch with torchrun or Ray")
+    return rank, world_size
+
+
+@dataclass
+class ParallelMesh:
+    """The meshes one role uses. Build it with :func:`build_mesh`."""
+
+    device_mesh: DeviceMesh  # ("dp", "sp")
+    fsdp_mesh: DeviceMesh  # ("fsdp",) or ("ddp", "fsdp") for HSDP
+
+    @property
+    def world_size(self) -> int:
+        return self.device_mesh.size()
+
+    @property
+    def dp_size(self) -> int:
+        return self.device_mesh.size(0)
+
+    @property
+    def sp_size(self) -> int:
+        return self.device_mesh.size(1)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.device_mesh.get_local_rank("dp")
+
+    @property
+    def sp_rank(self) -> int:
+        return self.device_mesh.get_local_rank("sp")
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup:
+        return self.device_mesh.get_group("dp")
+
+    @property
+    def sp_group(self) -> dist.ProcessGroup | None:
+        """The Ulysses group, or None when sp is 1 (nothing to exchange)."""
+        return self.device_mesh.get_group("sp") if self.sp_size > 1 else None
+
+    @property
+    def is_hsdp(self) -> bool:
+        return self.fsdp_mesh.ndim == 2
+
+    def dispatch_layout(self) -> DispatchLayout:
+        """For ``DP_SPLIT``: ranks of one sp group get the same shard; sp rank 0 returns the group's output."""
+        return DispatchLayout(self.dp_rank, self.dp_size, self.sp_rank == 0)
+
+    def __repr__(self) -> str:
+        fsdp = "x".join(map(str, self.fsdp_mesh.shape))
+        return f"ParallelMesh(world={self.world_size}, dp={self.dp_size}, sp={self.sp_size}, fsdp={fsdp})"
+
+
+def check_parallel_sizes(world_size: int, sp_size: int = 1, fsdp_size: int = -1) -> tuple[int, int]:
+    """Validate the sizes (no process group needed); return ``(dp_size, fsdp_shard_size)``."""
+    if sp_size < 1 or world_size % sp_size:
+        raise ValueError(
+            f"ulysses_sequence_parallel_size={sp_size} must be >= 1 and divide the number of devices ({world_size})"
+        )
+    if fsdp_size == -1 or fsdp_size == world_size:
+        return world_size // sp_size, world_size
+    if fsdp_size < 1 or fsdp_size > world_size or world_size % fsdp_size:
+        raise ValueError(
+            f"fsdp_config.fsdp_size={fsdp_size} is invalid for {world_size} devices: use -1 (shard over all), or a "
+            f"divisor of {world_size} for HSDP (shard within groups of fsdp_size, replicate across them)"
+        )
+    return world_size // sp_size, fsdp_size
+
+
+def build_mesh(sp_size: int = 1, fsdp_size: int = -1, backend: Backend | None = None) -> ParallelMesh:
+    """The meshes for ``ulysses_sequence_parallel_size`` and ``fsdp_config.fsdp_size`` over the whole world.
+    Calls :func:`init_distributed` if needed; collective (every rank must call it)."""
+    backend = backend or get_backend()
+    init_distributed(backend)
+    world_size = dist.get_world_size()
+    dp_size, shard_size = check_parallel_sizes(world_size, sp_size, fsdp_size)
+    device_mesh = init_device_mesh(backend.name, (dp_size, sp_size), mesh_dim_names=("dp", "sp"))
+    if shard_size == world_size:
+        fsdp_mesh = init_device_mesh(backend.name, (world_size,), mesh_dim_names=("fsdp",))
+    else:
+        fsdp_mesh = init_device_mesh(backend.name, (world_size // shard_size, shard_size),
+                                     mesh_dim_names=("ddp", "fsdp"))
+    return ParallelMesh(device_mesh, fsdp_mesh)
