@@ -94,6 +94,24 @@ def resolve_builtin(uri: str) -> str:
     return path
 
 
+def check_builtin(uri: str) -> None:
+    """Fail (naming the URI) if ``resolve_builtin`` would, without generating anything: for the config validator."""
+    name, split, query = _parse(uri)
+    if name == "arith":
+        arith_spec_from_query(query, uri).split_sizes()
+        splits: tuple[str, ...] = ("train", "test")
+    else:
+        data_dir = expand_path(query.pop("data_dir", None) or default_data_dir())
+        if query:
+            raise ValueError(f"{uri}: {name} takes no parameters other than data_dir, got {sorted(query)}")
+        splits = CONVERTERS[name][0]
+        raw = os.path.join(data_dir, name, f"{split}.jsonl")
+        if split in splits and not os.path.isfile(raw):
+            raise FileNotFoundError(f"{uri}: the raw file {raw} does not exist (set NPU_RL_DATA_DIR or data_dir=)")
+    if split not in splits:
+        raise ValueError(f"{uri}: {name} has splits {list(splits)}, not {split!r}")
+
+
 def _mtimes(data_dir: str, name: str, splits: tuple[str, ...]) -> dict[str, float]:
     # The raw files' modification times are part of the key, so an edited source is converted again.
     out = {}

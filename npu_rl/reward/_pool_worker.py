@@ -20,6 +20,10 @@ def main(argv: list[str]) -> int:
     try:
         _, spec = inbox.recv()
         fn = spec.load()
+        if spec.path is None:  # import sympy & co. now, so the first row's time limit does not pay for it
+            from npu_rl.reward.math_utils import math_verify_equal
+
+            math_verify_equal("1", "1")
     except EOFError:
         return 0
     except Exception as exc:  # report the loading error to the parent, which raises it with context

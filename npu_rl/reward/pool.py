@@ -174,26 +174,30 @@ class ProcessPoolRunner:
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
 
-    def _start(self) -> _Worker:
-        worker = _Worker(self.spec)
+    def _start(self, count: int = 1) -> list[_Worker]:
+        """``count`` workers, started together (each takes ~0.2 s to import and load the function)."""
+        workers = [_Worker(self.spec) for _ in range(count)]
         try:
-            worker.wait_ready(self.spec)
+            for worker in workers:
+                worker.wait_ready(self.spec)
         except BaseException:
-            worker.kill()
+            for worker in workers:
+                worker.kill()
             raise
-        return worker
+        return workers
 
     def run(self, payloads: list[dict[str, Any]]) -> list[Outcome]:
         outcomes: list[Optional[Outcome]] = [None] * len(payloads)
         pending = deque(range(len(payloads)))
-        while len(self._workers) < min(self.num_workers, max(len(payloads), 1)):
-            self._workers.append(self._start())
+        missing = min(self.num_workers, max(len(payloads), 1)) - len(self._workers)
+        if missing > 0:
+            self._workers.extend(self._start(missing))
         while pending or any(w.task for w in self._workers):
             for slot, worker in enumerate(self._workers):
                 if worker.task is None and pending:
                     if worker.process.poll() is not None:  # died between batches
                         worker.kill()
-                        worker = self._workers[slot] = self._start()
+                        worker = self._workers[slot] = self._start()[0]
                     index = pending.popleft()
                     worker.send_conn.send(("task", index, payloads[index]))
                     worker.task = (index, time.monotonic())
@@ -221,7 +225,7 @@ class ProcessPoolRunner:
             else:
                 continue
             worker.kill()  # hung or dead: replace it
-            self._workers[self._workers.index(worker)] = self._start()
+            self._workers[self._workers.index(worker)] = self._start()[0]
 
     def close(self) -> None:
         self._finalizer()

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from npu_rl.data.arith import ArithSpec, generate_arith
-from npu_rl.data.builtin import cache_dir, resolve_builtin, resolve_data_files
+from npu_rl.data.builtin import cache_dir, check_builtin, resolve_builtin, resolve_data_files
 from npu_rl.data.io import read_rows
 
 
@@ -79,7 +79,16 @@ def test_builtin_paths_are_generated_once_and_cached():
 ])
 def test_bad_builtin_paths(uri, message):
     with pytest.raises(ValueError, match=message):
+        check_builtin(uri)  # what the config validator calls: checks without generating
+    with pytest.raises(ValueError, match=message):
         resolve_builtin(uri)
+
+
+def test_check_builtin_generates_nothing(tmp_path):
+    check_builtin("builtin://arith/train?digits=2")
+    assert not os.path.exists(cache_dir())
+    with pytest.raises(FileNotFoundError, match="raw file .*gsm8k/train.jsonl does not exist"):
+        check_builtin(f"builtin://gsm8k/train?data_dir={tmp_path}")
 
 
 def test_builtin_local_data_sets(shared_data_dir):
