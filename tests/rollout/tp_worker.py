@@ -1,0 +1,46 @@
+"""One rank of the TP = 2 test (launched by torchrun from test_vllm_tp.py): vLLM's external_launcher on gloo.
+
+Rank 0 and rank 1 pass different prompts (4 and 3); each must get back exactly its own rows, equal to the hf
+engine's, before and after a weight sync. Exits non-zero on any mismatch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def main(model_dir: str, other_dir: str) -> int:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+    from npu_rl.models.loader import load_causal_lm, load_tokenizer
+    from npu_rl.rollout import SamplingParams, build_rollout_engine
+    from tests.rollout.conftest import PROMPTS, make_prompts
+
+    tokenizer = load_tokenizer(model_dir)
+    prompts = make_prompts(tokenizer, PROMPTS[:4] if rank == 0 else PROMPTS[4:7])
+    config = RolloutConfig(name="vllm", dtype="float32", tensor_model_parallel_size=2, load_format="auto",
+                           max_model_len=128, calculate_log_probs=True,
+                           engine_kwargs=EngineKwargsConfig(vllm={"kv_cache_memory_bytes": 64 << 20}))
+    engine = build_rollout_engine(config, model_dir, None, tokenizer)
+    hf = build_rollout_engine(RolloutConfig(name="hf", dtype="float32"), model_dir, None, tokenizer)
+    sampling = SamplingParams(n=2, do_sample=False, max_new_tokens=16, stop_token_ids=[2], return_logprobs=True)
+    for step in range(2):
+        out, expected = engine.generate(prompts, sampling), hf.generate(prompts, sampling)
+        assert len(out) == len(prompts) * 2, (rank, len(out))
+        assert torch.equal(out["responses"], expected["responses"]), (rank, step)
+        torch.testing.assert_close(out["rollout_logprobs"], expected["rollout_logprobs"])
+        new_weights = load_causal_lm(other_dir).state_dict()
+        engine.update_weights(iter(new_weights.items()), version=step + 1)
+        hf.update_weights(iter(new_weights.items()), version=step + 1)
+    print(f"rank {rank}: ok", flush=True)
+    # No destroy_process_group here: vLLM's shutdown at exit tears down the groups (the default one included).
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
