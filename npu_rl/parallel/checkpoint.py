@@ -13,8 +13,10 @@ dict is keyed by parameter name (``get_state_dict``), so it reshards too.
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -23,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from npu_rl.parallel.weights import hf_class_from_config, save_hf_state_dict
+from npu_rl.parallel.weights import hf_class_from_config, hf_model_class, save_hf_state_dict
 
 MODEL_OPTIM_DIR = "model_optim"
 HF_DIR = "huggingface"
@@ -52,7 +54,9 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     if rank == 0:
         hf_dir = os.path.join(path, HF_DIR)
         os.makedirs(hf_dir, exist_ok=True)
-        model.config.save_pretrained(hf_dir)
+        config = copy.deepcopy(model.config)
+        config.architectures = [hf_model_class(model).__name__]  # what the merger rebuilds
+        config.save_pretrained(hf_dir)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(hf_dir)
         if tokenizer is not None:
@@ -102,7 +106,9 @@ def merge_checkpoint(path: str, out_dir: str, *, dtype: torch.dtype | None = Non
     with torch.device("meta"):
         skeleton = model_class._from_config(config)
     state_dict = _state_dict_from_metadata(os.path.join(path, MODEL_OPTIM_DIR), skeleton)
-    dcp.load({"model": state_dict}, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR), no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": state_dict}, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR), no_dist=True)
     if dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     tokenizer = AutoTokenizer.from_pretrained(hf_dir) if glob.glob(os.path.join(hf_dir, "tokenizer*")) else None

@@ -41,7 +41,8 @@ def iter_full_parameters(model: nn.Module, *, dtype: torch.dtype | None = None,
                          include_tied: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, full tensor)`` for every parameter and persistent buffer of ``model`` (sharded or not), in
     state-dict order. ``dtype`` casts floating tensors (e.g. bf16 for the rollout engine); ``device`` moves the
-    result (e.g. ``"cpu"``). Do not call it in the middle of a forward/backward."""
+    result (e.g. ``"cpu"``). A tensor that needs no gather, cast or move is yielded as is (it shares storage with
+    the model: copy it if you keep it across an update). Do not call it in the middle of a forward/backward."""
     seen: set[int] = set()
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) in seen and not include_tied:
