@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from npu_rl.controller import RayWorkerGroup, ResourcePool, WorkerSpec
+from npu_rl.controller import LocalWorkerGroup, RayWorkerGroup, ResourcePool, WorkerSpec
 from npu_rl.protocol import Batch
 from tests.controller.workers import CounterWorker, EchoWorker
 
@@ -114,3 +114,26 @@ def test_pool_that_cannot_be_placed_fails_clearly(ray_session):
     pool = ResourcePool([64], resource=None, name="too_big", ready_timeout_s=1.0)
     with pytest.raises(RuntimeError, match="could not reserve"):
         pool.placement_groups()
+
+
+def test_colocated_fsdp_roles_with_different_sp_match_in_process(ray_session):
+    # One actor per device holds two roles, one with sp=1 (dp=2) and one with sp=2 (dp=1), like a critic and an
+    # actor with different ulysses_sequence_parallel_size: each role has its own mesh and dispatch layout.
+    from tests.controller.workers import TinyPolicyWorker
+    from tests.parallel.common import make_batch
+
+    input_ids, mask = make_batch(rows=4)
+    batch = Batch({"input_ids": input_ids, "attention_mask": mask})
+    local = LocalWorkerGroup({"actor": WorkerSpec(TinyPolicyWorker)}).actor.compute_log_prob(batch)
+    pool = ResourcePool([2], resource=None, name="fsdp")
+    group = RayWorkerGroup(pool, {"dp2": WorkerSpec(TinyPolicyWorker, kwargs={"sp_size": 1}),
+                                  "sp2": WorkerSpec(TinyPolicyWorker, kwargs={"sp_size": 2})})
+    try:
+        results = {role: getattr(group, role).compute_log_prob(batch) for role in ("dp2", "sp2")}
+        assert [lay.dp_size for lay in group.layouts("sp2")] == [1, 1]
+    finally:
+        group.shutdown()
+        pool.remove()
+    for role, remote in results.items():
+        # float32; packed attention over 1 or 2 ranks sums in a different order: atol=1e-5
+        torch.testing.assert_close(remote["old_log_probs"], local["old_log_probs"], atol=1e-5, rtol=1e-5, msg=role)

@@ -81,3 +81,30 @@ class CounterWorker:
     @register(Dispatch.ALL)
     def pid(self) -> int:
         return os.getpid()
+
+
+class TinyPolicyWorker:
+    """A worker as the trainer writes them: its own mesh, an FSDP2 model with packed (and Ulysses) attention,
+    and a DP_SPLIT method. Never imports Ray."""
+
+    def __init__(self, sp_size: int = 1):
+        from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh, use_varlen_attention
+        from tests.parallel.common import tiny_model
+
+        self.mesh = build_mesh(sp_size=sp_size)
+        self.model = apply_fsdp2(use_varlen_attention(tiny_model()), self.mesh, FSDPSettings())
+
+    def dispatch_layout(self) -> DispatchLayout:
+        return self.mesh.dispatch_layout()
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        from npu_rl.parallel import prepare_packed_inputs
+
+        input_ids, mask = batch["input_ids"], batch["attention_mask"]
+        inputs = prepare_packed_inputs(input_ids, mask, sp_group=self.mesh.sp_group)
+        labels = inputs.slice(torch.roll(input_ids, -1, dims=1))
+        with torch.no_grad(), inputs.attention():
+            logits = self.model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False).logits
+            logprobs = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        return Batch({"old_log_probs": inputs.restore(logprobs)})
