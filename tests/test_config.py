@@ -191,7 +191,7 @@ def test_seed_ppo_script_resolves_and_validates(tmp_path, tiny_model_dir):
         (data / name).write_bytes(b"")
     overrides = _script_overrides("run_ppo_gsm8k_single_card.sh", tmp_path,
                                   {"MODEL_PATH": tiny_model_dir, "DATA_DIR": str(data)})
-    assert "critic.ppo_micro_batch_size_per_gpu=4" in overrides and len(overrides) == 25
+    assert "critic.ppo_micro_batch_size_per_gpu=4" in overrides and len(overrides) == 24
     config = load_config(overrides, "ppo_trainer")  # validates paths and the device too
     assert config.critic.model.path == tiny_model_dir and config.trainer.total_epochs == 15
 

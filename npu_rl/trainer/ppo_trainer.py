@@ -186,9 +186,10 @@ class PPOTrainer:
     def _make_experience(self, batch: Batch, timer: PhaseTimer, metrics: dict) -> Batch:
         cfg = self.config
         if cfg.trainer.balance_batch:
-            from npu_rl.parallel import balance_batch
+            from npu_rl.parallel.seqlen import balance_batch
 
-            batch, balance_metrics = balance_batch(batch, self.roles.num_devices)
+            sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+            batch, balance_metrics = balance_batch(batch, self.roles.num_devices // sp)
             metrics |= balance_metrics
         with timer("old_log_prob"):
             batch.update(self.roles.actor_rollout.compute_logprobs(batch))

@@ -60,7 +60,7 @@ class LogprobModel:
         )
         if not trainable:
             model.requires_grad_(False)
-        self.runner = ModelRunner(model, fsdp_config, distributed.world_size())
+        self.runner = ModelRunner(model, fsdp_config, distributed.world_size(), trainable)
         self.model = self.runner.model
         self.options = LogprobOptions(
             use_fused_kernels=model_cfg.use_fused_kernels,
@@ -71,9 +71,8 @@ class LogprobModel:
         inputs, kept = trimmed_inputs(mb, self.response_length)
         options = LogprobOptions(compute_entropy, self.options.use_fused_kernels, self.options.fused_backend)
         device = self.runner.device
-        with self.runner.autocast():
-            logprobs, entropy = response_logprobs(
-                self.model, inputs["input_ids"].to(device), inputs["attention_mask"].to(device),
+        logprobs, entropy = response_logprobs(
+                self.runner.compute_model, inputs["input_ids"].to(device), inputs["attention_mask"].to(device),
                 inputs["position_ids"].to(device), inputs["responses"].to(device), temperature, options)
         logprobs = pad_right(logprobs, self.response_length)
         entropy = pad_right(entropy, self.response_length) if entropy is not None else None
@@ -81,7 +80,7 @@ class LogprobModel:
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, temperature: float, compute_entropy: bool) -> Batch:
-        self.model.eval()
+        self.runner.eval()
         micro_batches, permutation = split_micro_batches(batch, self.micro)
         logprobs, entropies = [], []
         for mb in micro_batches:
@@ -134,7 +133,7 @@ class ActorWorker:
     def update_policy(self, batch: Batch) -> dict[str, float]:
         """PPO update over ``batch`` (this rank's rows); returns metrics averaged over mini-batches."""
         cfg = self.actor_cfg
-        self.model.train()
+        self.engine.runner.train()
         dp = distributed.dp_size()
         rows_per_mini = cfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // dp
         metrics: list[dict[str, torch.Tensor]] = []
@@ -154,17 +153,20 @@ class ActorWorker:
         cfg = self.actor_cfg
         denominators = distributed.all_reduce_sum(loss_denominators(mini["response_mask"]))
         micro_batches, _ = split_micro_batches(mini, self.update_micro)
+        runner = self.engine.runner
         self.optimizer.zero_grad(set_to_none=True)
         micro_metrics = []
         for mb in micro_batches:
             loss, m = self._micro_loss(mb, denominators)
             (loss * dp).backward()
+            runner.grads_to_master()
             micro_metrics.append(m)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         grad_norm = distributed.full_tensor(grad_norm)
         finite = math.isfinite(float(grad_norm))  # one host sync per mini-batch, to decide on the step
         if finite:
             self.optimizer.step()
+            runner.master_to_compute()
         else:
             self.optimizer.zero_grad(set_to_none=True)
         out = {k: torch.stack([m[k] for m in micro_metrics]).sum() if k in ("actor/pg_loss", "actor/kl_loss_term")
@@ -207,15 +209,22 @@ class ActorWorker:
 
     # ------------------------------------------------------------------------------------------- checkpoints
     @register(Dispatch.ALL)
-    def save_checkpoint(self, path: str) -> None:
-        save_worker_state(path, self.model, self.optimizer, self.scheduler, self.actor_cfg.checkpoint.save_contents)
+    def save_checkpoint(self, path: str, tokenizer=None) -> None:
+        save_worker_state(path, self.model, self.optimizer, self.scheduler, self.actor_cfg.checkpoint.save_contents,
+                          tokenizer)
 
     @register(Dispatch.ALL)
     def load_checkpoint(self, path: str) -> None:
         load_worker_state(path, self.model, self.optimizer, self.scheduler, self.actor_cfg.checkpoint.load_contents)
+        self.engine.runner.master_to_compute()
         self.num_updates = self.scheduler.last_epoch
 
     # ------------------------------------------------------------------------------------------- weights
+    @property
+    def generation_module(self) -> torch.nn.Module:
+        """The module an in-process (hf) rollout engine generates with: the compute copy."""
+        return self.engine.runner.compute_model
+
     def named_full_weights(self):
         """(HF name, full tensor) one at a time, for the rollout engine (gathered from shards when sharded)."""
         return distributed.iter_full_weights(self.model)

@@ -32,8 +32,8 @@ class ActorRolloutWorker:
         model_cfg = self.config.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
-        self.engine = build_rollout_engine(self.config.actor_rollout_ref.rollout, model_cfg.path, self.actor.model,
-                                           self.tokenizer)
+        self.engine = build_rollout_engine(self.config.actor_rollout_ref.rollout, model_cfg.path,
+                                           self.actor.generation_module, self.tokenizer)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             self.engine.sleep()
 
@@ -73,7 +73,7 @@ class ActorRolloutWorker:
 
     @register(Dispatch.ALL)
     def save_checkpoint(self, path: str) -> None:
-        self.actor.save_checkpoint(path)
+        self.actor.save_checkpoint(path, self.tokenizer)
 
     @register(Dispatch.ALL)
     def load_checkpoint(self, path: str) -> None:

@@ -44,7 +44,7 @@ class CriticWorker:
                                  override_config=dict(cfg.model.override_config),
                                  trust_remote_code=cfg.model.trust_remote_code,
                                  gradient_checkpointing=cfg.model.enable_gradient_checkpointing)
-        self.runner = ModelRunner(model, cfg.model.fsdp_config, distributed.world_size())
+        self.runner = ModelRunner(model, cfg.model.fsdp_config, distributed.world_size(), trainable=True)
         self.model = self.runner.model
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, total_training_steps)
@@ -57,15 +57,14 @@ class CriticWorker:
     def _values(self, mb: Batch) -> torch.Tensor:
         inputs, kept = trimmed_inputs(mb, self.response_length)
         device = self.runner.device
-        with self.runner.autocast():
-            values = response_values(self.model, inputs["input_ids"].to(device), inputs["attention_mask"].to(device),
-                                     inputs["position_ids"].to(device), kept)
+        values = response_values(self.runner.compute_model, inputs["input_ids"].to(device),
+                                 inputs["attention_mask"].to(device), inputs["position_ids"].to(device), kept)
         return pad_right(values, self.response_length) * mb["response_mask"].to(device)
 
     @register(Dispatch.DP_SPLIT)
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
-        self.model.eval()
+        self.runner.eval()
         micro_batches, permutation = split_micro_batches(batch, self.forward_micro)
         values = [self._values(mb).cpu() for mb in micro_batches]
         return Batch({"values": restore_order(values, permutation)})
@@ -73,7 +72,7 @@ class CriticWorker:
     @register(Dispatch.DP_SPLIT)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         cfg = self.critic_cfg
-        self.model.train()
+        self.runner.train()
         dp = distributed.dp_size()
         rows_per_mini = cfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // dp
         metrics = []
@@ -100,12 +99,14 @@ class CriticWorker:
                              global_num_seqs=denominators["global_num_seqs"].to(device),
                              loss_scale_factor=self.response_length)
             (out.loss * dp).backward()
+            self.runner.grads_to_master()
             losses.append(out.loss.detach())
             clipfracs.append(out.metrics["vf_clipfrac"])
         grad_norm = distributed.full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         finite = math.isfinite(float(grad_norm))
         if finite:
             self.optimizer.step()
+            self.runner.master_to_compute()
         else:
             self.optimizer.zero_grad(set_to_none=True)
         return {"critic/vf_loss": torch.stack(losses).sum(), "critic/vf_clipfrac": torch.stack(clipfracs).mean(),
@@ -118,3 +119,4 @@ class CriticWorker:
     @register(Dispatch.ALL)
     def load_checkpoint(self, path: str) -> None:
         load_worker_state(path, self.model, self.optimizer, self.scheduler, self.critic_cfg.checkpoint.load_contents)
+        self.runner.master_to_compute()

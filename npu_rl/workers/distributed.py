@@ -43,6 +43,11 @@ def dp_size() -> int:
     return world_size() // _SP_SIZE
 
 
+def default_group():
+    """The world group when distributed (data-parallel collectives), else None."""
+    return dist.group.WORLD if is_distributed() else None
+
+
 def all_reduce_sum(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Sum 0-d tensors over all ranks (one collective for the whole dict)."""
     if not is_distributed():

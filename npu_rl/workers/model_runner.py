@@ -10,7 +10,7 @@ short prompts saves most of the work.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -27,24 +27,26 @@ class MicroBatching:
     max_token_len: int = 16384  # token budget per micro-batch when use_dynamic_bsz
 
 
-def split_micro_batches(batch: Batch, how: MicroBatching) -> tuple[list[Batch], list[int] | None]:
-    """Micro-batches, and (for token-budget batches, which reorder rows) the permutation to restore order."""
+def split_micro_batches(batch: Batch, how: MicroBatching) -> tuple[list[Batch], list[list[int]] | None]:
+    """Micro-batches, and (for token-budget batches, which regroup rows) the row partition to restore order.
+    With several ranks, every rank gets the same number of token-budget micro-batches: each forward of a sharded
+    model is a collective, so the counts must agree."""
     if how.use_dynamic_bsz:
-        from npu_rl.parallel import split_by_token_budget
+        from npu_rl.parallel.seqlen import split_by_token_budget
+        from npu_rl.workers import distributed
 
-        return split_by_token_budget(batch, how.max_token_len)
+        return split_by_token_budget(batch, how.max_token_len, dp_group=distributed.default_group())
     size = how.micro_batch_size or len(batch)
     return batch.split(size), None
 
 
-def restore_order(outputs: list[torch.Tensor], permutation: list[int] | None) -> torch.Tensor:
-    """Concatenate micro-batch outputs and undo a token-budget reordering."""
-    out = torch.cat(outputs)
-    if permutation is None:
-        return out
-    inverse = torch.empty(len(permutation), dtype=torch.long)
-    inverse[torch.as_tensor(permutation)] = torch.arange(len(permutation))
-    return out[inverse.to(out.device)]
+def restore_order(outputs: list[torch.Tensor], partitions: list[list[int]] | None) -> torch.Tensor:
+    """Concatenate micro-batch outputs and undo a token-budget regrouping."""
+    if partitions is None:
+        return torch.cat(outputs)
+    from npu_rl.parallel.seqlen import restore_order as restore
+
+    return restore(outputs, partitions)
 
 
 def trimmed_inputs(mb: Batch, response_length: int) -> tuple[dict[str, torch.Tensor], int]:
@@ -69,23 +71,64 @@ def pad_right(values: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class ModelRunner:
-    """A model on this rank's device with its precision settings; parallelism is applied afterwards."""
+    """A model on this rank's device with its precision settings; parallelism is applied afterwards.
 
-    def __init__(self, model: torch.nn.Module, fsdp_config, world_size: int = 1):
+    Precision: ``fsdp_config.model_dtype`` is the dtype of the weights the optimizer updates and checkpoints hold
+    (fp32 by default), ``mixed_precision.param_dtype`` the dtype forwards and backwards run in (bf16 by default).
+    Sharded (world > 1), FSDP2's MixedPrecisionPolicy casts on every all-gather. On one device the same split is
+    kept with two modules: ``model`` (the fp32 master: optimizer, checkpoints, weight sync) and ``compute_model``
+    (a bf16 copy that runs forward/backward); ``grads_to_master`` and ``master_to_compute`` move gradients and
+    weights between them around the optimizer step. Updating bf16 weights directly would round most AdamW steps
+    of a 1e-6..1e-5 learning rate away (bf16 keeps 8 bits of mantissa).
+    """
+
+    def __init__(self, model: torch.nn.Module, fsdp_config, world_size: int = 1, trainable: bool = True):
         self.backend = get_backend()
         self.device = self.backend.device()
         self.param_dtype = to_dtype(fsdp_config.mixed_precision.param_dtype)
         self.world_size = world_size
         if world_size > 1:
-            from npu_rl.parallel import apply_fsdp2
+            from npu_rl.parallel import apply_fsdp2_from_config
 
-            self.model = apply_fsdp2(model, fsdp_config)
-        else:
-            self.model = model.to(self.device)
+            self.model = apply_fsdp2_from_config(model, fsdp_config)
+            self.compute_model = self.model
+            return
+        self.model = model.to(self.device)
+        if next(model.parameters()).dtype == self.param_dtype:
+            self.compute_model = self.model
+        elif trainable:
+            self.compute_model = copy.deepcopy(self.model).to(self.param_dtype)
+        else:  # nothing to update: keep only the compute copy
+            self.model = self.compute_model = self.model.to(self.param_dtype)
 
-    def autocast(self):
-        """Mixed precision on one device: FSDP2's MixedPrecisionPolicy does it when sharded."""
-        model_dtype = next(self.model.parameters()).dtype
-        if self.world_size > 1 or self.param_dtype == model_dtype:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.param_dtype)
+    @property
+    def has_master_copy(self) -> bool:
+        return self.compute_model is not self.model
+
+    def grads_to_master(self) -> None:
+        """Add the compute copy's gradients to the master weights' (in fp32) and clear them: called after every
+        micro-batch's backward, so accumulation over micro-batches happens in fp32, not bf16."""
+        if not self.has_master_copy:
+            return
+        for master, compute in zip(self.model.parameters(), self.compute_model.parameters()):
+            if compute.grad is None:
+                continue
+            if master.grad is None:
+                master.grad = compute.grad.to(master.dtype)
+            else:
+                master.grad.add_(compute.grad.to(master.dtype))
+            compute.grad = None
+
+    @torch.no_grad()
+    def master_to_compute(self) -> None:
+        """Copy the updated master weights into the compute copy."""
+        if not self.has_master_copy:
+            return
+        for master, compute in zip(self.model.parameters(), self.compute_model.parameters()):
+            compute.copy_(master)
+
+    def train(self) -> None:
+        self.compute_model.train()
+
+    def eval(self) -> None:
+        self.compute_model.eval()

