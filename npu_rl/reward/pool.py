@@ -199,7 +199,13 @@ class ProcessPoolRunner:
                         worker.kill()
                         worker = self._workers[slot] = self._start()[0]
                     index = pending.popleft()
-                    worker.send_conn.send(("task", index, payloads[index]))
+                    try:
+                        worker.send_conn.send(("task", index, payloads[index]))
+                    except OSError:  # it died just now (BrokenPipeError): replace it, retry the row
+                        pending.appendleft(index)
+                        worker.kill()
+                        self._workers[slot] = self._start()[0]
+                        continue
                     worker.task = (index, time.monotonic())
             self._collect(outcomes)
         return [o if o is not None else Outcome("error", error="internal: no outcome") for o in outcomes]

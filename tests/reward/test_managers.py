@@ -244,3 +244,11 @@ def test_extra_columns_stay_the_same_across_calls(tok, custom):
         __import__("npu_rl.reward.pool", fromlist=["Outcome"]).Outcome("error", error="x")] * len(rows)})()
     second = manager(batch)  # every row failed: still the columns of the first call, for Batch.concat
     assert set(second.extra) == {"score", "acc", "pred"} and list(second.extra["pred"]) == [None]
+
+
+def test_a_function_that_cannot_load_fails_in_the_pool_too(tok, custom):
+    manager = build_reward_manager(config(path=custom, name="wrong_signature", num_workers=1), tok)
+    with pytest.raises(RewardFunctionError, match=rf"loading function 'wrong_signature' in {custom} in a reward worker "
+                                                  r"failed: .*Expected verl's signature"):
+        manager(make_batch(tok, ["1"], ["1"]))
+    manager.close()
