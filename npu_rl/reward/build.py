@@ -82,8 +82,8 @@ def check_reward_config(reward_model_cfg, custom_reward_cfg, data_cfg=None) -> N
     if float(reward_model_cfg.timeout_s) <= 0:
         raise ValueError(f"reward_model.timeout_s must be > 0, got {reward_model_cfg.timeout_s}")
     buffer = reward_model_cfg.overlong_buffer
-    if buffer.enable and manager_cls is not REWARD_MANAGERS.get("dapo") and not issubclass(
-            manager_cls, REWARD_MANAGERS.get("dapo")):
+    dapo = REWARD_MANAGERS.get("dapo")
+    if buffer.enable and not (isinstance(manager_cls, type) and issubclass(manager_cls, dapo)):
         raise ValueError(f"reward_model.overlong_buffer.enable=True needs reward_model.reward_manager=dapo "
                          f"(it is {name!r}, which would ignore the buffer)")
     max_len = int(data_cfg.max_response_length) if data_cfg is not None else None
