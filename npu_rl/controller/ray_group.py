@@ -189,8 +189,12 @@ class RayWorkerGroup(WorkerGroup):
                 options["name"] = f"{name}_{pool.name}_rank{len(self._hosts)}_{os.getpid()}_{id(self):x}"
                 self._hosts.append(host_cls.options(**options).remote(
                     len(self._hosts), self.world_size, local_rank, count, device, pool.resource))
-        master_addr, master_port = ray.get(self._hosts[0].master_address.remote())
-        ray.get([h.setup.remote(master_addr, master_port, self.roles, dict(env or {})) for h in self._hosts])
+        try:
+            master_addr, master_port = ray.get(self._hosts[0].master_address.remote())
+            ray.get([h.setup.remote(master_addr, master_port, self.roles, dict(env or {})) for h in self._hosts])
+        except Exception:
+            self.shutdown()  # a worker failed to start: don't leave the others holding devices
+            raise
 
     def _run(self, role: str, method: str, per_rank: list) -> Callable[[], list]:
         import ray

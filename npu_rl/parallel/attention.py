@@ -22,6 +22,7 @@ Kernels (``q, k, v: [total, heads, head_dim]``, GQA allowed):
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -82,6 +83,7 @@ def sdpa_varlen(q, k, v, *, cu_seqlens, seqlens, max_seqlen, scale, dropout=0.0)
     return torch.cat(outputs) if outputs else q.new_empty(q.shape)
 
 
+@functools.lru_cache(maxsize=None)
 def _flash_varlen_kernel() -> VarlenKernel | None:
     try:
         from transformers.modeling_flash_attention_utils import _lazy_imports, is_flash_attn_available

@@ -9,6 +9,7 @@ Options (:class:`FSDPSettings`, read from ``fsdp_config`` by :meth:`FSDPSettings
 - mixed precision: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` from ``mixed_precision.param_dtype`` /
   ``reduce_dtype``; the master weights keep the dtype the model was loaded in (``model_dtype``). FSDP2 has no
   buffer dtype: buffers (rotary frequencies) stay as loaded, so ``buffer_dtype`` is ignored.
+- ``wrap_policy``: FSDP2 groups by decoder layer, so ``min_num_params`` is not used.
 - ``reshard_after_forward``: free the gathered parameters after forward (re-gather in backward).
 - ``forward_prefetch``: each layer explicitly prefetches the next layer's all-gather
   (``set_modules_to_forward_prefetch``), issued earlier from the CPU.

@@ -72,9 +72,9 @@ def test_dp_split_concat_and_rank0(echo_group):
 def test_non_blocking_calls_overlap(echo_group):
     batch = Batch({"x": torch.ones(4, 2)})
     start = time.perf_counter()
-    pending = [echo_group.echo.slow_sum(batch, delay_s=0.5) for _ in range(1)]
+    pending = echo_group.echo.slow_sum(batch, delay_s=0.5)
     submitted = time.perf_counter() - start
-    result = pending[0].get()
+    result = pending.get()
     assert submitted < 0.4  # the call returned before the workers finished
     assert result.tolist() == [[2.0, 2.0], [2.0, 2.0]]  # each dp rank summed its 2 rows
 
@@ -108,6 +108,20 @@ def test_split_pools_are_separate_groups(ray_session):
         for group, pool in zip(groups, pools):
             group.shutdown()
             pool.remove()
+
+
+def test_failed_worker_start_releases_the_actors(ray_session):
+    from tests.controller.workers import BrokenWorker
+
+    pool = ResourcePool([2], resource=None, name="broken")
+    try:
+        with pytest.raises(Exception, match="model folder not found"):
+            RayWorkerGroup(pool, {"broken": WorkerSpec(BrokenWorker)})
+        group = RayWorkerGroup(pool, {"counter": WorkerSpec(CounterWorker)})  # the bundles were freed
+        assert group.counter.add(1) == [1, 1]
+        group.shutdown()
+    finally:
+        pool.remove()
 
 
 def test_pool_that_cannot_be_placed_fails_clearly(ray_session):

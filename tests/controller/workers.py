@@ -108,3 +108,8 @@ class TinyPolicyWorker:
             logits = self.model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False).logits
             logprobs = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         return Batch({"old_log_probs": inputs.restore(logprobs)})
+
+
+class BrokenWorker:
+    def __init__(self):
+        raise RuntimeError("model folder not found (on purpose)")
