@@ -64,3 +64,14 @@ def full_grads(model) -> dict[str, torch.Tensor]:
 
 def rank_and_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def tiny_value_model(seed: int = 0):
+    """The critic's shape: a token-classification head with one label (verl's value model)."""
+    from transformers import Qwen2Config, Qwen2ForTokenClassification
+
+    config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=0,
+                         classifier_dropout=0.0)  # RL critics run without dropout
+    torch.manual_seed(seed)
+    return Qwen2ForTokenClassification(config).float()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.parallel.common import full_grads, make_batch, rank_and_world, rank_loss, tiny_model
+from tests.parallel.common import full_grads, make_batch, rank_and_world, rank_loss, tiny_model, tiny_value_model
 
 pytestmark = pytest.mark.dist
 TOL = dict(atol=1e-6, rtol=1e-5)
@@ -131,3 +131,32 @@ def test_settings_from_config():
     assert not FSDPSettings.from_config(RefFSDPConfig(param_offload=True)).optimizer_offload  # key absent in ref
     with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
         FSDPSettings.from_config(FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="fp8")))
+
+
+def value_loss(model, rank: int, world_size: int) -> torch.Tensor:
+    input_ids, mask = make_batch()
+    shards = list(zip(input_ids.chunk(2), mask.chunk(2)))
+    losses = []
+    for k, (ids, m) in enumerate(shards):
+        if k % world_size == rank:
+            values = model(input_ids=ids, attention_mask=m).logits[..., 0]  # [B, T]
+            losses.append(((values - 1.0) ** 2 * m).sum() / m.sum())
+    return torch.stack(losses).sum() * world_size / 2
+
+
+def value_model_job() -> dict:
+    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh
+
+    rank, world_size = rank_and_world()
+    model = apply_fsdp2(tiny_value_model(), build_mesh(), FSDPSettings())
+    value_loss(model, rank, world_size).backward()
+    return full_grads(model)
+
+
+def test_fsdp2_value_model(dist_pool2):
+    grads = dist_pool2.run(value_model_job)[0]
+    model = tiny_value_model()
+    value_loss(model, 0, 1).backward()
+    assert grads.keys() == {n for n, _ in model.named_parameters()}
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, **TOL, msg=name)
