@@ -117,6 +117,16 @@ def apply_fsdp2(model: nn.Module, mesh: ParallelMesh | DeviceMesh, settings: FSD
     return model
 
 
+def apply_fsdp2_from_config(model: nn.Module, fsdp_config: Any, *, sp_size: int = 1,
+                            mesh: ParallelMesh | None = None, layer_classes: list[str] | None = None) -> nn.Module:
+    """:func:`apply_fsdp2` with the settings of an ``fsdp_config`` node and (unless ``mesh`` is given) a mesh
+    built from its ``fsdp_size`` and ``sp_size`` (the role's ``ulysses_sequence_parallel_size``). Collective."""
+    from npu_rl.parallel.mesh import build_mesh
+
+    mesh = mesh or build_mesh(sp_size=sp_size, fsdp_size=getattr(fsdp_config, "fsdp_size", -1))
+    return apply_fsdp2(model, mesh, FSDPSettings.from_config(fsdp_config), layer_classes=layer_classes)
+
+
 def fsdp_modules(model: nn.Module) -> list[FSDPModule]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 

@@ -32,14 +32,20 @@ def train(model, optimizer_step, rank: int, world_size: int, clip) -> dict:
     return {"losses": torch.stack(losses), "norms": torch.stack(norms), "grads": grads, "optimizer": optimizer}
 
 
-def fsdp_job(settings_kwargs: dict, fsdp_size: int = -1, tie: bool = True) -> dict:
-    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh, clip_grad_norm, optimizer_step
+def fsdp_job(settings_kwargs: dict, fsdp_size: int = -1, tie: bool = True, from_config=None) -> dict:
+    from npu_rl.parallel import FSDPSettings, apply_fsdp2, apply_fsdp2_from_config, build_mesh, clip_grad_norm, \
+        optimizer_step
     from npu_rl.parallel.weights import iter_full_parameters
 
     rank, world_size = rank_and_world()
-    mesh = build_mesh(fsdp_size=fsdp_size)
-    settings = FSDPSettings(**settings_kwargs)
-    model = apply_fsdp2(tiny_model(tie=tie), mesh, settings)
+    if from_config is not None:  # the trainer's entry point: settings and mesh from an fsdp_config node
+        settings = FSDPSettings.from_config(from_config)
+        model = apply_fsdp2_from_config(tiny_model(tie=tie), from_config)
+        mesh = build_mesh(fsdp_size=from_config.fsdp_size)
+    else:
+        mesh = build_mesh(fsdp_size=fsdp_size)
+        settings = FSDPSettings(**settings_kwargs)
+        model = apply_fsdp2(tiny_model(tie=tie), mesh, settings)
     out = train(model, lambda opt: optimizer_step(opt, settings), rank, world_size,
                 lambda m: clip_grad_norm(m, 1.0))
     states = [s for s in out.pop("optimizer").state.values()]
@@ -111,6 +117,15 @@ def test_param_and_optimizer_offload_paths_match(dist_pool2, ref_tied):
     results = dist_pool2.run(fsdp_job, {"param_offload": True, "optimizer_offload": True})
     assert results[1]["param_device"] == {"cpu"}
     assert_matches(results[1], ref_tied)
+
+
+def test_apply_from_config_node(dist_pool2, ref_tied):
+    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+
+    cfg = FSDPConfig(fsdp_size=1, optimizer_offload=True, mixed_precision=MixedPrecisionConfig(param_dtype="fp32"))
+    result = dist_pool2.run(fsdp_job, {}, from_config=cfg)[0]
+    assert result["hsdp"] and result["exp_avg_device"] == {"cpu"}
+    assert_matches(result, ref_tied)
 
 
 def test_mixed_precision_bf16_compute_keeps_fp32_master(dist_pool2, ref_tied):
