@@ -99,6 +99,12 @@ def test_wrong_types_name_the_key(override, message):
         compose([override])
 
 
+def test_unparsable_override_is_named_with_a_quoting_hint():
+    with pytest.raises(ConfigError, match=r"cannot parse the override 'data.train_files=builtin://arith/train\?a=1'.*"
+                                          r"quote a value"):
+        compose(["trainer.total_epochs=2", "data.train_files=builtin://arith/train?a=1"])
+
+
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as info:
         compose(["actor_rollout_ref.actor.optim.lrr=1", "trainer.total_epoch=2"])

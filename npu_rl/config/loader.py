@@ -127,10 +127,18 @@ def normalise_overrides(overrides: list[str], config_path: str | None = None) ->
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as exc:  # Hydra's grammar errors
-        raise ConfigError(f"cannot parse overrides: {exc}") from exc
+        parsed = parser.parse_overrides(overrides)
+    except Exception:  # Hydra's grammar errors: find the override that fails and say how to quote it
+        for text in overrides:
+            try:
+                parser.parse_overrides([text])
+            except Exception as exc:
+                first_line = str(exc).split("\n")[0]
+                raise ConfigError(f"cannot parse the override {text!r} ({first_line}); quote a value with special "
+                                  "characters (= ? & , [ ] { } : spaces): key='value'") from exc
+        raise
     problems, out = [], []
     for text, override in zip(overrides, parsed):
         key = override.key_or_group

@@ -197,7 +197,7 @@ def _check_registries(c: _Checker, config: PPOConfig) -> None:
         c.attempt(lambda: check_kl_type(config.algorithm.kl_penalty), "algorithm.kl_penalty: ")
     from npu_rl.reward import check_reward_config
 
-    c.attempt(lambda: check_reward_config(config.reward_model, config.custom_reward_function))
+    c.attempt(lambda: check_reward_config(config.reward_model, config.custom_reward_function, config.data))
 
 
 def _check_paths(c: _Checker, config: PPOConfig) -> None:
@@ -207,8 +207,7 @@ def _check_paths(c: _Checker, config: PPOConfig) -> None:
         files = as_list(getattr(config.data, key))
         c.require(bool(files), f"data.{key} is empty")
         for path in files:
-            c.require(data_file_exists(str(path)), f"data.{key}: file {path!r} does not exist (run `npu-rl preprocess "
-                      "gsm8k` or point the key at a parquet/jsonl file)")
+            c.attempt(lambda: _require_data_file(key, str(path)))
     c.attempt(lambda: _check_model_path(config.actor_rollout_ref.model.path), "actor_rollout_ref.model.path: ")
     if critic_enabled(config):
         c.attempt(lambda: _check_model_path(config.critic.model.path), "critic.model.path: ")
@@ -216,9 +215,24 @@ def _check_paths(c: _Checker, config: PPOConfig) -> None:
         c.attempt(lambda: resolve_model_path(config.reward_model.model.path), "reward_model.model.path: ")
 
 
+def _require_data_file(key: str, path: str) -> None:
+    try:
+        ok = data_file_exists(path)
+    except ValueError as exc:
+        raise ValueError(f"data.{key}: {exc}") from exc
+    if not ok:
+        raise FileNotFoundError(f"data.{key}: file {path!r} does not exist (run `npu-rl preprocess gsm8k` or point the "
+                                "key at a parquet/jsonl file)")
+
+
 def data_file_exists(path: str) -> bool:
-    """A data file on disk, or a built-in data set (``builtin://arith/train``), generated on first use."""
-    return path.startswith("builtin://") or os.path.isfile(os.path.expanduser(path))
+    """A data file on disk, or a valid built-in data set (``builtin://arith/train``, generated on first use)."""
+    if path.startswith("builtin://"):
+        from npu_rl.data.builtin import check_builtin
+
+        check_builtin(path)  # raises naming what is wrong with the URI
+        return True
+    return os.path.isfile(os.path.expanduser(path))
 
 
 def _check_model_path(path: str) -> None:

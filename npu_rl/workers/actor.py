@@ -16,6 +16,7 @@ update_policy, for one step's batch on this rank::
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -142,7 +143,9 @@ class ActorWorker:
             order = torch.randperm(len(batch), generator=generator) if cfg.shuffle else torch.arange(len(batch))
             for mini in batch.index(order).split(rows_per_mini):
                 metrics.append(self._update_mini_batch(mini, dp))
-        self.scheduler.step()
+        with warnings.catch_warnings():  # every update skipped (non-finite): the schedule still advances
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
         self.num_updates += 1
         out = mean_of(metrics)
         out["actor/lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
