@@ -60,6 +60,7 @@ class Roles:
     actor_rollout: Any
     ref: Any = None
     critic: Any = None
+    reward_model: Any = None  # a model-based reward replaces the rule score (reward_model.enable)
     num_devices: int = 1
 
 
@@ -154,7 +155,7 @@ class PPOTrainer:
                 with timer("gen_max"):
                     rollout["reward_baselines"] = self._greedy_baseline(prompts, timer)
             with timer("reward"):
-                metrics |= score_batch(rollout, self.reward_fn)
+                metrics |= self._score(rollout)
             if not fg.enable:
                 batch = rollout
                 break
@@ -175,11 +176,18 @@ class PPOTrainer:
         metrics["train/num_gen_batches"] = num_gen_batches
         return batch
 
+    def _score(self, batch: Batch) -> dict[str, Any]:
+        """Token-level scores from the reward model when there is one, else from the rule-based reward manager."""
+        if self.roles.reward_model is not None:
+            batch.update(self.roles.reward_model.compute_rm_scores(batch))
+            return {}
+        return score_batch(batch, self.reward_fn)
+
     def _greedy_baseline(self, prompts: Batch, timer: PhaseTimer) -> torch.Tensor:
         """ReMax: the score of one greedy response per prompt, repeated over its n samples. [B*n]"""
         greedy = self.roles.actor_rollout.generate_sequences(prompts, greedy=True)
         greedy.meta.pop("metrics", None)
-        score_batch(greedy, self.reward_fn)
+        self._score(greedy)
         baseline = greedy["token_level_scores"].sum(-1)  # [B]
         return baseline.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
 

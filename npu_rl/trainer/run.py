@@ -30,12 +30,15 @@ def build_worker_group(config: PPOConfig):
     from npu_rl.workers.actor_rollout import ActorRolloutWorker
     from npu_rl.workers.critic import CriticWorker
     from npu_rl.workers.reference import ReferenceWorker
+    from npu_rl.workers.reward_model import RewardModelWorker
 
     roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (config,))}
     if config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward:
         roles["ref"] = WorkerSpec(ReferenceWorker, (config,))
     if critic_enabled(config):
         roles["critic"] = WorkerSpec(CriticWorker, (config,))
+    if config.reward_model.enable:
+        roles["reward_model"] = WorkerSpec(RewardModelWorker, (config,))
     if not use_ray(config):
         return LocalWorkerGroup(roles)
     import ray
@@ -87,6 +90,9 @@ def run(config: PPOConfig) -> int:
     if "critic" in group.role_names():
         group.critic.init_model(total_steps)
         roles.critic = group.critic
+    if "reward_model" in group.role_names():
+        group.reward_model.init_model()
+        roles.reward_model = group.reward_model
 
     run_dir = run_dir_for(config)
     tracker = Tracker(as_list(config.trainer.logger), config.trainer.project_name, config.trainer.experiment_name,

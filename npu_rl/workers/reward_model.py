@@ -1,0 +1,102 @@
+"""A model-based reward: an HF sequence-classification folder (one label) scores each prompt + response.
+
+``reward_model.enable=True`` with ``reward_model.model.path``. The score is the model's output at the last token
+of the sequence and replaces the rule score (as in verl), placed on the last valid response token.
+
+Tokenizers: when the reward model has its own tokenizer (``reward_model.model.path`` holds one that differs from
+the policy's), the conversation is rebuilt as text (the prompt's chat messages when the batch carries
+``raw_prompt`` (``data.return_raw_chat=True``), else the decoded prompt) plus the decoded response, and tokenized
+with the reward model's chat template. With the same tokenizer the policy's token ids are scored directly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from npu_rl.config.schema import PPOConfig
+from npu_rl.controller.dispatch import Dispatch, register
+from npu_rl.models.loader import load_tokenizer, resolve_model_path, to_dtype
+from npu_rl.protocol import Batch
+from npu_rl.workers import distributed
+from npu_rl.workers.model_runner import ModelRunner
+
+
+def load_reward_model(path: str, dtype: str, trust_remote_code: bool = False):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(
+        resolve_model_path(path), num_labels=1, dtype=to_dtype(dtype), trust_remote_code=trust_remote_code)
+    model.requires_grad_(False)
+    return model
+
+
+def _score_head(model) -> torch.nn.Module:
+    head = getattr(model, "score", None) or getattr(model, "classifier", None)
+    if head is None:
+        raise TypeError(f"{type(model).__name__} has no 'score' or 'classifier' head: not a sequence-classification "
+                        "model (reward_model.model.path)")
+    return head
+
+
+class RewardModelWorker:
+    def __init__(self, config: PPOConfig):
+        self.config = config
+
+    @register(Dispatch.ALL)
+    def init_model(self) -> None:
+        rm = self.config.reward_model
+        distributed.init()
+        model = load_reward_model(rm.model.path, rm.model.fsdp_config.model_dtype, rm.model.trust_remote_code)
+        self.runner = ModelRunner(model, rm.model.fsdp_config, distributed.world_size(), trainable=False)
+        self.tokenizer = load_tokenizer(rm.model.path, rm.model.trust_remote_code)
+        self.tokenizer.padding_side = "right"  # the score is read at the last real token
+        policy_path = rm.model.input_tokenizer or self.config.actor_rollout_ref.model.path
+        self.policy_tokenizer = load_tokenizer(policy_path)
+        self.same_tokenizer = self.policy_tokenizer.get_vocab() == self.tokenizer.get_vocab()
+        self.micro_batch_size = rm.micro_batch_size_per_gpu or 8
+        self.max_length = rm.max_length
+
+    def _texts(self, batch: Batch) -> list[str]:
+        texts = []
+        for i in range(len(batch)):
+            response = batch["responses"][i][batch["response_mask"][i].bool()]
+            answer = self.policy_tokenizer.decode(response, skip_special_tokens=True)
+            if "raw_prompt" in batch:
+                messages = list(batch["raw_prompt"][i]) + [{"role": "assistant", "content": answer}]
+                texts.append(self.tokenizer.apply_chat_template(messages, tokenize=False))
+            else:
+                prompt = batch["prompts"][i][batch["attention_mask"][i, : batch["prompts"].shape[1]].bool()]
+                texts.append(self.policy_tokenizer.decode(prompt, skip_special_tokens=False) + answer)
+        return texts
+
+    def _encode(self, batch: Batch) -> dict[str, torch.Tensor]:
+        if self.same_tokenizer:
+            # Policy ids as they are; right-align is not needed: the model reads the last non-pad position from
+            # the attention mask passed in.
+            return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        return self.tokenizer(self._texts(batch), return_tensors="pt", padding=True, truncation=self.max_length is not
+                              None, max_length=self.max_length, add_special_tokens=False)
+
+    @register(Dispatch.DP_SPLIT)
+    @torch.no_grad()
+    def compute_rm_scores(self, batch: Batch) -> Batch:
+        """``token_level_scores`` [B, R]: the reward model's score on each row's last valid response token."""
+        model = self.runner.compute_model
+        model.eval()
+        device = self.runner.device
+        scores = []
+        for mb in batch.split(self.micro_batch_size):
+            enc = self._encode(mb)
+            mask = enc["attention_mask"].to(device)
+            # The trunk, then the head at the last attended position: right for left- and right-padded rows alike
+            # (the HF class finds "the last non-pad token" by pad id, which is wrong when pad == end of turn).
+            out = model.base_model(input_ids=enc["input_ids"].to(device), attention_mask=mask, use_cache=False)
+            last = mask.shape[1] - 1 - mask.flip(-1).float().argmax(-1)  # [b]
+            hidden = out.last_hidden_state[torch.arange(len(last), device=device), last]  # [b, H]
+            scores.append(_score_head(model)(hidden).squeeze(-1).float().cpu())
+        seq_scores = torch.cat(scores)  # [B]
+        response_mask = batch["response_mask"]
+        last_response = (response_mask.sum(-1) - 1).clamp(min=0)
+        token_level = torch.zeros(response_mask.shape, dtype=torch.float32)
+        token_level[torch.arange(len(batch)), last_response] = seq_scores
+        return Batch({"token_level_scores": token_level, "rm_scores": seq_scores})
