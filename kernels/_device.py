@@ -35,26 +35,20 @@ def device_kind() -> str:
     return f"{backend.name}:{backend.device_name()}"
 
 
-def synchronize() -> None:
-    from npu_rl.device import get_backend
-
-    get_backend().synchronize()
-
-
 @functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
 def triton_interpreted() -> bool:
-    """Whether Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``, read when the kernels were defined)."""
+    """Whether Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``, read when kernels are defined)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
     """Resolve ``backend`` (one of :data:`BACKENDS`) for inputs living on ``tensor.device``.
 
-    ``auto``: ``triton`` when the tensor is on the process's accelerator and Triton is installed, else ``torch``
+    ``auto``: ``triton_mm`` when the tensor is on the process's accelerator and Triton is installed, else ``torch``
     (the chunked reference, which runs anywhere torch does); ``NPU_RL_KERNEL_BACKEND=torch|triton|triton_mm`` overrides
     what ``auto`` means for the whole process. An explicit ``triton`` on CPU tensors works only in the interpreter;
     anything else is refused here with the reason, never silently replaced.
@@ -64,8 +58,8 @@ def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     on_accelerator = tensor.device.type != "cpu" and tensor.device.type == accelerator_name()
-    if backend == "auto":
-        return "triton" if on_accelerator and triton_available() else "torch"
+    if backend == "auto":  # triton_mm: measured faster than the fully fused kernels on the H200 (docs/benchmarks.md)
+        return "triton_mm" if on_accelerator and triton_available() else "torch"
     if backend.startswith("triton"):
         if not triton_available():
             raise ValueError(f"backend={backend!r} needs the triton package (triton, or triton-ascend on Ascend)")

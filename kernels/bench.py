@@ -6,10 +6,13 @@ forward alone (no grad: the old-log-prob / reference pass) and forward + backwar
 after ``--warmup`` runs, and the peak device memory the step allocated above its inputs.
 
 Methods: ``naive`` (full logits, float32 log_softmax, gather, entropy: what a plain model forward does), ``torch``
-(the chunked torch implementation), ``triton`` (fused kernels), ``triton_mm`` (library matmul + Triton epilogue
-kernels), ``triton_lp`` (fused kernels, a loss on the log-probs only) and ``liger`` (Liger-Kernel's fused linear
-cross-entropy, ``reduction="sum"``: log-probs only, no entropy; compare it with ``triton_lp``). An out-of-memory
-error is reported as OOM, not raised. ``--sweep`` also times the fused kernels over several tiles (tile tuning).
+(the chunked torch implementation), ``triton`` (fully fused kernels), ``triton_mm`` (library matmul + Triton
+epilogue kernels; what ``backend="auto"`` runs on an accelerator), ``triton_mm_lp`` (the same with a loss on the
+log-probs only), ``liger`` (Liger-Kernel's fused linear cross-entropy with ``reduction="none"``: per-token
+log-probs, a per-token upstream gradient, no entropy; compare it with ``triton_mm_lp``) and ``liger_sum`` (Liger
+with ``reduction="sum"``: a scalar loss whose gradient Liger computes during the forward; a PPO loss cannot use
+it). An out-of-memory error is reported as OOM, not raised. ``--sweep`` also times the fully fused kernels over
+several tiles (tile tuning); ``--chunk-mib`` sets the triton backends' gradient-chunk budget.
 
 Run: ``python -m npu_rl_kernels.bench`` (defaults: Qwen2.5-0.5B and -7B lm_head shapes, 16k and 64k tokens).
 """
@@ -25,7 +28,7 @@ import time
 import torch
 
 SHAPES = {"0.5b": (896, 151_936), "7b": (3584, 152_064), "tiny": (64, 1_000)}
-METHODS = ("naive", "torch", "triton", "triton_mm", "triton_lp", "liger")
+METHODS = ("naive", "torch", "triton", "triton_mm", "triton_mm_lp", "liger", "liger_sum")
 SWEEP_TILES = ((128, 128, 64, 4, 8), (128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (64, 128, 64, 4, 4),
                (128, 64, 64, 4, 4), (64, 256, 64, 3, 8))
 GIB = 1024**3
@@ -38,12 +41,13 @@ def _methods(name: str, tiles=None):
 
     if name == "naive":
         return naive_logprob_entropy, True
-    if name == "liger":
+    if name.startswith("liger"):
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
-        return (lambda h, w, t: (-liger_fused_linear_cross_entropy(h, w, t, reduction="sum"), None)), False
-    backend = "triton" if name == "triton_lp" else name
-    return (lambda h, w, t: K.linear_logprob_entropy(h, w, t, backend=backend, tiles=tiles)), name != "triton_lp"
+        reduction = "sum" if name == "liger_sum" else "none"
+        return (lambda h, w, t: (-liger_fused_linear_cross_entropy(h, w, t, reduction=reduction), None)), False
+    backend = name.removesuffix("_lp")
+    return (lambda h, w, t: K.linear_logprob_entropy(h, w, t, backend=backend, tiles=tiles)), not name.endswith("_lp")
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -156,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--sweep", action="store_true", help="also time the fused kernels over SWEEP_TILES")
+    parser.add_argument("--chunk-mib", type=int, help="gradient-chunk budget of the triton backends (default 1024)")
     parser.add_argument("--json", help="append one JSON object per measurement to this file")
     return parser
 
@@ -169,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     from npu_rl_kernels.tiles import TileConfig
 
     backend = get_backend()
+    if args.chunk_mib:
+        from npu_rl_kernels import linear_ops
+
+        linear_ops.DEFAULT_CHUNK_BYTES = args.chunk_mib << 20
     print(f"device: {_device.device_kind()}  torch {torch.__version__}", flush=True)
     rows = []
     for shape in args.shapes.split(","):

@@ -7,8 +7,10 @@ Three interchangeable implementations sit behind one autograd function per op:
 - ``triton``: :mod:`npu_rl_kernels.triton_linear` with the matmul fused into the kernels (tiles per device);
 - ``triton_mm``: the same kernels reading logits chunks that the library matmul wrote.
 
-``backend="auto"`` picks ``triton`` for tensors on an accelerator with Triton installed, else ``torch``
-(:func:`npu_rl_kernels._device.resolve_backend`). Outputs are float32.
+``backend="auto"`` picks ``triton_mm`` for tensors on an accelerator with Triton installed, else ``torch``
+(:func:`npu_rl_kernels._device.resolve_backend`): on the H200 the library matmul plus Triton epilogues beat the
+fully fused kernels at every measured shape (docs/benchmarks.md), and its Triton kernels use no ``tl.dot``, the
+simplest case for triton-ascend. Outputs are float32.
 
 Memory: forward keeps per-token statistics only; backward materialises one ``[N, vocab_chunk_size]`` chunk of
 ``dL/dlogits`` (``triton*``; by default sized to ``DEFAULT_CHUNK_BYTES``) or a few ``[chunk_size,
@@ -170,7 +172,8 @@ def linear_logprob_entropy(
     """
     lead = hidden.shape[:-1]
     if targets.shape != lead or targets.dtype.is_floating_point:
-        raise ValueError(f"targets must be integer ids shaped {tuple(lead)}, got {targets.dtype} {tuple(targets.shape)}")
+        raise ValueError(f"targets must be integer ids shaped {tuple(lead)}, "
+                         f"got {targets.dtype} {tuple(targets.shape)}")
     flat = _flatten(hidden, weight)
     temp, inv_temp = _temperature(temperature, lead, flat.device)
     plan = _plan(backend, flat, weight.shape[0], chunk_size, vocab_chunk_size, tiles)

@@ -282,7 +282,9 @@ def forward(hidden, weight, targets, temperature, inv_temp, *, mode, tile, num_c
         for c, v0 in enumerate(starts):
             v1 = min(vocab, v0 + vocab_chunk_size)
             logits = torch.mm(hidden, weight[v0:v1].t(), out=_view(buf, num_tokens, v1 - v0))
-            ref_logits = torch.mm(ref_hidden, ref_weight[v0:v1].t(), out=_view(rbuf, num_tokens, v1 - v0)) if kl else None
+            ref_logits = None
+            if kl:
+                ref_logits = torch.mm(ref_hidden, ref_weight[v0:v1].t(), out=_view(rbuf, num_tokens, v1 - v0))
             launch_forward(part=part, logits=logits, ref_logits=ref_logits, v_base=v0, v_limit=v1, split_offset=c,
                            **common)
     from npu_rl_kernels.chunked_torch import combine_partials
