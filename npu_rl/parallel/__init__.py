@@ -12,8 +12,8 @@ import importlib
 _EXPORTS = {
     "attention": ["VarlenLayout", "set_varlen_kernel", "use_varlen_attention", "varlen_attention"],
     "checkpoint": ["load_checkpoint", "merge_checkpoint", "save_checkpoint"],
-    "fsdp": ["FSDPSettings", "apply_fsdp2", "apply_fsdp2_from_config", "clip_grad_norm", "load_model", "load_optimizer", "offload_model",
-             "offload_optimizer", "optimizer_on_device", "optimizer_step"],
+    "fsdp": ["FSDPSettings", "apply_fsdp2", "apply_fsdp2_from_config", "clip_grad_norm", "load_model",
+             "load_optimizer", "offload_model", "offload_optimizer", "optimizer_on_device", "optimizer_step"],
     "mesh": ["ParallelMesh", "build_mesh", "check_parallel_sizes", "init_distributed"],
     "packing": ["PackedInputs", "PackedSequences", "pad_output", "prepare_packed_inputs", "unpad_input"],
     "seqlen": ["balance_batch", "karmarkar_karp", "partition_by_token_budget", "restore_order",

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.parallel.common import full_grads, make_batch, mean_nll, tiny_model
+from tests.parallel.common import full_grads, make_batch, tiny_model
 
 TOL = dict(atol=1e-5, rtol=1e-4)
 
