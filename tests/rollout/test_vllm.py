@@ -14,7 +14,7 @@ from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
 from npu_rl.models.loader import load_causal_lm, load_tokenizer
 from npu_rl.rollout import SamplingParams, build_rollout_engine, vllm_available
 from npu_rl.rollout.hf import HFRolloutEngine
-from tests.rollout.conftest import make_prompts
+from tests.rollout.conftest import PROMPTS, make_prompts
 from tests.rollout.test_hf import manual_logprobs
 
 pytestmark = [
@@ -23,6 +23,7 @@ pytestmark = [
 ]
 
 EOS = 2
+LONG_PROMPTS = [f"{text}, answer briefly please." for text in PROMPTS]  # 32+ tokens with the chat template
 
 
 def vllm_config(**overrides) -> RolloutConfig:
@@ -44,27 +45,34 @@ def greedy(n=1, max_new_tokens=16) -> SamplingParams:
                           return_logprobs=True)
 
 
-def test_greedy_tokens_and_logprobs_equal_hf(engines):
+@pytest.mark.parametrize("chat", [False, True], ids=["short", "chat"])
+def test_greedy_tokens_and_logprobs_equal_hf(engines, chat):
     engine, hf, tokenizer = engines
     from npu_rl.rollout.vllm_engine import VllmRolloutEngine
 
     assert isinstance(engine, VllmRolloutEngine) and engine.needs_weight_sync
-    prompts = make_prompts(tokenizer)
+    # Long chat prompts fill a 32-token KV block: their n samples read the prompt from the prefix cache.
+    prompts = make_prompts(tokenizer, LONG_PROMPTS, chat=True) if chat else make_prompts(tokenizer)
+    assert (prompts["attention_mask"].sum(-1).max() >= 32) == chat
     out, expected = engine.generate(prompts, greedy(n=2)), hf.generate(prompts, greedy(n=2))
     assert sorted(out.keys()) == sorted(expected.keys()) and out.meta == {"step": 3}
     for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert torch.equal(out[key], expected[key]), key
     assert_close(out["rollout_logprobs"], expected["rollout_logprobs"])
-    lengths = out["response_mask"].sum(-1)
-    assert (lengths < 16).any() and (lengths == 16).any()  # early stops and full-length responses both checked
+    if not chat:  # early stops and full-length responses both checked (the chat prompts all stop at once)
+        lengths = out["response_mask"].sum(-1)
+        assert (lengths < 16).any() and (lengths == 16).any()
 
 
-def test_sampled_rows_interleave_and_logprobs_are_the_sampling_distribution(engines, eos_model_dir):
+def test_sampled_rows_interleave_and_logprobs_are_the_sampling_distribution(engines, eos_model_dir, monkeypatch):
     engine, _, tokenizer = engines
+    shared_prefills = []
+    prefill = engine._prefill_prompts
+    monkeypatch.setattr(engine, "_prefill_prompts", lambda lists: (shared_prefills.append(len(lists)), prefill(lists)))
     sampling = SamplingParams(n=3, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=12, stop_token_ids=[EOS],
                               return_logprobs=True)
-    out = engine.generate(make_prompts(tokenizer), sampling)
-    assert out["uid"].tolist()[:6] == ["p0"] * 3 + ["p1"] * 3
+    out = engine.generate(make_prompts(tokenizer, LONG_PROMPTS, chat=True), sampling)  # prefill shared via the cache
+    assert out["uid"].tolist()[:6] == ["p0"] * 3 + ["p1"] * 3 and shared_prefills == [len(PROMPTS)]
     mask = out["response_mask"].bool()
     expected = manual_logprobs(load_causal_lm(eos_model_dir), out, temperature=0.8, top_k=20, top_p=0.9)
     assert_close(out["rollout_logprobs"][mask], expected[mask])
