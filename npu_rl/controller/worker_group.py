@@ -138,7 +138,8 @@ class WorkerGroup:
 def layout_of(worker: Any, rank: int, world_size: int) -> DispatchLayout:
     """A worker's own layout if it defines ``dispatch_layout()``, else one data-parallel rank per rank."""
     fn = getattr(worker, "dispatch_layout", None)
-    return fn() if fn is not None else DispatchLayout(rank, world_size, True)
+    layout = fn() if fn is not None else None
+    return layout if layout is not None else DispatchLayout(rank, world_size, True)
 
 
 class LocalWorkerGroup(WorkerGroup):

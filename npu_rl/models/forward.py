@@ -57,14 +57,21 @@ def plain_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torc
     return logprobs, (torch.cat(out_ent) if compute_entropy else None)
 
 
-def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions) -> Callable:
-    """What the swapped lm_head computes: [B, S, H] -> [B, S, 2] = (logprob, entropy) of ``targets`` [B, S]."""
+def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
+             rows: torch.Tensor | None = None) -> Callable:
+    """What the swapped lm_head computes: [B, S, H] -> [B, S, 2] = (logprob, entropy) of ``targets`` [B, S].
+    ``rows`` [B, S] (bool): compute only there (zeros elsewhere): the packed path keeps prompt tokens off the
+    vocabulary projection."""
 
     def head(module: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = hidden.shape
         flat_hidden = hidden.reshape(-1, dim)
         flat_targets = targets.reshape(-1)
         temp = temperature.reshape(-1) if isinstance(temperature, torch.Tensor) else temperature
+        if rows is not None:
+            keep = rows.reshape(-1).nonzero().squeeze(-1)
+            flat_hidden, flat_targets = flat_hidden[keep], flat_targets[keep]
+            temp = temp[keep] if isinstance(temp, torch.Tensor) else temp
         if options.use_fused_kernels:
             import npu_rl_kernels
 
@@ -78,7 +85,10 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions) -> Cal
                                                       options.chunk_rows)
         if entropy is None:
             entropy = torch.zeros_like(logprobs)
-        return torch.stack([logprobs, entropy], dim=-1).view(batch, seq, 2)
+        out = torch.stack([logprobs, entropy], dim=-1)
+        if rows is not None:
+            out = out.new_zeros(batch * seq, 2).index_put((keep,), out)
+        return out.view(batch, seq, 2)
 
     return head
 
@@ -120,6 +130,55 @@ def response_logprobs(
     logprobs = packed[..., 0]
     entropy = packed[..., 1] if options.compute_entropy else None
     return logprobs, entropy
+
+
+def packed_response_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,  # [B, T]
+    attention_mask: torch.Tensor,  # [B, T]
+    position_ids: torch.Tensor,  # [B, T]
+    responses: torch.Tensor,  # [B, R]
+    temperature: torch.Tensor | float = 1.0,
+    options: LogprobOptions | None = None,
+    sp_group=None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`response_logprobs` without padding (``model.use_remove_padding``) and, with ``sp_group``, with the
+    packed sequence split over the Ulysses group. The model must use ``npu_rl.parallel.use_varlen_attention``.
+
+    Every per-token tensor (targets, temperature, the rows to project) is sliced exactly like the input ids, so each
+    rank's hidden states line up with their own targets and temperatures (verl #5957 sliced the ids only).
+    """
+    from npu_rl.parallel.packing import prepare_packed_inputs
+
+    options = options or LogprobOptions()
+    batch, width = input_ids.shape
+    response_length = responses.shape[1]
+    inputs = prepare_packed_inputs(input_ids, attention_mask, position_ids, sp_group=sp_group)
+    targets = inputs.slice(torch.roll(input_ids, shifts=-1, dims=1))  # position t predicts token t + 1
+    wanted = torch.zeros_like(attention_mask, dtype=torch.bool)
+    wanted[:, width - response_length - 1: width - 1] = True  # the positions that predict response tokens
+    rows = inputs.slice(wanted & attention_mask.bool())
+    if isinstance(temperature, torch.Tensor) and temperature.dim() == 2:  # [B, R] -> [B, T] aligned to positions
+        per_position = temperature.new_ones(batch, width)
+        per_position[:, width - response_length - 1: width - 1] = temperature
+        temperature = inputs.slice(per_position.float(), pad_value=1.0)
+    with inputs.attention(), swapped_lm_head(model, _head_fn(targets, temperature, options, rows)):
+        out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False)
+    full = inputs.restore(out.logits)  # [B, T, 2], gathered over the sp group
+    packed = full[:, width - response_length - 1: width - 1]
+    return packed[..., 0], (packed[..., 1] if options.compute_entropy else None)
+
+
+def packed_response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           position_ids: torch.Tensor, response_length: int, sp_group=None) -> torch.Tensor:
+    """:func:`response_values` without padding (and split over the Ulysses group)."""
+    from npu_rl.parallel.packing import prepare_packed_inputs
+
+    inputs = prepare_packed_inputs(input_ids, attention_mask, position_ids, sp_group=sp_group)
+    with inputs.attention():
+        out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False)
+    values = inputs.restore(out.logits)[:, -response_length - 1:-1]  # [B, R, 1]
+    return values.squeeze(-1).float()
 
 
 def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -23,7 +23,7 @@ import torch
 from npu_rl.config.schema import PPOConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl_loss, loss_denominators
-from npu_rl.models.forward import LogprobOptions, response_logprobs
+from npu_rl.models.forward import LogprobOptions, packed_response_logprobs, response_logprobs
 from npu_rl.models.loader import load_causal_lm
 from npu_rl.protocol import Batch
 from npu_rl.trainer.metrics import mean_of
@@ -49,7 +49,7 @@ def build_optimizer(model: torch.nn.Module, optim_config) -> torch.optim.Optimiz
 class LogprobModel:
     """A causal LM that computes response log-probs in micro-batches: the actor's and the reference's engine."""
 
-    def __init__(self, config: PPOConfig, fsdp_config, micro: MicroBatching, trainable: bool):
+    def __init__(self, config: PPOConfig, fsdp_config, micro: MicroBatching, trainable: bool, sp_size: int = 1):
         model_cfg = config.actor_rollout_ref.model
         self.config = config
         self.micro = micro
@@ -61,7 +61,7 @@ class LogprobModel:
         )
         if not trainable:
             model.requires_grad_(False)
-        self.runner = ModelRunner(model, fsdp_config, distributed.world_size(), trainable)
+        self.runner = ModelRunner(model, fsdp_config, trainable, sp_size, model_cfg.use_remove_padding)
         self.model = self.runner.model
         self.options = LogprobOptions(
             use_fused_kernels=model_cfg.use_fused_kernels,
@@ -72,9 +72,12 @@ class LogprobModel:
         inputs, kept = trimmed_inputs(mb, self.response_length)
         options = LogprobOptions(compute_entropy, self.options.use_fused_kernels, self.options.fused_backend)
         device = self.runner.device
-        logprobs, entropy = response_logprobs(
-                self.runner.compute_model, inputs["input_ids"].to(device), inputs["attention_mask"].to(device),
+        args = (self.runner.compute_model, inputs["input_ids"].to(device), inputs["attention_mask"].to(device),
                 inputs["position_ids"].to(device), inputs["responses"].to(device), temperature, options)
+        if self.runner.packed:
+            logprobs, entropy = packed_response_logprobs(*args, sp_group=self.runner.sp_group)
+        else:
+            logprobs, entropy = response_logprobs(*args)
         logprobs = pad_right(logprobs, self.response_length)
         entropy = pad_right(entropy, self.response_length) if entropy is not None else None
         return logprobs, entropy
@@ -110,7 +113,8 @@ class ActorWorker:
         rollout = self.config.actor_rollout_ref.rollout
         micro = MicroBatching(rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
                               rollout.log_prob_max_token_len_per_gpu)
-        self.engine = LogprobModel(self.config, self.actor_cfg.fsdp_config, micro, trainable=True)
+        self.engine = LogprobModel(self.config, self.actor_cfg.fsdp_config, micro, trainable=True,
+                                   sp_size=self.actor_cfg.ulysses_sequence_parallel_size)
         self.model = self.engine.model
         self.optimizer = build_optimizer(self.model, self.actor_cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, self.actor_cfg.optim, total_training_steps)
@@ -121,6 +125,9 @@ class ActorWorker:
     @register(Dispatch.RANK0)
     def model_config(self):
         return self.model.config
+
+    def dispatch_layout(self):
+        return self.engine.runner.dispatch_layout() if self.engine is not None else None
 
     # ------------------------------------------------------------------------------------------- log-probs
     @register(Dispatch.DP_SPLIT)
@@ -135,7 +142,7 @@ class ActorWorker:
         """PPO update over ``batch`` (this rank's rows); returns metrics averaged over mini-batches."""
         cfg = self.actor_cfg
         self.engine.runner.train()
-        dp = distributed.dp_size()
+        dp = self.engine.runner.dp_size
         rows_per_mini = cfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // dp
         metrics: list[dict[str, torch.Tensor]] = []
         generator = torch.Generator().manual_seed(self.config.trainer.seed + self.num_updates)
@@ -154,7 +161,8 @@ class ActorWorker:
 
     def _update_mini_batch(self, mini: Batch, dp: int) -> dict[str, torch.Tensor]:
         cfg = self.actor_cfg
-        denominators = distributed.all_reduce_sum(loss_denominators(mini["response_mask"]))
+        denominators = distributed.all_reduce_sum(loss_denominators(mini["response_mask"]),
+                                                  self.engine.runner.dp_group)
         micro_batches, _ = split_micro_batches(mini, self.update_micro)
         runner = self.engine.runner
         self.optimizer.zero_grad(set_to_none=True)
@@ -172,8 +180,10 @@ class ActorWorker:
             runner.master_to_compute()
         else:
             self.optimizer.zero_grad(set_to_none=True)
-        out = {k: torch.stack([m[k] for m in micro_metrics]).sum() if k in ("actor/pg_loss", "actor/kl_loss_term")
-               else torch.stack([m[k] for m in micro_metrics]).mean() for k in micro_metrics[0]}
+        # pg_loss: the micro-batches' shares add up to this rank's part of the mini-batch mean; times dp it is this
+        # rank's estimate of the mean, so the average over ranks (what the trainer logs) is the mini-batch's mean.
+        out = {k: torch.stack([m[k] for m in micro_metrics]).mean() for k in micro_metrics[0]}
+        out["actor/pg_loss"] = torch.stack([m["actor/pg_loss"] for m in micro_metrics]).sum() * dp
         out["actor/grad_norm"] = grad_norm.detach().float()
         out["actor/nan_skipped"] = torch.tensor(0.0 if finite else 1.0)
         return out

@@ -41,6 +41,9 @@ class ActorRolloutWorker:
     def model_config(self):
         return self.actor.model.config
 
+    def dispatch_layout(self):
+        return self.actor.dispatch_layout()
+
     @register(Dispatch.DP_SPLIT)
     def generate_sequences(self, prompts: Batch, validate: bool = False, greedy: bool = False) -> Batch:
         rollout_cfg = self.config.actor_rollout_ref.rollout
@@ -80,8 +83,9 @@ class ActorRolloutWorker:
         self.actor.load_checkpoint(path)
         self.weights_version += 1  # the engine must take the loaded weights
 
-    @register(Dispatch.RANK0)
+    @register(Dispatch.ALL)
     def export_hf(self, path: str) -> None:
-        """The current policy as a plain Hugging Face folder (model + tokenizer)."""
-        self.actor.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        """The current policy as a plain Hugging Face folder (model + tokenizer), gathered from shards. Collective."""
+        from npu_rl.parallel.weights import export_hf_folder
+
+        export_hf_folder(self.actor.model, path, tokenizer=self.tokenizer)

@@ -13,7 +13,7 @@ import torch
 from npu_rl.config.schema import PPOConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import loss_denominators, value_loss
-from npu_rl.models.forward import response_values
+from npu_rl.models.forward import packed_response_values, response_values
 from npu_rl.models.loader import load_value_model
 from npu_rl.protocol import Batch
 from npu_rl.trainer.metrics import mean_of
@@ -44,7 +44,9 @@ class CriticWorker:
                                  override_config=dict(cfg.model.override_config),
                                  trust_remote_code=cfg.model.trust_remote_code,
                                  gradient_checkpointing=cfg.model.enable_gradient_checkpointing)
-        self.runner = ModelRunner(model, cfg.model.fsdp_config, distributed.world_size(), trainable=True)
+        self.runner = ModelRunner(model, cfg.model.fsdp_config, trainable=True,
+                                  sp_size=cfg.ulysses_sequence_parallel_size,
+                                  use_remove_padding=cfg.model.use_remove_padding)
         self.model = self.runner.model
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, total_training_steps)
@@ -54,11 +56,18 @@ class CriticWorker:
                                           cfg.ppo_max_token_len_per_gpu)
         self.response_length = self.config.data.max_response_length
 
+    def dispatch_layout(self):
+        return self.runner.dispatch_layout() if hasattr(self, "runner") else None
+
     def _values(self, mb: Batch) -> torch.Tensor:
         inputs, kept = trimmed_inputs(mb, self.response_length)
         device = self.runner.device
-        values = response_values(self.runner.compute_model, inputs["input_ids"].to(device),
-                                 inputs["attention_mask"].to(device), inputs["position_ids"].to(device), kept)
+        args = (self.runner.compute_model, inputs["input_ids"].to(device), inputs["attention_mask"].to(device),
+                inputs["position_ids"].to(device), kept)
+        if self.runner.packed:
+            values = packed_response_values(*args, sp_group=self.runner.sp_group)
+        else:
+            values = response_values(*args)
         return pad_right(values, self.response_length) * mb["response_mask"].to(device)
 
     @register(Dispatch.DP_SPLIT)
@@ -73,7 +82,7 @@ class CriticWorker:
     def update_critic(self, batch: Batch) -> dict[str, float]:
         cfg = self.critic_cfg
         self.runner.train()
-        dp = distributed.dp_size()
+        dp = self.runner.dp_size
         rows_per_mini = cfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // dp
         metrics = []
         for _ in range(cfg.ppo_epochs):
@@ -87,7 +96,7 @@ class CriticWorker:
     def _update_mini_batch(self, mini: Batch, dp: int) -> dict[str, torch.Tensor]:
         cfg = self.critic_cfg
         device = self.runner.device
-        denominators = distributed.all_reduce_sum(loss_denominators(mini["response_mask"]))
+        denominators = distributed.all_reduce_sum(loss_denominators(mini["response_mask"]), self.runner.dp_group)
         micro_batches, _ = split_micro_batches(mini, self.update_micro)
         self.optimizer.zero_grad(set_to_none=True)
         losses, clipfracs = [], []
@@ -109,7 +118,7 @@ class CriticWorker:
             self.runner.master_to_compute()
         else:
             self.optimizer.zero_grad(set_to_none=True)
-        return {"critic/vf_loss": torch.stack(losses).sum(), "critic/vf_clipfrac": torch.stack(clipfracs).mean(),
+        return {"critic/vf_loss": torch.stack(losses).sum() * dp,  # as the actor's pg_loss: a per-rank estimate "critic/vf_clipfrac": torch.stack(clipfracs).mean(),
                 "critic/grad_norm": grad_norm.detach().float(), "critic/nan_skipped": torch.tensor(float(not finite))}
 
     @register(Dispatch.ALL)

@@ -14,17 +14,13 @@ import torch.distributed as dist
 
 from npu_rl.device import get_backend
 
-_SP_SIZE = 1
-
-
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def init(sequence_parallel_size: int = 1) -> None:
-    """Initialise the process group from the environment when WORLD_SIZE > 1 (idempotent)."""
-    global _SP_SIZE
-    _SP_SIZE = sequence_parallel_size
+def init() -> None:
+    """Initialise the process group from the environment when WORLD_SIZE > 1 (idempotent; under Ray the controller
+    has already done it)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not is_distributed():
         backend = get_backend()
         backend.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -39,22 +35,18 @@ def rank() -> int:
     return dist.get_rank() if is_distributed() else 0
 
 
-def dp_size() -> int:
-    return world_size() // _SP_SIZE
-
-
 def default_group():
     """The world group when distributed (data-parallel collectives), else None."""
     return dist.group.WORLD if is_distributed() else None
 
 
-def all_reduce_sum(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Sum 0-d tensors over all ranks (one collective for the whole dict)."""
+def all_reduce_sum(tensors: dict[str, torch.Tensor], group=None) -> dict[str, torch.Tensor]:
+    """Sum 0-d tensors over ``group`` (default: all ranks) in one collective."""
     if not is_distributed():
         return tensors
     keys = list(tensors)
     stacked = torch.stack([tensors[k].float() for k in keys]).to(get_backend().device())
-    dist.all_reduce(stacked)
+    dist.all_reduce(stacked, group=group)
     return {k: stacked[i] for i, k in enumerate(keys)}
 
 
@@ -64,6 +56,8 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) one parameter at a time: gathered from shards when sharded, never the whole model."""
-    for name, tensor in model.state_dict().items():
-        yield name, full_tensor(tensor)
+    """(HF name, full tensor) one parameter at a time, gathered from shards when sharded, never the whole model at
+    once. Collective when sharded: every rank must run the iterator to the end."""
+    from npu_rl.parallel.weights import iter_full_parameters
+
+    return iter_full_parameters(model)

@@ -82,17 +82,30 @@ class ModelRunner:
     of a 1e-6..1e-5 learning rate away (bf16 keeps 8 bits of mantissa).
     """
 
-    def __init__(self, model: torch.nn.Module, fsdp_config, world_size: int = 1, trainable: bool = True):
+    def __init__(self, model: torch.nn.Module, fsdp_config, trainable: bool = True, sp_size: int = 1,
+                 use_remove_padding: bool = False):
+        from npu_rl.workers import distributed
+
         self.backend = get_backend()
         self.device = self.backend.device()
         self.param_dtype = to_dtype(fsdp_config.mixed_precision.param_dtype)
-        self.world_size = world_size
-        if world_size > 1:
-            from npu_rl.parallel import apply_fsdp2_from_config
+        self.world_size = distributed.world_size()
+        # Ulysses needs the packed (varlen) forward too: the sequence is split after padding is removed.
+        self.packed = use_remove_padding or sp_size > 1
+        if self.packed:
+            from npu_rl.parallel.attention import use_varlen_attention
 
-            self.model = apply_fsdp2_from_config(model, fsdp_config)
+            use_varlen_attention(model)
+        self.mesh = None
+        if self.world_size > 1:
+            from npu_rl.parallel import apply_fsdp2_from_config, build_mesh
+
+            self.mesh = build_mesh(sp_size=sp_size, fsdp_size=getattr(fsdp_config, "fsdp_size", -1))
+            self.model = apply_fsdp2_from_config(model, fsdp_config, sp_size=sp_size, mesh=self.mesh)
             self.compute_model = self.model
             return
+        if sp_size > 1:
+            raise ValueError(f"ulysses_sequence_parallel_size={sp_size} needs as many devices; this worker is alone")
         self.model = model.to(self.device)
         if next(model.parameters()).dtype == self.param_dtype:
             self.compute_model = self.model
@@ -100,6 +113,22 @@ class ModelRunner:
             self.compute_model = copy.deepcopy(self.model).to(self.param_dtype)
         else:  # nothing to update: keep only the compute copy
             self.model = self.compute_model = self.model.to(self.param_dtype)
+
+    @property
+    def dp_size(self) -> int:
+        return self.mesh.dp_size if self.mesh is not None else 1
+
+    @property
+    def dp_group(self):
+        return self.mesh.dp_group if self.mesh is not None else None
+
+    @property
+    def sp_group(self):
+        return self.mesh.sp_group if self.mesh is not None else None
+
+    def dispatch_layout(self):
+        """For DP_SPLIT: ranks of one Ulysses group share a data shard (None: every rank its own)."""
+        return self.mesh.dispatch_layout() if self.mesh is not None else None
 
     @property
     def has_master_copy(self) -> bool:

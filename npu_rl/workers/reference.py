@@ -21,7 +21,11 @@ class ReferenceWorker:
         distributed.init()
         micro = MicroBatching(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
                               ref.log_prob_max_token_len_per_gpu)
-        self.engine = LogprobModel(self.config, ref.fsdp_config, micro, trainable=False)
+        self.engine = LogprobModel(self.config, ref.fsdp_config, micro, trainable=False,
+                                   sp_size=ref.ulysses_sequence_parallel_size)
+
+    def dispatch_layout(self):
+        return self.engine.runner.dispatch_layout() if self.engine is not None else None
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_logprobs(self, batch: Batch) -> Batch:

@@ -47,7 +47,7 @@ class RewardModelWorker:
         rm = self.config.reward_model
         distributed.init()
         model = load_reward_model(rm.model.path, rm.model.fsdp_config.model_dtype, rm.model.trust_remote_code)
-        self.runner = ModelRunner(model, rm.model.fsdp_config, distributed.world_size(), trainable=False)
+        self.runner = ModelRunner(model, rm.model.fsdp_config, trainable=False)
         self.tokenizer = load_tokenizer(rm.model.path, rm.model.trust_remote_code)
         self.tokenizer.padding_side = "right"  # the score is read at the last real token
         policy_path = rm.model.input_tokenizer or self.config.actor_rollout_ref.model.path
