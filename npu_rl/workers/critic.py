@@ -118,7 +118,8 @@ class CriticWorker:
             self.runner.master_to_compute()
         else:
             self.optimizer.zero_grad(set_to_none=True)
-        return {"critic/vf_loss": torch.stack(losses).sum() * dp,  # as the actor's pg_loss: a per-rank estimate "critic/vf_clipfrac": torch.stack(clipfracs).mean(),
+        # vf_loss like the actor's pg_loss: this rank's estimate of the mini-batch mean (ranks average to it)
+        return {"critic/vf_loss": torch.stack(losses).sum() * dp, "critic/vf_clipfrac": torch.stack(clipfracs).mean(),
                 "critic/grad_norm": grad_norm.detach().float(), "critic/nan_skipped": torch.tensor(float(not finite))}
 
     @register(Dispatch.ALL)
