@@ -54,7 +54,7 @@ class DataConfig:
 
 @dataclass
 class FusedKernelOptions:
-    impl_backend: str = "torch"  # torch | triton
+    impl_backend: str = "torch"  # torch (chunked, any device) | triton | triton_mm | auto (triton_mm on accelerators)
 
 
 @dataclass

@@ -20,7 +20,7 @@ KL_CONTROLLERS = ("fixed", "adaptive")
 LOGGERS = ("console", "file", "jsonl", "tensorboard", "wandb", "swanlab", "mlflow")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 SCHEDULERS = ("constant", "cosine")
-KERNEL_BACKENDS = ("torch", "triton")
+KERNEL_BACKENDS = ("torch", "triton", "triton_mm", "auto")
 DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 ESTIMATORS_WITH_CRITIC = ("gae",)
 

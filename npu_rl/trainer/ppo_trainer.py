@@ -122,6 +122,7 @@ class PPOTrainer:
 
     def train_step(self) -> dict[str, float]:
         timer = PhaseTimer(self.backend.synchronize)
+        self.backend.reset_peak_memory_stats()  # perf/max_memory_*: this step's peak
         metrics: dict[str, Any] = {}
         with timer("step"):
             batch = self._generate_and_score(timer, metrics)

@@ -131,6 +131,6 @@ def _summary(trainer, jsonl_path: str, seconds: float) -> None:
                   f"(step {last[0]})", file=sys.stderr)
     print(f"npu-rl: metrics: {jsonl_path}", file=sys.stderr)
     ckpt = os.path.abspath(trainer.config.trainer.default_local_dir)
-    if os.path.isdir(ckpt):
+    if os.path.isfile(os.path.join(ckpt, "latest_checkpointed_iteration.txt")):
         print(f"npu-rl: checkpoints: {ckpt} (npu-rl merge {ckpt}/global_step_{trainer.global_step} --out <dir> "
               "gives a Hugging Face folder)", file=sys.stderr)
