@@ -137,10 +137,23 @@ def bench_model(model_name: str, args, root: str) -> dict:
     return result
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def render(results: list[dict], args, command: str) -> str:
+    vllm = sys.modules.get("vllm")
+    versions = f"torch {torch.__version__}" + (f", vllm {vllm.__version__}" if vllm is not None else "")
     lines = [SECTION, "",
-             f"Command: `{command}`", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+             f"Command: `{command}` ({time.strftime('%Y-%m-%d')})", "",
+             f"Machine: {_cpu_name()} ({platform.machine()}), {os.cpu_count()} cores, {versions}, "
              f"{args.threads} thread(s) for both engines (torch reports {results[0].get('threads', '?')} after the "
              f"vLLM start); {args.dtype}; {args.num_prompts} prompts x n={args.n} x "
              f"{args.response_length} new tokens (no early stop); median of {args.repeats} runs after a warm-up, the "
