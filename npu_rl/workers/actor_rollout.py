@@ -57,7 +57,7 @@ class ActorRolloutWorker:
         if self.engine.needs_weight_sync:
             metrics |= self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
         start = time.perf_counter()
-        out = self.engine.generate(prompts, sampling)
+        out = self.engine.generate(prompts, sampling).to("cpu")  # the driver keeps batches in host memory
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
