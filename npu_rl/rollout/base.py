@@ -7,7 +7,9 @@ Output batch (``n`` samples per prompt, interleaved: prompt 0's samples first):
     ``responses`` [B*n, R]         right-padded response ids (R = max_response_length)
     ``response_mask`` [B*n, R]     1 on response tokens up to and including the first end-of-turn token
     ``input_ids`` [B*n, P+R], ``attention_mask`` [B*n, P+R], ``position_ids`` [B*n, P+R]
-    ``rollout_logprobs`` [B*n, R]  (when the engine returns them) log-probs the sampler used
+    ``rollout_logprobs`` [B*n, R]  (when asked) log-prob of each sampled token under the distribution it was drawn
+                                   from: temperature-scaled, top-k / top-p truncated and renormalised (unscaled
+                                   when greedy); 0 after the end of the response
 Non-tensor fields of the input are repeated with the rows; ``meta`` is carried over.
 """
 

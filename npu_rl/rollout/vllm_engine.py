@@ -194,8 +194,10 @@ class VllmRolloutEngine:
         self._weights_valid = self.llm_kwargs.get("load_format") != "dummy"
         self._asleep_level = 0
         self._weights_awake = True
-        logger.info("rollout: vLLM engine ready in %.1f s (tp=%d, eager=%s, executor=%s)", self.start_seconds,
-                    self.tp_size, self.llm_kwargs["enforce_eager"], self.llm_kwargs["distributed_executor_backend"])
+        logger.info("rollout: vLLM engine ready in %.1f s (tp=%d, graphs=%s, executor=%s, sleep mode=%s)",
+                    self.start_seconds, self.tp_size,
+                    "off (eager)" if self.llm_kwargs["enforce_eager"] else f"{self.caps.graph_name}, FULL_DECODE_ONLY",
+                    self.llm_kwargs["distributed_executor_backend"], self.sleep_enabled)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -293,6 +295,7 @@ class VllmRolloutEngine:
         dtype = self.llm.llm_engine.model_config.dtype
         stream = flatten(bucketed(named_tensors, self.bucket_megabytes, stats, dtype=dtype,
                                   device=backend.device(), synchronize=backend.synchronize))
+        self._weights_valid = False  # a stream that fails half-way leaves a mix of old and new weights
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
         if stats.num_tensors == 0:
             raise ValueError("update_weights received no tensors")
