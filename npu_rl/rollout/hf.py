@@ -133,12 +133,13 @@ class HFRolloutEngine:
     def _generation_config(self, sampling: SamplingParams) -> GenerationConfig:
         # Every sampling knob is set explicitly (neutral where SamplingProcessor does the work), so that nothing
         # is filled in from the model folder's generation_config.json.
+        neutral_warpers = {} if sampling.greedy else dict(  # (greedy: transformers applies no warper anyway)
+            temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
         config = GenerationConfig(
             do_sample=not sampling.greedy, num_beams=1, max_new_tokens=sampling.max_new_tokens, min_new_tokens=0,
-            temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
             repetition_penalty=1.0, no_repeat_ngram_size=0, renormalize_logits=False, use_cache=True,
             eos_token_id=list(sampling.stop_token_ids), pad_token_id=self.pad_token_id,
-            return_dict_in_generate=False,
+            return_dict_in_generate=False, **neutral_warpers,
         )
         config.update(**self.generate_kwargs)
         return config

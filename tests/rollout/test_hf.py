@@ -155,3 +155,14 @@ def test_sleep_wake_round_trip(tiny):
     assert engine.sleep() == {}  # already asleep
     assert "timing_s/rollout_wake" in engine.wake_up()
     assert torch.equal(engine.generate(prompts, greedy())["responses"], before["responses"])
+
+
+def test_model_folder_sampling_defaults_do_not_leak(eos_model_dir):
+    model, tokenizer = load_causal_lm(eos_model_dir), load_tokenizer(eos_model_dir)
+    model.generation_config.top_k, model.generation_config.repetition_penalty = 1, 1.5  # like Qwen's top_k=20 ...
+    torch.manual_seed(0)
+    sampling = SamplingParams(n=4, max_new_tokens=8, stop_token_ids=[EOS], return_logprobs=True)
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer, ["hi there friend"]), sampling)
+    assert len({tuple(row.tolist()) for row in out["responses"]}) > 1  # top_k=1 would make all four samples equal
+    mask = out["response_mask"].bool()
+    assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out)[mask])  # no penalty, no top-k
