@@ -4,11 +4,11 @@
 #
 #   MODEL_PATH=/models/Qwen2.5-0.5B-Instruct bash scripts/run_ppo_gsm8k_single_card.sh
 #
-# Data: `npu-rl preprocess gsm8k --out $DATA_DIR` writes train.parquet / test.parquet from ../shared/data.
+# Data: `npu-rl preprocess gsm8k --output-dir $DATA_DIR` writes train.parquet / test.parquet from ../shared/data.
 set -euo pipefail
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a Hugging Face model folder (e.g. Qwen2.5-0.5B-Instruct)}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
-[ -f "$DATA_DIR/train.parquet" ] || npu-rl preprocess gsm8k --out "$DATA_DIR"
+[ -f "$DATA_DIR/train.parquet" ] || npu-rl preprocess gsm8k --output-dir "$DATA_DIR"
 
 PYTHONUNBUFFERED=1 python3 -m npu_rl.trainer.main_ppo \
   data.train_files=$DATA_DIR/train.parquet \
