@@ -248,7 +248,10 @@ class PPOTrainer:
             return {}
         seqlens = batch["attention_mask"].sum(-1).tolist()
         flops = step_flops(self.model_config, seqlens) * self.config.actor_rollout_ref.actor.ppo_epochs
-        peak = self.backend.peak_flops() * self.roles.num_devices
+        from npu_rl.models.loader import to_dtype
+
+        dtype = to_dtype(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype)
+        peak = self.backend.peak_flops(dtype) * self.roles.num_devices
         return {"perf/mfu/actor": flops / seconds / peak}
 
     def _check_nan(self, metrics: dict[str, float]) -> None:
