@@ -51,7 +51,7 @@ from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.utils import (assemble_rollout_batch, cfg_get, device_memory_used_gb, first_stop_response_mask,
                                   to_plain)
-from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten
+from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,10 @@ class VllmRolloutEngine:
             self._weights_awake = True
         backend = get_backend()
         stats = SyncStats()
-        dtype = self.llm.llm_engine.model_config.dtype
+        model_config = self.llm.llm_engine.model_config
+        dtype = model_config.dtype
+        if getattr(model_config.hf_text_config, "tie_word_embeddings", False):
+            named_tensors = with_tied_lm_head(named_tensors)
         stream = flatten(bucketed(named_tensors, self.bucket_megabytes, stats, dtype=dtype,
                                   device=backend.device(), synchronize=backend.synchronize))
         self._weights_valid = False  # a stream that fails half-way leaves a mix of old and new weights

@@ -13,7 +13,7 @@ from npu_rl.protocol import Batch
 from npu_rl.rollout import first_stop_response_mask, rollout_probs_diff_metrics, sampling_params_from_config
 from npu_rl.rollout.hf import warp_logits
 from npu_rl.rollout.utils import assemble_rollout_batch
-from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten
+from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
 
 PAD = EOS = 2  # SmolLM2: pad and end of turn share an id
 
@@ -124,3 +124,12 @@ def test_version_gate():
     assert not gate.is_current(3) and not gate.is_current(None)
     gate.mark(3)
     assert gate.is_current(3) and not gate.is_current(4) and not gate.is_current(None)
+
+
+def test_tied_embedding_is_also_sent_as_the_lm_head():
+    embed, norm = torch.ones(2), torch.zeros(2)
+    stream = list(with_tied_lm_head(iter([("model.embed_tokens.weight", embed), ("model.norm.weight", norm)])))
+    assert [name for name, _ in stream] == ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
+    assert stream[1][1] is embed  # the same tensor, no copy
+    nested = list(with_tied_lm_head(iter([("language_model.model.embed_tokens.weight", embed)])))
+    assert nested[1][0] == "language_model.lm_head.weight"
