@@ -22,7 +22,9 @@ def main(model_dir: str, other_dir: str) -> int:
     from tests.rollout.conftest import PROMPTS, make_prompts
 
     tokenizer = load_tokenizer(model_dir)
-    prompts = make_prompts(tokenizer, PROMPTS[:4] if rank == 0 else PROMPTS[4:7])
+    # Chat prompts of 32+ tokens: with n=2 each prompt is prefilled once and shared through the prefix cache.
+    texts = [f"{text}, answer briefly please." for text in (PROMPTS[:4] if rank == 0 else PROMPTS[4:7])]
+    prompts = make_prompts(tokenizer, texts, chat=True)
     config = RolloutConfig(name="vllm", dtype="float32", tensor_model_parallel_size=2, load_format="auto",
                            max_model_len=128, calculate_log_probs=True,
                            engine_kwargs=EngineKwargsConfig(vllm={"kv_cache_memory_bytes": 64 << 20}))
