@@ -214,3 +214,12 @@ def test_seed_dapo_npu_script_fails_only_on_missing_files_and_device(tmp_path, m
     for p in problems:
         assert p.startswith(("data.train_files: file", "data.val_files: file", "actor_rollout_ref.model.path:",
                              "trainer.device: DEVICE=npu was requested")), p
+
+
+def test_keys_without_effect_get_a_note_only_when_set():
+    from npu_rl.config.validate import ignored_settings
+
+    assert ignored_settings(cfg()) == []
+    notes = ignored_settings(cfg("actor_rollout_ref.actor.use_torch_compile=False", "trainer.default_hdfs_dir=/x"))
+    # ref.use_torch_compile follows the actor's (an interpolation), so it is noted too
+    assert len(notes) == 3 and "use_torch_compile=False has no effect in npu-rl" in notes[0]

@@ -191,10 +191,14 @@ def _check_registries(c: _Checker, config: PPOConfig) -> None:
     c.attempt(lambda: ADV_ESTIMATORS.check(config.algorithm.adv_estimator))
     c.attempt(lambda: POLICY_LOSSES.check(arr.actor.policy_loss.loss_mode))
     c.choice("actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES)
-    if arr.actor.use_kl_loss:
-        c.attempt(lambda: check_kl_type(arr.actor.kl_loss_type), "actor_rollout_ref.actor.kl_loss_type: ")
-    if config.algorithm.use_kl_in_reward:
-        c.attempt(lambda: check_kl_type(config.algorithm.kl_penalty), "algorithm.kl_penalty: ")
+    for used, key, value in ((arr.actor.use_kl_loss, "actor_rollout_ref.actor.kl_loss_type", arr.actor.kl_loss_type),
+                             (config.algorithm.use_kl_in_reward, "algorithm.kl_penalty", config.algorithm.kl_penalty)):
+        if not used:
+            continue
+        c.attempt(lambda: check_kl_type(value), f"{key}: ")
+        c.require(value.rstrip("+") != "full", f"{key}={value!r}: the full-vocabulary KL exists as a kernel "
+                  "(npu_rl_kernels.full_vocab_kl) but the trainer does not feed it the reference's hidden states yet; "
+                  "use low_var_kl (k3), kl (k1) or mse (k2)")
     from npu_rl.reward import check_reward_config
 
     c.attempt(lambda: check_reward_config(config.reward_model, config.custom_reward_function, config.data))
@@ -273,3 +277,38 @@ def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = T
         _check_device(c, config)
     if c.problems:
         raise ConfigError(c.problems)
+
+
+# Keys kept so that verl scripts run unchanged, but with no effect here (a non-default value gets a note).
+NO_EFFECT = {
+    "actor_rollout_ref.hybrid_engine": "actor, rollout and reference always share the devices",
+    "actor_rollout_ref.actor.use_torch_compile": "there is no torch.compile path; fused kernels: model.use_fused_kernels",
+    "actor_rollout_ref.ref.use_torch_compile": "there is no torch.compile path",
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": "entropy is always computed in row chunks or fused",
+    "actor_rollout_ref.actor.entropy_checkpointing": "entropy is always computed in row chunks or fused",
+    "actor_rollout_ref.rollout.layered_summon": "weights are always streamed one parameter at a time",
+    "actor_rollout_ref.model.enable_activation_offload": "activation offload is not implemented",
+    "actor_rollout_ref.model.external_lib": "import your model code yourself (trust_remote_code works)",
+    "critic.model.external_lib": "import your model code yourself (trust_remote_code works)",
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": "FSDP2 shards per decoder layer",
+    "reward_model.launch_reward_fn_async": "rewards are computed synchronously (a process pool with num_workers)",
+    "trainer.default_hdfs_dir": "no HDFS copy; checkpoints stay in trainer.default_local_dir",
+    "trainer.del_local_ckpt_after_load": "checkpoints are kept (use trainer.max_actor_ckpt_to_keep)",
+}
+
+
+def ignored_settings(config: PPOConfig) -> list[str]:
+    """Notes for keys set to a non-default value that have no effect here."""
+    from omegaconf import OmegaConf
+
+    from npu_rl.config.schema import PPOConfig as Schema
+
+    defaults = OmegaConf.structured(Schema)
+    current = OmegaConf.structured(config)
+    notes = []
+    for key, why in NO_EFFECT.items():
+        value = OmegaConf.select(current, key)
+        default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
+        if value != default:
+            notes.append(f"{key}={value!r} has no effect in npu-rl: {why}")
+    return notes

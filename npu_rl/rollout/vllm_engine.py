@@ -121,6 +121,8 @@ def build_llm_kwargs(rollout_config: Any, model_path: str, caps: VllmDeviceCapab
         logprobs_mode="processed_logprobs",
         generation_config="vllm",  # the model folder's sampling defaults must not leak into RL sampling
     )
+    if bool(cfg_get(rollout_config, "enable_expert_parallel", False)):
+        kwargs["enable_expert_parallel"] = True  # MoE models: experts sharded over the TP ranks
     if caps.kv_block_size is not None:
         kwargs["block_size"] = caps.kv_block_size
     if not enforce_eager:

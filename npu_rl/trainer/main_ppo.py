@@ -42,9 +42,17 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
             from npu_rl.config.validate import validate
 
             validate(config)
+            from npu_rl.config.validate import ignored_settings
+
+            for note in ignored_settings(config):
+                print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
         config = load_config(overrides, args.config_name, args.config_path)
+        from npu_rl.config.validate import ignored_settings
+
+        for note in ignored_settings(config):
+            print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
         print(f"npu-rl: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,11 @@ class PPOTrainer:
             batch = self._generate_and_score(timer, metrics)
             batch = self._make_experience(batch, timer, metrics)
             self._update(batch, timer, metrics)
+        if self.config.trainer.rollout_data_dir and self.tokenizer is not None:  # every rollout, one file per step
+            from npu_rl.trainer.validation import dump_generations
+
+            path = os.path.join(self.config.trainer.rollout_data_dir, f"{self.global_step}.jsonl")
+            dump_generations(batch, self.tokenizer, path, self.global_step)
         num_tokens = int(batch["attention_mask"].sum())
         metrics |= M.data_metrics(batch, self.config.data.max_prompt_length, self.config.data.max_response_length,
                                   self.use_critic)

@@ -57,28 +57,39 @@ def validate(config, actor_rollout, val_loader, val_reward_fn, run_dir: str, ste
         out = actor_rollout.generate_sequences(prompts, validate=True)
         out.meta.pop("metrics", None)
         score_batch(out, val_reward_fn)
-        keep = [k for k in out.keys() if k not in ("input_ids", "attention_mask", "position_ids", "prompts",
-                                                    "rollout_logprobs")]
+        keep = [k for k in out.keys() if k not in ("input_ids", "position_ids", "rollout_logprobs")]
         scored.append(out.select(keep, meta=False))
     rows = Batch.concat(scored)
     n = config.actor_rollout_ref.rollout.val_kwargs.n
     metrics = validation_metrics(rows, n)
     metrics["val-aux/response_length/mean"] = float(rows["response_mask"].sum(-1).float().mean())
     _log_generations(rows, config.trainer.log_val_generations, run_dir, step, tokenizer)
+    if config.trainer.validation_data_dir and tokenizer is not None:  # every validation sample, one file per step
+        dump_generations(rows, tokenizer, os.path.join(config.trainer.validation_data_dir, f"{step}.jsonl"), step)
     return metrics
+
+
+def dump_generations(rows: Batch, tokenizer, path: str, step: int, limit: int | None = None) -> None:
+    """Append decoded samples (prompt, response, score, ground truth, data source) to a JSONL file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    count = len(rows) if limit is None else min(limit, len(rows))
+    with open(path, "a", encoding="utf-8") as f:
+        for i in range(count):
+            mask = rows["response_mask"][i].bool()
+            record = {"step": step, "data_source": str(rows["data_source"][i]),
+                      "response": tokenizer.decode(rows["responses"][i][mask], skip_special_tokens=False),
+                      "score": float(rows["token_level_scores"][i].sum())}
+            if "prompts" in rows:
+                prompt_mask = rows["attention_mask"][i, : rows["prompts"].shape[1]].bool()
+                record["prompt"] = tokenizer.decode(rows["prompts"][i][prompt_mask], skip_special_tokens=False)
+            if "advantages" in rows:
+                record["advantage"] = float(rows["advantages"][i][mask][:1].sum())
+            if "ground_truth" in rows:
+                record["ground_truth"] = str(rows["ground_truth"][i])
+            f.write(json.dumps(record) + "\n")
 
 
 def _log_generations(rows: Batch, count: int, run_dir: str, step: int, tokenizer) -> None:
     """The first ``count`` validation samples, appended to ``val_generations.jsonl`` in the run folder."""
-    if count <= 0 or tokenizer is None:
-        return
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "val_generations.jsonl"), "a", encoding="utf-8") as f:
-        for i in range(min(count, len(rows))):
-            length = int(rows["response_mask"][i].sum())
-            f.write(json.dumps({
-                "step": step, "data_source": str(rows["data_source"][i]),
-                "response": tokenizer.decode(rows["responses"][i][:length], skip_special_tokens=False),
-                "ground_truth": str(rows["ground_truth"][i]) if "ground_truth" in rows else None,
-                "score": float(rows["token_level_scores"][i].sum()),
-            }) + "\n")
+    if count > 0 and tokenizer is not None:
+        dump_generations(rows, tokenizer, os.path.join(run_dir, "val_generations.jsonl"), step, limit=count)

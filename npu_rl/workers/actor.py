@@ -176,8 +176,7 @@ class ActorWorker:
         grad_norm = distributed.full_tensor(grad_norm)
         finite = math.isfinite(float(grad_norm))  # one host sync per mini-batch, to decide on the step
         if finite:
-            self.optimizer.step()
-            runner.master_to_compute()
+            runner.optimizer_step(self.optimizer)
         else:
             self.optimizer.zero_grad(set_to_none=True)
         # pg_loss: the micro-batches' shares add up to this rank's part of the mini-batch mean; times dp it is this

@@ -114,8 +114,7 @@ class CriticWorker:
         grad_norm = distributed.full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         finite = math.isfinite(float(grad_norm))
         if finite:
-            self.optimizer.step()
-            self.runner.master_to_compute()
+            self.runner.optimizer_step(self.optimizer)
         else:
             self.optimizer.zero_grad(set_to_none=True)
         # vf_loss like the actor's pg_loss: this rank's estimate of the mini-batch mean (ranks average to it)

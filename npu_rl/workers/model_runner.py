@@ -90,6 +90,9 @@ class ModelRunner:
         self.device = self.backend.device()
         self.param_dtype = to_dtype(fsdp_config.mixed_precision.param_dtype)
         self.world_size = distributed.world_size()
+        from npu_rl.parallel.fsdp import FSDPSettings
+
+        self.fsdp_settings = FSDPSettings.from_config(fsdp_config)
         # Ulysses needs the packed (varlen) forward too: the sequence is split after padding is removed.
         self.packed = use_remove_padding or sp_size > 1
         if self.packed:
@@ -129,6 +132,14 @@ class ModelRunner:
     def dispatch_layout(self):
         """For DP_SPLIT: ranks of one Ulysses group share a data shard (None: every rank its own)."""
         return self.mesh.dispatch_layout() if self.mesh is not None else None
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()``; with ``fsdp_config.optimizer_offload`` the states come to the device for the step
+        and go back to host memory after it."""
+        from npu_rl.parallel.fsdp import optimizer_step
+
+        optimizer_step(optimizer, self.fsdp_settings)
+        self.master_to_compute()
 
     @property
     def has_master_copy(self) -> bool:

@@ -27,7 +27,9 @@ GRPO_KEYS = [
 def test_grpo_steps_log_every_reference_metric(tiny_model_dir, tmp_path, reward_file):
     out = str(tmp_path / "run")
     code = run_training(base_overrides(tiny_model_dir, out, reward_file) + [
-        "preset=grpo", "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2"])
+        "preset=grpo", "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
+        f"trainer.rollout_data_dir={tmp_path}/rollouts", f"trainer.validation_data_dir={tmp_path}/val",
+        "trainer.log_val_generations=2"])
     assert code == 0
     rows = step_rows(out)
     assert sorted(rows) == [1, 2]
@@ -36,6 +38,12 @@ def test_grpo_steps_log_every_reference_metric(tiny_model_dir, tmp_path, reward_
         assert math.isfinite(rows[2][key]), (key, rows[2][key])
     assert "val-core/arith/acc/mean@1" in rows[2] and "timing_s/testing" in rows[2]
     assert read_metrics(out)[0]["step"] == 0  # validation before training
+    import json
+
+    rollouts = [json.loads(line) for line in (tmp_path / "rollouts" / "2.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 16 and {"prompt", "response", "score", "advantage", "ground_truth"} <= rollouts[0].keys()
+    assert "Give" in rollouts[0]["prompt"]  # (the test tokenizer drops spaces when decoding)
+    assert len((tmp_path / "val" / "0.jsonl").read_text().splitlines()) == 4  # every validation sample
 
 
 def test_ppo_with_gae_and_critic(tiny_model_dir, tmp_path, reward_file):
@@ -122,3 +130,24 @@ def test_grpo_steps_with_the_vllm_engine(tmp_path, reward_file):
     assert rows[2]["rollout/update_weights_tensors"] > 0
     assert rows[2]["training/rollout_probs_diff_max"] < 1e-3
     assert "val-core/arith/acc/mean@1" in rows[2]
+
+
+@pytest.mark.parametrize("preset, extra", [
+    ("rloo", []), ("reinforce_plus_plus", []), ("remax", []), ("gspo", []),
+    ("grpo", ["algorithm.adv_estimator=grpo_passk"]), ("grpo", ["algorithm.adv_estimator=opo"]),
+    ("grpo", ["algorithm.adv_estimator=reinforce_plus_plus_baseline", "algorithm.kl_ctrl.type=adaptive",
+              "algorithm.use_kl_in_reward=True"]),
+    ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "actor_rollout_ref.actor.entropy_coeff=0.01"]),
+    ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+              "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"]),
+])
+def test_every_preset_and_estimator_runs_a_step(preset, extra, tiny_model_dir, tmp_path, reward_file):
+    out = str(tmp_path / "run")
+    assert run_training(base_overrides(tiny_model_dir, out, reward_file) + [
+        f"preset={preset}", "trainer.total_training_steps=1", "trainer.val_before_train=False", *extra]) == 0
+    row = step_rows(out)[1]
+    assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["critic/advantages/mean"])
+    if preset == "remax":
+        assert "timing_s/gen_max" in row  # the greedy baseline rollout
+    if "algorithm.use_kl_in_reward=True" in extra or preset in ("rloo", "remax"):
+        assert "actor/reward_kl_penalty" in row
