@@ -22,7 +22,15 @@ import torch
 
 from npu_rl.config.schema import PPOConfig
 from npu_rl.controller.dispatch import Dispatch, register
-from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl_loss, loss_denominators
+from npu_rl.core import (
+    PolicyLossInputs,
+    agg_loss,
+    compute_policy_loss,
+    entropy_bonus,
+    kl_loss,
+    loss_denominators,
+    masked_mean,
+)
 from npu_rl.models.forward import LogprobOptions, packed_response_logprobs, response_logprobs
 from npu_rl.models.loader import load_causal_lm
 from npu_rl.protocol import Batch
@@ -197,6 +205,8 @@ class ActorWorker:
                    global_num_seqs=denominators["global_num_seqs"].to(device),
                    loss_scale_factor=self.config.data.max_response_length)
         pl = cfg.policy_loss
+        if self.engine.options.use_fused_kernels and pl.loss_mode == "vanilla":
+            return self._fused_micro_loss(mb, logprobs, entropy, response_mask, agg)
         inputs = PolicyLossInputs(
             old_logprobs=mb["old_logprobs"].to(device), logprobs=logprobs, advantages=mb["advantages"].to(device),
             response_mask=response_mask,
@@ -216,6 +226,35 @@ class ActorWorker:
                          kl_loss_coef=cfg.kl_loss_coef, kl_type=cfg.kl_loss_type, **agg)
             loss = loss + kl.loss
             metrics["actor/kl_loss"] = kl.metrics["kl_loss"]
+            metrics["actor/kl_coef"] = torch.tensor(cfg.kl_loss_coef)
+        return loss, metrics
+
+    def _fused_micro_loss(self, mb: Batch, logprobs, entropy, response_mask, agg) -> tuple[torch.Tensor, dict]:
+        """Vanilla PPO + KL loss through one fused kernel (``model.use_fused_kernels``): the [B, T] inputs are read
+        once and per-token losses, KL and clip flags come out together; aggregation is the core's, so the result
+        equals the unfused path (tests/trainer/test_fused_update.py)."""
+        import npu_rl_kernels
+
+        cfg = self.actor_cfg
+        device = self.engine.runner.device
+        ref = mb["ref_logprobs"].to(device) if cfg.use_kl_loss else None
+        out = npu_rl_kernels.policy_loss_and_kl(
+            logprobs, mb["old_logprobs"].to(device), mb["advantages"].to(device), ref,
+            clip_ratio_low=cfg.clip_ratio if cfg.clip_ratio_low is None else cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio if cfg.clip_ratio_high is None else cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c, kl_type=cfg.kl_loss_type if ref is not None else "low_var_kl",
+            backend=self.engine.options.fused_backend)
+        mask = response_mask.bool()
+        loss = agg_loss(loss_mat=out.pg_losses, loss_mask=response_mask, **agg)
+        metrics = {"actor/pg_clipfrac": masked_mean(out.clipped, mask),
+                   "actor/pg_clipfrac_lower": masked_mean(out.clipped_lower, mask),
+                   "actor/ppo_kl": masked_mean(-out.log_ratio, mask), "actor/pg_loss": loss.detach()}
+        if cfg.entropy_coeff != 0:
+            loss = loss + entropy_bonus(entropy=entropy, response_mask=response_mask,
+                                        entropy_coeff=cfg.entropy_coeff, **agg).loss
+        if ref is not None:
+            loss = loss + cfg.kl_loss_coef * agg_loss(loss_mat=out.kl, loss_mask=response_mask, **agg)
+            metrics["actor/kl_loss"] = masked_mean(out.kl, mask).detach()
             metrics["actor/kl_coef"] = torch.tensor(cfg.kl_loss_coef)
         return loss, metrics
 
