@@ -41,16 +41,10 @@ from torch.distributed.tensor import DTensor
 from npu_rl.device import get_backend
 from npu_rl.parallel.mesh import ParallelMesh
 
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "fp16": torch.float16, "float16": torch.float16}
-
-
 def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    if value not in _DTYPES:
-        raise ValueError(f"unknown dtype {value!r} in fsdp_config; expected one of {', '.join(_DTYPES)}")
-    return _DTYPES[value]
+    from npu_rl.models.loader import to_dtype
+
+    return None if value is None else to_dtype(value)
 
 
 @dataclass

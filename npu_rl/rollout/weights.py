@@ -18,14 +18,9 @@ from typing import Iterable, Iterator
 
 import torch
 
+from npu_rl.parallel.weights import full_tensor
+
 Named = tuple[str, torch.Tensor]
-
-
-def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """A plain tensor: DTensor shards are all-gathered (every rank must call this in the same order)."""
-    if hasattr(tensor, "full_tensor") and callable(tensor.full_tensor):
-        tensor = tensor.full_tensor()
-    return tensor.detach()
 
 
 @dataclass
@@ -80,7 +75,7 @@ def bucketed(
         return bucket
 
     for name, tensor in named_tensors:
-        tensor = full_tensor(tensor)
+        tensor = full_tensor(tensor).detach()  # DTensor shards all-gathered (every rank, same order)
         size = tensor.numel() * tensor.element_size()
         if pending and pending_bytes + size > limit:
             yield flush()

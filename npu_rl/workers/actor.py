@@ -33,6 +33,8 @@ from npu_rl.core import (
 )
 from npu_rl.models.forward import LogprobOptions, packed_response_logprobs, response_logprobs
 from npu_rl.models.loader import load_causal_lm
+from npu_rl.parallel.fsdp import clip_grad_norm
+from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch
 from npu_rl.trainer.metrics import mean_of
 from npu_rl.utils.lr_schedule import build_scheduler
@@ -180,8 +182,7 @@ class ActorWorker:
             (loss * dp).backward()
             runner.grads_to_master()
             micro_metrics.append(m)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        grad_norm = distributed.full_tensor(grad_norm)
+        grad_norm = clip_grad_norm(self.model, cfg.grad_clip)
         finite = math.isfinite(float(grad_norm))  # one host sync per mini-batch, to decide on the step
         if finite:
             runner.optimizer_step(self.optimizer)
@@ -278,4 +279,4 @@ class ActorWorker:
 
     def named_full_weights(self):
         """(HF name, full tensor) one at a time, for the rollout engine (gathered from shards when sharded)."""
-        return distributed.iter_full_weights(self.model)
+        return iter_full_parameters(self.model)

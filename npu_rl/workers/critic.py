@@ -15,6 +15,7 @@ from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import loss_denominators, value_loss
 from npu_rl.models.forward import packed_response_values, response_values
 from npu_rl.models.loader import load_value_model
+from npu_rl.parallel.fsdp import clip_grad_norm
 from npu_rl.protocol import Batch
 from npu_rl.trainer.metrics import mean_of
 from npu_rl.utils.lr_schedule import build_scheduler
@@ -111,7 +112,7 @@ class CriticWorker:
             self.runner.grads_to_master()
             losses.append(out.loss.detach())
             clipfracs.append(out.metrics["vf_clipfrac"])
-        grad_norm = distributed.full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        grad_norm = clip_grad_norm(self.model, cfg.grad_clip)
         finite = math.isfinite(float(grad_norm))
         if finite:
             self.runner.optimizer_step(self.optimizer)

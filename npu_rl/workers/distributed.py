@@ -7,8 +7,6 @@ Workers call these instead of ``torch.distributed`` directly, so the same worker
 from __future__ import annotations
 
 import os
-from typing import Iterator
-
 import torch
 import torch.distributed as dist
 
@@ -48,16 +46,3 @@ def all_reduce_sum(tensors: dict[str, torch.Tensor], group=None) -> dict[str, to
     stacked = torch.stack([tensors[k].float() for k in keys]).to(get_backend().device())
     dist.all_reduce(stacked, group=group)
     return {k: stacked[i] for i, k in enumerate(keys)}
-
-
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's full value (e.g. the gradient norm of a sharded model); plain tensors pass through."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) one parameter at a time, gathered from shards when sharded, never the whole model at
-    once. Collective when sharded: every rank must run the iterator to the end."""
-    from npu_rl.parallel.weights import iter_full_parameters
-
-    return iter_full_parameters(model)
