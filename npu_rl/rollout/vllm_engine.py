@@ -46,7 +46,7 @@ from typing import Any, Iterable
 import torch
 
 from npu_rl.device import get_backend
-from npu_rl.device.vllm_env import VllmDeviceCapabilities, prepare_vllm_environment
+from npu_rl.device.vllm_env import VllmDeviceCapabilities, prepare_vllm_environment, quiet_known_vllm_messages
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.utils import (assemble_rollout_batch, cfg_get, device_memory_used_gb, first_stop_response_mask,
@@ -191,6 +191,7 @@ class VllmRolloutEngine:
 
         start = time.perf_counter()
         self.llm = LLM(**self.llm_kwargs)
+        quiet_known_vllm_messages()  # vLLM configures its log handler while building the engine
         self.start_seconds = time.perf_counter() - start
         self._gate = VersionGate()
         self._weights_valid = self.llm_kwargs.get("load_format") != "dummy"
