@@ -162,8 +162,9 @@ def packed_response_logprobs(
         per_position = temperature.new_ones(batch, width)
         per_position[:, width - response_length - 1: width - 1] = temperature
         temperature = inputs.slice(per_position.float(), pad_value=1.0)
-    with inputs.attention(), swapped_lm_head(model, _head_fn(targets, temperature, options, rows)):
-        out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False)
+    with inputs.attention() as layout, swapped_lm_head(model, _head_fn(targets, temperature, options, rows)):
+        out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False,
+                    npu_rl_varlen_layout=layout)
     full = inputs.restore(out.logits)  # [B, T, 2], gathered over the sp group
     packed = full[:, width - response_length - 1: width - 1]
     return packed[..., 0], (packed[..., 1] if options.compute_entropy else None)
@@ -175,8 +176,9 @@ def packed_response_values(model: torch.nn.Module, input_ids: torch.Tensor, atte
     from npu_rl.parallel.packing import prepare_packed_inputs
 
     inputs = prepare_packed_inputs(input_ids, attention_mask, position_ids, sp_group=sp_group)
-    with inputs.attention():
-        out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False)
+    with inputs.attention() as layout:
+        out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False,
+                    npu_rl_varlen_layout=layout)
     values = inputs.restore(out.logits)[:, -response_length - 1:-1]  # [B, R, 1]
     return values.squeeze(-1).float()
 

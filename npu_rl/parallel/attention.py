@@ -55,6 +55,10 @@ class VarlenLayout:
 
 
 _ACTIVE: ContextVar[VarlenLayout | None] = ContextVar("npu_rl_varlen_layout", default=None)
+# The model-forward keyword that carries the layout to every attention call. A context variable alone is not enough:
+# with gradient checkpointing the layers run again during backward, outside the forward's context, and must see the
+# same layout (they get the same keyword arguments back).
+LAYOUT_KWARG = "npu_rl_varlen_layout"
 _OVERRIDE: list[VarlenKernel | None] = [None]
 
 
@@ -129,7 +133,7 @@ def set_varlen_kernel(kernel: VarlenKernel | None) -> None:
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
                **kwargs):
     """The registered attention function; HF layout in: ``[B, H, S, D]``; out: ``([B, S, H, D], None)``."""
-    layout = _ACTIVE.get()
+    layout = kwargs.pop(LAYOUT_KWARG, None) or _ACTIVE.get()
     if layout is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -125,9 +125,11 @@ class PackedInputs:
 
     @contextmanager
     def attention(self):
-        """Packed (and Ulysses) attention for models set up with ``use_varlen_attention``."""
-        with varlen_attention(self.layout()):
-            yield
+        """Packed (and Ulysses) attention for models set up with ``use_varlen_attention``. Yields the layout: pass
+        it to the model as ``npu_rl_varlen_layout=`` too, so that layers recomputed by gradient checkpointing (after
+        this block) attend the same way."""
+        with varlen_attention(self.layout()) as layout:
+            yield layout
 
 
 def prepare_packed_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor,
