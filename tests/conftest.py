@@ -55,3 +55,15 @@ def tiny_model_dir_pad_is_eos(tmp_path_factory) -> str:
     from tests.helpers import save_tiny_model_dir
 
     return save_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model_pad_eos")), pad_is_eos=True)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray cluster (4 logical CPUs, small object store) for one test module; actors see the repo on
+    PYTHONPATH, the CPU device and one thread."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT, "DEVICE": "cpu", "OMP_NUM_THREADS": "1"}})
+    yield ray
+    ray.shutdown()

@@ -6,7 +6,6 @@ coexist on this 2-core machine (the workers are idle most of the time).
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -19,16 +18,7 @@ from tests.controller.workers import CounterWorker, EchoWorker
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-@pytest.fixture(scope="module")
-def ray_session():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT, "DEVICE": "cpu", "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -19,16 +19,7 @@ from tests.reward.common import config, make_batch, write_custom
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-@pytest.fixture(scope="module")
-def ray_session():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT, "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
 
 
 @ray.remote

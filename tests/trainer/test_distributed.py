@@ -7,7 +7,6 @@ everywhere; the tolerances are those of float32 reductions in a different order.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -26,14 +25,6 @@ from tests.trainer.conftest import base_overrides
 pytestmark = [pytest.mark.ray, pytest.mark.dist]
 STEPS = 2
 
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def _config(model_dir, out_dir, reward_file, extra):
