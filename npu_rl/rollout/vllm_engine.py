@@ -51,6 +51,7 @@ from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.utils import (assemble_rollout_batch, cfg_get, device_memory_used_gb, first_stop_response_mask,
                                   to_plain)
+from npu_rl.rollout.vllm_weights import choose_path, push_weights
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
 
 logger = logging.getLogger(__name__)
@@ -197,10 +198,11 @@ class VllmRolloutEngine:
         self._weights_valid = self.llm_kwargs.get("load_format") != "dummy"
         self._asleep_level = 0
         self._weights_awake = True
-        logger.info("rollout: vLLM engine ready in %.1f s (tp=%d, graphs=%s, executor=%s, sleep mode=%s)",
-                    self.start_seconds, self.tp_size,
+        self.weight_sync_path = choose_path(self.llm)  # reload_weights(weights_iterator=) or load_weights in place
+        logger.info("rollout: vLLM engine ready in %.1f s (tp=%d, graphs=%s, executor=%s, sleep mode=%s, "
+                    "weight sync=%s)", self.start_seconds, self.tp_size,
                     "off (eager)" if self.llm_kwargs["enforce_eager"] else f"{self.caps.graph_name}, FULL_DECODE_ONLY",
-                    self.llm_kwargs["distributed_executor_backend"], self.sleep_enabled)
+                    self.llm_kwargs["distributed_executor_backend"], self.sleep_enabled, self.weight_sync_path)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -281,11 +283,13 @@ class VllmRolloutEngine:
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                        version: int | None = None) -> dict[str, float]:
-        """Stream HF-named tensors into vLLM bucket by bucket (``reload_weights``), then drop the prefix cache.
+        """Stream HF-named tensors into vLLM bucket by bucket, then drop the prefix cache.
 
-        Skipped without reading ``named_tensors`` when ``version`` equals the loaded one. One ``reload_weights``
-        call consumes the whole stream, because vLLM processes a fused layer (q/k/v -> qkv_proj, gate/up) once all
-        of its parts have arrived, whichever bucket they come in.
+        ``self.weight_sync_path`` says how (``npu_rl/rollout/vllm_weights.py``: the worker's
+        ``reload_weights(weights_iterator=...)`` where it exists, else ``model.load_weights`` inside the worker).
+        Skipped without reading ``named_tensors`` when ``version`` equals the loaded one. One call consumes the whole
+        stream, because vLLM processes a fused layer (q/k/v -> qkv_proj, gate/up) once all of its parts have arrived,
+        whichever bucket they come in.
         """
         if self._gate.is_current(version) and self._weights_valid:
             return {"rollout/update_weights_skipped": 1.0}
@@ -302,14 +306,17 @@ class VllmRolloutEngine:
         stream = flatten(bucketed(named_tensors, self.bucket_megabytes, stats, dtype=dtype,
                                   device=backend.device(), synchronize=backend.synchronize))
         self._weights_valid = False  # a stream that fails half-way leaves a mix of old and new weights
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+        not_loaded = push_weights(self.llm, self.weight_sync_path, stream)
         if stats.num_tensors == 0:
             raise ValueError("update_weights received no tensors")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         backend.synchronize()
         self._weights_valid = True
         self._gate.mark(version)
-        return stats.as_metrics(time.perf_counter() - start)
+        metrics = stats.as_metrics(time.perf_counter() - start)
+        if not_loaded:
+            metrics["rollout/update_weights_params_not_loaded"] = float(not_loaded)
+        return metrics
 
     # ------------------------------------------------------------------ memory
     def sleep(self, level: int | None = None) -> dict[str, float]:

