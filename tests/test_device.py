@@ -61,11 +61,22 @@ def test_get_backend_refuses_to_switch(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ a stand-in torch_npu
+class _FakeNpuConfig:
+    """Like torch_npu's ``torch.npu.config``: its class defines only ``__setattr__`` (so ``hasattr(config,
+    "allow_internal_format")`` is False on the real package); here assignments are recorded."""
+
+    def __init__(self):
+        object.__setattr__(self, "assigned", {})
+
+    def __setattr__(self, name, value):
+        self.assigned[name] = value
+
+
 class _FakeNpuModule(types.SimpleNamespace):
     """Enough of torch.npu for selection, seeding and the patches."""
 
     def __init__(self):
-        super().__init__(calls=[], config=types.SimpleNamespace(allow_internal_format=True))
+        super().__init__(calls=[], config=_FakeNpuConfig())
 
     def is_available(self):
         return True
@@ -128,14 +139,34 @@ def test_npu_patches_apply_once(fake_npu):
     select_backend("npu")
     select_backend("npu")  # second selection: no second application
     assert fake_npu.calls.count(("set_compile_mode", False)) == 1
-    assert fake_npu.config.allow_internal_format is False
-    assert os.environ["TASK_QUEUE_ENABLE"] == "1"
+    assert not hasattr(fake_npu.config, "allow_internal_format")  # as on the real package: assigned, not asked
+    assert fake_npu.config.assigned == {"allow_internal_format": False}
+    assert "TASK_QUEUE_ENABLE" not in os.environ  # torch_npu reads it at import: the launch script sets it
+    report = {r.target: r for r in npu_patches.REPORT}
+    assert all(r.applied for r in report.values()), [r for r in report.values() if not r.applied]
+    assert "transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb" in report
     norm = qwen2.Qwen2RMSNorm(4)
     x = torch.ones(1, 4)
     torch.testing.assert_close(norm(x), torch.full((1, 4), 2.0))  # went through the fake npu_rms_norm
     q = torch.zeros(1, 1, 2, 4)
     q_out, k_out = qwen2.apply_rotary_pos_emb(q, q, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
     torch.testing.assert_close(q_out, torch.ones_like(q))
+
+
+def test_npu_patch_report_names_what_did_not_take(fake_npu, monkeypatch):
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+
+    class Attention(torch.nn.Module):  # a release whose attention no longer looks the rotary function up by name
+        def forward(self, x):
+            return x
+
+    monkeypatch.setattr(qwen2, "Qwen2Attention", Attention)
+    monkeypatch.delattr(_FakeNpuModule, "set_compile_mode")
+    report = {r.target: r for r in npu_patches.apply_once()}
+    rotary = report["transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"]
+    assert not rotary.applied and "does not look up apply_rotary_pos_emb" in rotary.why
+    assert not report["torch.npu.set_compile_mode(jit_compile=False)"].applied
+    assert report["transformers.models.llama.modeling_llama.apply_rotary_pos_emb"].applied
 
 
 def test_npu_seeding_reaches_the_device(fake_npu):

@@ -164,10 +164,12 @@ class WorkerHost:
 
 class RayWorkerGroup(WorkerGroup):
     """``roles`` on every bundle of ``pool``: rank ``r`` is bundle ``r`` (nodes in IP order). ``env`` is extra
-    environment for the actors (e.g. ``TASK_QUEUE_ENABLE``). ``ray.init`` must have been called."""
+    environment set in the actors once they run; ``process_env`` is environment the actor processes must *start*
+    with (Ray's runtime environment), e.g. ``TASK_QUEUE_ENABLE``, read by torch_npu at import
+    (``npu_rl.device.npu_env.worker_process_env``). ``ray.init`` must have been called."""
 
     def __init__(self, pool: ResourcePool, roles: dict[str, WorkerSpec], *, env: dict[str, str] | None = None,
-                 device: str | None = None, name: str = "npu_rl"):
+                 device: str | None = None, name: str = "npu_rl", process_env: dict[str, str] | None = None):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -184,6 +186,8 @@ class RayWorkerGroup(WorkerGroup):
         for pg, count in zip(pool.placement_groups(), pool.processes_per_node):
             for local_rank in range(count):
                 options = _actor_resources(pool)
+                if process_env:
+                    options["runtime_env"] = {"env_vars": dict(process_env)}
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=local_rank)
                 options["name"] = f"{name}_{pool.name}_rank{len(self._hosts)}_{os.getpid()}_{id(self):x}"

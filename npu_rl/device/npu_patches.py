@@ -8,7 +8,11 @@ What and why:
   rollout engine and to checkpoints are plain tensors.
 - Hugging Face Llama / Qwen2 / Qwen3 modules: RMSNorm through ``torch_npu.npu_rms_norm`` and rotary embeddings
   through ``torch_npu.npu_rotary_mul`` (fused kernels; the eager compositions launch 6-10 small operators each).
-- ``TASK_QUEUE_ENABLE`` defaults to 1 (vllm-ascend's graph mode needs it; a user's own value is kept).
+
+``TASK_QUEUE_ENABLE`` is not set here: torch_npu reads it when it is imported, before any patch can run
+(``npu_rl/device/npu_env.py``). :func:`apply_once` returns a report of what each patch replaced, checked after the
+fact (a transformers release that renames a class or stops looking the rotary function up by name shows as "not
+applied", with the reason, instead of silently running the eager code).
 
 None of this has been run on Ascend hardware in this repository's CI (no NPU there); the selection and the
 patching mechanism are tested with a stand-in ``torch_npu`` module (tests/test_device.py).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -50,36 +55,95 @@ def _apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     return torch_npu.npu_rotary_mul(q, cos, sin).to(q.dtype), torch_npu.npu_rotary_mul(k, cos, sin).to(k.dtype)
 
 
-def patch_transformers() -> list[str]:
-    """Swap in the fused NPU norm and rotary; returns the modules patched."""
-    patched = []
+_ATTENTION_CLASSES = {  # the attention class whose forward must look up apply_rotary_pos_emb by name
+    "transformers.models.llama.modeling_llama": "LlamaAttention",
+    "transformers.models.qwen2.modeling_qwen2": "Qwen2Attention",
+    "transformers.models.qwen3.modeling_qwen3": "Qwen3Attention",
+}
+
+
+@dataclass
+class PatchResult:
+    target: str  # what the patch replaces, e.g. "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm.forward"
+    applied: bool
+    why: str = ""  # when not applied: what was found instead
+
+
+def _check_rotary_lookup(module, module_name: str) -> str:
+    """'' when the module's attention forward calls ``apply_rotary_pos_emb`` through the module global (so replacing
+    the global reaches it), else why not."""
+    attn = getattr(module, _ATTENTION_CLASSES.get(module_name, ""), None)
+    if attn is None:
+        return f"no {_ATTENTION_CLASSES.get(module_name)} class"
+    code = getattr(attn.forward, "__code__", None)
+    if code is None or "apply_rotary_pos_emb" not in code.co_names:
+        return f"{attn.__name__}.forward does not look up apply_rotary_pos_emb by name"
+    return ""
+
+
+def patch_transformers() -> list[PatchResult]:
+    """Swap in the fused NPU norm and rotary; returns, per target, whether the replacement is in place."""
+    results = []
     for module_name, norm_name in _HF_MODULES:
         try:
             module = importlib.import_module(module_name)
-        except ImportError:
+        except ImportError as exc:
+            results.append(PatchResult(module_name, False, f"not importable ({exc})"))
             continue
         norm_cls = getattr(module, norm_name, None)
-        if norm_cls is not None:
+        target = f"{module_name}.{norm_name}.forward"
+        if norm_cls is None:
+            results.append(PatchResult(target, False, f"{module_name} has no {norm_name}"))
+        else:
             norm_cls.forward = _rms_norm_forward
-        if hasattr(module, "apply_rotary_pos_emb"):
-            module.apply_rotary_pos_emb = _apply_rotary_pos_emb
-        patched.append(module_name)
-    return patched
+            ok = norm_cls.forward is _rms_norm_forward and norm_cls.__call__ is torch.nn.Module.__call__
+            results.append(PatchResult(target, ok, "" if ok else f"{norm_name}.__call__ is overridden"))
+        target = f"{module_name}.apply_rotary_pos_emb"
+        if not hasattr(module, "apply_rotary_pos_emb"):
+            results.append(PatchResult(target, False, "no apply_rotary_pos_emb in the module"))
+            continue
+        module.apply_rotary_pos_emb = _apply_rotary_pos_emb
+        why = _check_rotary_lookup(module, module_name)
+        results.append(PatchResult(target, module.apply_rotary_pos_emb is _apply_rotary_pos_emb and not why, why))
+    return results
 
 
-def apply_once() -> None:
-    """Apply every patch the first time it is called; later calls do nothing."""
-    global _APPLIED
-    if _APPLIED:
-        return
-    os.environ.setdefault("TASK_QUEUE_ENABLE", "1")
+def _device_settings() -> list[PatchResult]:
     npu = torch.npu
+    results = []
     if hasattr(npu, "set_compile_mode"):
         npu.set_compile_mode(jit_compile=False)
+        results.append(PatchResult("torch.npu.set_compile_mode(jit_compile=False)", True))
+    else:
+        results.append(PatchResult("torch.npu.set_compile_mode(jit_compile=False)", False,
+                                   "torch.npu has no set_compile_mode"))
+    # torch_npu's config object defines only __setattr__ (hasattr(config, "allow_internal_format") is False on the
+    # real package): assign without asking.
     config = getattr(npu, "config", None)
-    if config is not None and hasattr(config, "allow_internal_format"):
+    if config is None:
+        results.append(PatchResult("torch.npu.config.allow_internal_format = False", False, "no torch.npu.config"))
+    else:
         config.allow_internal_format = False
+        results.append(PatchResult("torch.npu.config.allow_internal_format = False", True))
+    return results
+
+
+REPORT: list[PatchResult] = []
+
+
+def apply_once() -> list[PatchResult]:
+    """Apply every patch the first time it is called (later calls return the first report); logs what did not
+    take."""
+    global _APPLIED
+    if _APPLIED:
+        return REPORT
+    results = _device_settings()
     if os.environ.get("NPU_RL_DISABLE_HF_PATCHES", "0") != "1":
-        patched = patch_transformers()
-        logger.info("NPU patches applied to %s", ", ".join(patched) or "no transformers modules")
+        results += patch_transformers()
+    REPORT[:] = results
+    missed = [r for r in results if not r.applied]
+    logger.info("NPU patches: %d applied, %d not", len(results) - len(missed), len(missed))
+    for r in missed:
+        logger.warning("NPU patch not applied: %s (%s)", r.target, r.why)
     _APPLIED = True
+    return REPORT

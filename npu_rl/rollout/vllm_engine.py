@@ -19,9 +19,9 @@ Engine settings come from ``actor_rollout_ref.rollout`` (verl's names):
   (vLLM's "external DP"); every rank calls ``generate`` with its own prompts, the engine all-gathers them inside the
   TP group (all ranks of an instance must submit identical requests) and returns each rank its own rows.
 - graphs: ``compilation_config = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": ...}`` unless
-  ``enforce_eager``: pure-decode steps replay a full graph (ACL graphs on Ascend, with ``TASK_QUEUE_ENABLE=1``;
-  eager runs use 2), prefill and mixed steps run eager. Default capture sizes: powers of two up to
-  min(max_num_seqs, 512): few graphs (fast start, little memory); a decode batch pads up to the next size. On CPU
+  ``enforce_eager``: pure-decode steps replay a full graph (ACL graphs on Ascend), prefill and mixed steps run
+  eager. Default capture sizes: powers of two up to min(max_num_seqs, 512): few graphs (fast start, little memory);
+  a decode batch pads up to the next size. On CPU
   there are no graphs: eager is forced, with a log line.
 - log-probs: ``logprobs_mode="processed_logprobs"``: the log-prob of each sampled token under the distribution it
   was drawn from (temperature-scaled; with top-k/top-p truncated and renormalised), as the ``hf`` engine records.
@@ -174,7 +174,8 @@ class VllmRolloutEngine:
         self.sleep_level = int(cfg_get(rollout_config, "sleep_level", 1))
         self.free_cache_engine = bool(cfg_get(rollout_config, "free_cache_engine", True))
         enforce_eager = bool(cfg_get(rollout_config, "enforce_eager", False))
-        self.caps = prepare_vllm_environment(graph_mode=not enforce_eager)  # before vLLM reads its environment
+        self.caps = prepare_vllm_environment(graph_mode=not enforce_eager,  # before vLLM reads its environment
+                                             free_cache_engine=self.free_cache_engine)
         self.world_size = _world_size()
         self.llm_kwargs = build_llm_kwargs(rollout_config, model_path, self.caps, self.world_size)
         if self.llm_kwargs["distributed_executor_backend"] == "external_launcher":

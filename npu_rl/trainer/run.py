@@ -49,8 +49,13 @@ def build_worker_group(config: PPOConfig):
         init = config.ray_kwargs.ray_init
         kwargs = {k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})}
         ray.init(**kwargs)
+    from npu_rl.device import get_backend
+    from npu_rl.device.npu_env import worker_process_env
+
     pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
-    return RayWorkerGroup(pool, roles)
+    rollout = config.actor_rollout_ref.rollout
+    sleep_mode = rollout.name == "vllm" and bool(rollout.free_cache_engine)
+    return RayWorkerGroup(pool, roles, process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode))
 
 
 def run_dir_for(config: PPOConfig) -> str:

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# Sourced by the Atlas scripts: the CANN environment and the HCCL settings every NPU process needs.
-# Adjust ASCEND_HOME to your install; nothing here is specific to npu-rl.
+# Sourced by the Atlas scripts (and by hand before `npu-rl train` on an Ascend node): the CANN environment and the
+# settings every NPU process must have when it starts. Each variable below changes something; the reason is beside it.
 ASCEND_HOME=${ASCEND_HOME:-/usr/local/Ascend}
 for f in "$ASCEND_HOME/ascend-toolkit/set_env.sh" "$ASCEND_HOME/nnal/atb/set_env.sh"; do
-  # shellcheck disable=SC1090
-  [ -f "$f" ] && source "$f"
+  if [ -f "$f" ]; then
+    # CANN's set_env.sh reads variables that may be unset (LD_LIBRARY_PATH, PYTHONPATH ...): not under `set -u`.
+    case $- in *u*) _npu_rl_nounset=1; set +u;; *) _npu_rl_nounset=0;; esac
+    # shellcheck disable=SC1090
+    source "$f"
+    [ "$_npu_rl_nounset" = 1 ] && set -u
+    unset _npu_rl_nounset
+  fi
 done
-# Which NPUs this node lends to Ray (all 8 or 16 by default); Ray hands each worker one of them.
-export ASCEND_RT_VISIBLE_DEVICES=${ASCEND_RT_VISIBLE_DEVICES:-$(seq -s, 0 $(( ${NPUS_PER_NODE:-8} - 1 )))}
-# Links between nodes take longer to come up than HCCL's defaults allow on large clusters.
+# Ray counts this node's NPUs itself; ASCEND_RT_VISIBLE_DEVICES is left alone unless you set it (a restriction of
+# your own, e.g. "0,1,2,3", is passed on to Ray).
+# HCCL_CONNECT_TIMEOUT: default 120 s; links between many nodes take longer to come up on large clusters.
+# (HCCL_EXEC_TIMEOUT is not set: its default, 1836 s, is already longer than the 1800 s this script used to set.)
 export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1800}
-export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-1800}
+# HCCL_IF_BASE_PORT: HCCL's default base port 60000 lies inside Linux's ephemeral port range (32768-60999), where
+# Ray's and Gloo's outgoing connections can take it first; 64247 is above that range.
 export HCCL_IF_BASE_PORT=${HCCL_IF_BASE_PORT:-64247}
 # The NIC HCCL and Gloo use between nodes (set it when the default route is not the fast fabric).
-[ -n "${SOCKET_IFNAME:-}" ] && export HCCL_SOCKET_IFNAME=$SOCKET_IFNAME GLOO_SOCKET_IFNAME=$SOCKET_IFNAME
-# vllm-ascend graph mode (ACL graphs, FULL_DECODE_ONLY) needs the task queue on.
+if [ -n "${SOCKET_IFNAME:-}" ]; then export HCCL_SOCKET_IFNAME=$SOCKET_IFNAME GLOO_SOCKET_IFNAME=$SOCKET_IFNAME; fi
+# TASK_QUEUE_ENABLE: torch_npu's dispatch queue (1 = its default; 2 = also pipelines operator launch, what
+# vllm-ascend's tuning guide recommends, a little more peak memory). torch_npu reads it at import, so it must be
+# exported here, before any Python process starts; Ray workers inherit it through the raylet.
 export TASK_QUEUE_ENABLE=${TASK_QUEUE_ENABLE:-1}
+# VLLM_ASCEND_ENABLE_NZ=0: the RL rollout puts vLLM to sleep between steps, and vllm-ascend's wake_up raises with
+# the NZ weight layout on (its default); weights synced in place also need the plain layout.
+export VLLM_ASCEND_ENABLE_NZ=${VLLM_ASCEND_ENABLE_NZ:-0}
 export DEVICE=npu

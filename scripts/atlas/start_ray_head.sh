@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Start the Ray head on this Atlas node, offering its NPUs as the Ray resource "NPU".
-#   NPUS_PER_NODE=16 bash scripts/atlas/start_ray_head.sh
+# Start a Ray head on this Atlas node; Ray counts the node's NPUs and offers them as the resource "NPU".
+#   bash scripts/atlas/start_ray_head.sh                 # all NPUs Ray finds (8 on A2, 16 on A3)
+#   NPUS_PER_NODE=4 bash scripts/atlas/start_ray_head.sh # offer only 4
 # Then on every other node: HEAD_IP=<this node's IP> bash scripts/atlas/start_ray_worker.sh
+# Stop it with: bash scripts/atlas/stop_ray.sh (only this instance; other users' Ray on the node is left alone).
 set -euo pipefail
-source "$(dirname "$0")/env.sh"
-NPUS_PER_NODE=${NPUS_PER_NODE:-8}
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/env.sh"
+source "$here/ray_common.sh"
+refuse_if_running
 HEAD_IP=${HEAD_IP:-$(hostname -I | awk '{print $1}')}
-ray stop --force >/dev/null 2>&1 || true
-ray start --head --node-ip-address="$HEAD_IP" --port=6379 --dashboard-host=0.0.0.0 --dashboard-port=8265 \
-  --resources="{\"NPU\": $NPUS_PER_NODE}" --disable-usage-stats
-echo "Ray head at $HEAD_IP:6379 (dashboard and job API at http://$HEAD_IP:8265) with $NPUS_PER_NODE NPUs"
-npu-rl doctor || true
+RAY_PORT=${RAY_PORT:-6379}
+refuse_if_port_taken "$RAY_PORT"
+# shellcheck disable=SC2046
+ray start --head --node-ip-address="$HEAD_IP" --port="$RAY_PORT" --dashboard-host=0.0.0.0 --dashboard-port="${DASHBOARD_PORT:-8265}" \
+  --temp-dir="$RAY_TMP" $(npu_resource_args) --disable-usage-stats
+echo "Ray head at $HEAD_IP:$RAY_PORT (dashboard and job API at http://$HEAD_IP:${DASHBOARD_PORT:-8265}); $(npu_count_note)"
+npu-rl doctor || echo "npu-rl doctor found problems (above); fix them before training"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Join this Atlas node to the Ray cluster started by start_ray_head.sh.
-#   HEAD_IP=10.0.0.1 NPUS_PER_NODE=16 bash scripts/atlas/start_ray_worker.sh
+# Join this Atlas node to the Ray cluster started by start_ray_head.sh; Ray counts the NPUs unless NPUS_PER_NODE is set.
+#   HEAD_IP=10.0.0.1 bash scripts/atlas/start_ray_worker.sh
 set -euo pipefail
-source "$(dirname "$0")/env.sh"
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/env.sh"
+source "$here/ray_common.sh"
+refuse_if_running
 : "${HEAD_IP:?set HEAD_IP to the head node's address}"
-NPUS_PER_NODE=${NPUS_PER_NODE:-8}
 NODE_IP=${NODE_IP:-$(hostname -I | awk '{print $1}')}
-ray stop --force >/dev/null 2>&1 || true
-ray start --address="$HEAD_IP:6379" --node-ip-address="$NODE_IP" --resources="{\"NPU\": $NPUS_PER_NODE}" \
-  --disable-usage-stats
-echo "joined $HEAD_IP:6379 with $NPUS_PER_NODE NPUs"
+# shellcheck disable=SC2046
+ray start --address="$HEAD_IP:${RAY_PORT:-6379}" --node-ip-address="$NODE_IP" --temp-dir="$RAY_TMP" \
+  $(npu_resource_args) --disable-usage-stats
+echo "joined $HEAD_IP:${RAY_PORT:-6379}; $(npu_count_note)"

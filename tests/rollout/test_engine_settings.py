@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
-from npu_rl.device.vllm_env import prepare_vllm_environment, task_queue_value, vllm_device_capabilities
+from npu_rl.device.vllm_env import prepare_vllm_environment, vllm_device_capabilities
 from npu_rl.rollout import build_rollout_engine
 from npu_rl.rollout.hf import HFRolloutEngine
 from npu_rl.rollout.vllm_engine import build_llm_kwargs, default_capture_sizes
@@ -63,19 +63,20 @@ def test_parallel_settings_and_errors():
 
 
 def test_device_environment(monkeypatch):
-    for key in ("TASK_QUEUE_ENABLE", "NPU_RL_TASK_QUEUE_ENABLE", "VLLM_CPU_KVCACHE_SPACE",
+    for key in ("TASK_QUEUE_ENABLE", "VLLM_ASCEND_ENABLE_NZ", "VLLM_CPU_KVCACHE_SPACE",
                 "VLLM_ENABLE_V1_MULTIPROCESSING"):
         monkeypatch.delenv(key, raising=False)
-    assert (task_queue_value(True), task_queue_value(False)) == ("1", "2")
     import os
 
     prepare_vllm_environment(graph_mode=True, device="npu")
-    assert os.environ["TASK_QUEUE_ENABLE"] == "1" and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    prepare_vllm_environment(graph_mode=False, device="npu")
-    assert os.environ["TASK_QUEUE_ENABLE"] == "2"
-    monkeypatch.setenv("NPU_RL_TASK_QUEUE_ENABLE", "0")
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["VLLM_ASCEND_ENABLE_NZ"] == "0"
+    assert "TASK_QUEUE_ENABLE" not in os.environ  # read by torch_npu at import: the launch script's job
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1")  # a user's NZ with sleep mode on: wake_up would raise
     prepare_vllm_environment(graph_mode=True, device="npu")
-    assert os.environ["TASK_QUEUE_ENABLE"] == "0"
+    assert os.environ["VLLM_ASCEND_ENABLE_NZ"] == "0"
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1")  # without sleep mode a user's choice is kept
+    prepare_vllm_environment(graph_mode=True, device="npu", free_cache_engine=False)
+    assert os.environ["VLLM_ASCEND_ENABLE_NZ"] == "1"
     prepare_vllm_environment(graph_mode=False, device="cpu")
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # a user's own value is kept
