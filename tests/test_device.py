@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from npu_rl.device import DeviceUnavailableError, backend as backend_mod, flops, npu_patches, select_backend
+from npu_rl.device import DeviceUnavailableError, ascend_facts, backend as backend_mod, flops, npu_patches, select_backend
 from tests.conftest import REPO_ROOT
 
 
@@ -87,7 +87,7 @@ class _FakeNpuModule(types.SimpleNamespace):
     def current_device(self):
         return 0
 
-    def set_compile_mode(self, jit_compile):
+    def set_compile_mode(self, jit_compile=False):
         self.calls.append(("set_compile_mode", jit_compile))
 
     def manual_seed_all(self, seed):
@@ -97,6 +97,25 @@ class _FakeNpuModule(types.SimpleNamespace):
         return "Ascend910B3"
 
 
+def _with_real_signature(name, impl):
+    """A stand-in op that refuses calls the real op's signature would refuse."""
+    sig = ascend_facts.signature(name)
+
+    def op(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        return impl(*bound.args, **bound.kwargs)
+
+    op.__signature__ = sig
+    return op
+
+
+def test_stand_in_exposes_only_the_real_torch_npu_api():
+    fake = _FakeNpuModule()
+    public = {n for n in dir(fake) if not n.startswith("_")} - {"calls"}
+    assert public <= set(ascend_facts.TORCH_NPU_DEVICE_API), public - set(ascend_facts.TORCH_NPU_DEVICE_API)
+    assert ascend_facts.signature("set_compile_mode") == __import__("inspect").signature(fake.set_compile_mode)
+
+
 @pytest.fixture
 def fake_npu(monkeypatch):
     import transformers.models.llama.modeling_llama as llama
@@ -104,8 +123,9 @@ def fake_npu(monkeypatch):
 
     fake_module = _FakeNpuModule()
     fake_torch_npu = types.ModuleType("torch_npu")
-    fake_torch_npu.npu_rms_norm = lambda x, w, epsilon: (x * w * 2.0, None)  # recognisably not the real norm
-    fake_torch_npu.npu_rotary_mul = lambda x, cos, sin: x + 1.0
+    # recognisably not the real ops, with the real signatures (npu_rl/device/ascend_facts.py)
+    fake_torch_npu.npu_rms_norm = _with_real_signature("npu_rms_norm", lambda x, w, epsilon=1e-6: (x * w * 2.0, None))
+    fake_torch_npu.npu_rotary_mul = _with_real_signature("npu_rotary_mul", lambda x, r1, r2, rotary_mode="half": x + 1)
     monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu)
     monkeypatch.setattr(torch, "npu", fake_module, raising=False)
     monkeypatch.setattr(npu_patches, "_APPLIED", False)

@@ -1,0 +1,102 @@
+"""Every torch_npu / vLLM-Ascend / triton-ascend name our code relies on, as data.
+
+Two consumers: ``tests/test_real_packages.py`` (slow) downloads the real wheels (``pip download --no-deps``) and checks
+each fact against their sources; the stand-in ``torch_npu`` of the fast tests (``tests/test_device.py``) builds its
+functions from :data:`TORCH_NPU_SIGNATURES` and exposes only :data:`TORCH_NPU_DEVICE_API`, so a call our code makes
+with a wrong keyword fails here too. Add a fact whenever the code starts using a new name.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from dataclasses import dataclass
+
+# ------------------------------------------------------------------------------------------------ torch_npu
+# torch.npu functions the device layer calls (npu_rl/device/backend.py, npu_patches.py); all are in
+# torch_npu/npu/__init__.py's __all__.
+TORCH_NPU_DEVICE_API = (
+    "is_available", "device_count", "current_device", "set_device", "get_device_name", "is_bf16_supported",
+    "synchronize", "empty_cache", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "reset_peak_memory_stats", "manual_seed_all", "get_rng_state", "set_rng_state", "set_compile_mode", "config",
+    "NPUGraph",
+)
+
+# Python-level signatures (torch_npu/_op_plugin_docs.py for the fused ops; npu_config.py; profiler).
+TORCH_NPU_SIGNATURES = {
+    # "torch_npu.npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)"
+    "npu_rms_norm": "(self, gamma, epsilon=1e-06)",
+    # "torch_npu.npu_rotary_mul(Tensor input, Tensor r1, Tensor r2, str rotary_mode='half') -> Tensor"
+    "npu_rotary_mul": "(input, r1, r2, rotary_mode='half')",
+    "set_compile_mode": "(jit_compile=False)",
+    "profiler.schedule": "(wait, active, warmup=0, repeat=0, skip_first=0)",
+    "profiler.tensorboard_trace_handler": "(dir_name=None, worker_name=None, analyse_flag=True, async_mode=False)",
+}
+
+# How npu_rl/device/npu_patches.py calls the fused ops: positional argument count, keywords. Each wheel's documented
+# signature must accept these calls, and begin with the stand-in's (later releases append optional arguments:
+# torch_npu 2.10 added ``rotate=None`` to npu_rotary_mul).
+TORCH_NPU_OP_CALLS = {"npu_rms_norm": (2, ("epsilon",)), "npu_rotary_mul": (3, ())}
+
+# torch.npu.config: a class defining __setattr__ only (no __getattr__), acting on "allow_internal_format", so
+# hasattr() on it is False and the option must be assigned blindly (break 4 of issue 12).
+TORCH_NPU_CONFIG = {"file": "torch_npu/npu/npu_config.py", "class": "_npuConfig", "key": "allow_internal_format"}
+
+# torch_npu.profiler names the profiling module uses; profile() is keyword-only.
+TORCH_NPU_PROFILER = {
+    "exports": ("profile", "ProfilerActivity", "tensorboard_trace_handler", "schedule", "_ExperimentalConfig",
+                "ProfilerLevel"),
+    "profile_kwargs": ("activities", "schedule", "on_trace_ready", "record_shapes", "profile_memory", "with_stack"),
+}
+
+# ------------------------------------------------------------------------------------------------ vLLM-Ascend
+VLLM_ASCEND_ENV = {"VLLM_ASCEND_ENABLE_NZ": "1"}  # variable -> default, in vllm_ascend/envs.py
+VLLM_ASCEND_NZ_WAKE_UP_ERROR = "Please set VLLM_ASCEND_ENABLE_NZ=0"  # raised by NPUWorker.wake_up while NZ is on
+VLLM_ASCEND_WORKER_METHODS = ("sleep", "wake_up", "load_model", "get_model")  # NPUWorker, every release checked
+VLLM_ASCEND_WORKER_SIGNATURES = {"sleep": "(self, level=1)", "wake_up": "(self, tags=None)"}
+VLLM_ASCEND_RUNNER_ATTRS = ("get_model",)  # NPUModelRunner: the load_weights path reads its model
+VLLM_ASCEND_WORKER_FILES = ("vllm_ascend/worker/worker_v1.py", "vllm_ascend/worker/worker.py")
+VLLM_ASCEND_RUNNER_FILE = "vllm_ascend/worker/model_runner_v1.py"
+
+# ------------------------------------------------------------------------------------------------ triton-ascend
+TRITON_ASCEND = {
+    "module": "triton",  # the wheel installs the `triton` package (it replaces OpenAI's triton)
+    "files": ("triton/backends/ascend/triton-adapter-opt", "triton/backends/ascend/compiler.py",
+              "triton/backends/compiler.py", "triton/compiler/__init__.py"),
+    "compile_api": ("triton.compile", "triton.compiler.ASTSource", "triton.backends.compiler.GPUTarget"),
+    "target": ("npu", "Ascend910B3"),  # GPUTarget(backend, arch, warp_size) the kernels' tiles are chosen for
+}
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The real wheels the slow test downloads (from ``npu_rl/device/ascend_matrix.py``'s rows)."""
+
+    torch_npu: tuple[str, ...] = ("2.7.1", "2.10.0.post2")
+    vllm_ascend: tuple[str, ...] = ("0.11.0", "0.13.0")  # aarch64 wheels only (no x86-64 wheel for 0.11.0)
+    triton_ascend: tuple[str, ...] = ("3.2.0",)
+
+
+WHEELS = Versions()
+
+
+_PARAM = re.compile(r"^\(\s*(?:[A-Za-z_]\w*\s*(?:=\s*(?:-?[\d.e-]+|'\w*'|None|True|False))?\s*,?\s*)*\)$")
+
+
+def signature_from(text: str) -> inspect.Signature:
+    """``inspect.Signature`` of ``"(a, b=1e-06, c='half', d=None)"`` (names and literal defaults only; anything
+    else is refused, so a wheel's text is never executed as code)."""
+    if not _PARAM.match(text):
+        raise ValueError(f"not a plain parameter list: {text}")
+    params = []
+    for part in filter(None, (p.strip() for p in text[1:-1].split(","))):
+        name, _, default = part.partition("=")
+        value = ast.literal_eval(default.strip()) if default else inspect.Parameter.empty
+        params.append(inspect.Parameter(name.strip(), inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value))
+    return inspect.Signature(params)
+
+
+def signature(name: str) -> inspect.Signature:
+    """The :data:`TORCH_NPU_SIGNATURES` entry as an ``inspect.Signature`` (for stand-ins and checks)."""
+    return signature_from(TORCH_NPU_SIGNATURES[name])
