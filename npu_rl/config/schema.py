@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from npu_rl.config.profiler_schema import GlobalProfilerConfig, RoleProfilerConfig
+
 # ----------------------------------------------------------------------------------------------------------- data
 
 
@@ -164,6 +166,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
@@ -187,6 +190,7 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     ulysses_sequence_parallel_size: int = "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"  # type: ignore
     entropy_from_logits_with_chunking: bool = False
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 # -------------------------------------------------------------------------------------------------------- rollout
@@ -244,6 +248,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
@@ -292,6 +297,7 @@ class CriticConfig:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 # --------------------------------------------------------------------------------------------------------- reward
@@ -336,6 +342,7 @@ class RewardModelConfig:
     num_workers: int = 0
     timeout_s: float = 30.0
     tolerate_errors: bool = False
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
@@ -437,3 +444,4 @@ class PPOConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)

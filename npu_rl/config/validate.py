@@ -257,6 +257,9 @@ def _check_device(c: _Checker, config: PPOConfig) -> None:
     except (RuntimeError, ValueError) as exc:
         c.problems.append(f"trainer.device: {exc}")
         return
+    from npu_rl.utils.profiling import check_profiler_config
+
+    c.problems.extend(check_profiler_config(config, backend.name))
     if backend.is_accelerator and config.trainer.nnodes == 1:
         have = backend.device_count()
         c.require(config.trainer.n_gpus_per_node <= have,

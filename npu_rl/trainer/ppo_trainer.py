@@ -38,6 +38,7 @@ from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
 from npu_rl.trainer.validation import validate
 from npu_rl.utils.flops import step_flops
+from npu_rl.utils.profiling import StepProfiler
 from npu_rl.utils.timer import PhaseTimer
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class PPOTrainer:
         self.global_step = 0
         self.consecutive_nan_steps = 0
         self.last_val_metrics: dict[str, float] = {}
+        self.profiler = StepProfiler(config, tracker.run_dir, rank=0, device=backend.name)  # global_profiler keys
 
 
     # ------------------------------------------------------------------------------------------------- the loop
@@ -122,10 +124,10 @@ class PPOTrainer:
         return 0
 
     def train_step(self) -> dict[str, float]:
-        timer = PhaseTimer(self.backend.synchronize)
+        timer = PhaseTimer(self.backend.synchronize, around=self.profiler.phase)
         self.backend.reset_peak_memory_stats()  # perf/max_memory_*: this step's peak
         metrics: dict[str, Any] = {}
-        with timer("step"):
+        with self.profiler.step(self.global_step), timer("step"):
             batch = self._generate_and_score(timer, metrics)
             batch = self._make_experience(batch, timer, metrics)
             self._update(batch, timer, metrics)

@@ -10,8 +10,9 @@ from collections import defaultdict
 class PhaseTimer:
     """``with timer("gen"): ...`` accumulates seconds under ``timing_s/gen``."""
 
-    def __init__(self, synchronize=None):
+    def __init__(self, synchronize=None, around=None):
         self._sync = synchronize or (lambda: None)
+        self._around = around  # name -> context manager entered inside the timed region (e.g. a profiler's phase)
         self.seconds: dict[str, float] = defaultdict(float)
 
     @contextlib.contextmanager
@@ -19,7 +20,8 @@ class PhaseTimer:
         self._sync()
         start = time.perf_counter()
         try:
-            yield
+            with self._around(name) if self._around is not None else contextlib.nullcontext():
+                yield
         finally:
             self._sync()
             self.seconds[name] += time.perf_counter() - start

@@ -1,0 +1,78 @@
+"""The device-specific half of profiling (``npu_rl/utils/profiling.py`` is the rest): which profiler module and
+activities a device has, and the range markers of nsys.
+
+- CPU: ``torch.profiler`` with the CPU activity; CUDA: plus the CUDA activity; NPU: ``torch_npu.profiler`` (its
+  ``profile`` is keyword-only; activities CPU + NPU; traces through its ``tensorboard_trace_handler``, which writes
+  ``*_ascend_pt`` folders that MindStudio Insight and ``torch_npu.profiler.analyse`` read).
+- nsys: NVTX ranges (``torch.cuda.nvtx``) around each phase and ``torch.cuda.profiler.start/stop`` around each
+  profiled step, so ``nsys profile --capture-range=cudaProfilerApi`` records exactly those steps. CUDA only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+
+# what each device offers
+TOOLS_BY_DEVICE = {
+    "cpu": ("torch", "precision_debugger"),
+    "cuda": ("torch", "nsys", "torch_memory", "precision_debugger"),
+    "npu": ("torch", "npu", "torch_memory", "precision_debugger"),
+}
+
+
+def check_tool(tool: str, device: str) -> None:
+    if tool not in TOOLS_BY_DEVICE.get(device, ()):
+        raise ValueError(f"global_profiler.tool={tool!r} is not available on {device}: this device offers "
+                         f"{', '.join(TOOLS_BY_DEVICE.get(device, ()))}")
+
+
+def trace_session(device: str, out_dir: str, name: str, contents: tuple[str, ...] = ()) -> Any:
+    """A started-on-enter profiler context writing one trace of the ``with`` body into ``out_dir``."""
+    record_shapes, memory, stack = "shapes" in contents, "memory" in contents, "stack" in contents
+    if device == "npu":
+        import torch_npu
+
+        prof = torch_npu.profiler
+        return prof.profile(activities=[prof.ProfilerActivity.CPU, prof.ProfilerActivity.NPU],
+                            on_trace_ready=prof.tensorboard_trace_handler(out_dir, worker_name=name),
+                            record_shapes=record_shapes, profile_memory=memory, with_stack=stack)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    import os
+
+    def export(p) -> None:
+        p.export_chrome_trace(os.path.join(out_dir, f"{name}.pt.trace.json"))
+
+    return torch.profiler.profile(activities=activities, on_trace_ready=export, record_shapes=record_shapes,
+                                  profile_memory=memory, with_stack=stack)
+
+
+def nsys_range(name: str) -> contextlib.AbstractContextManager:
+    return torch.cuda.nvtx.range(name)
+
+
+def nsys_capture() -> tuple[Callable[[], None], Callable[[], None]]:
+    return torch.cuda.profiler.start, torch.cuda.profiler.stop
+
+
+def memory_history(device: str, enabled: bool, max_entries: int, stacks: str = "all", context: str = "all") -> None:
+    """Start (or stop) the allocator's history recording for a memory snapshot."""
+    module = torch.npu if device == "npu" else torch.cuda
+    if device == "cpu":
+        return  # the CPU allocator keeps no history
+    if enabled:
+        module.memory._record_memory_history(max_entries=max_entries, stacks=stacks, context=context)
+    else:
+        module.memory._record_memory_history(enabled=None)
+
+
+def dump_memory_snapshot(device: str, path: str) -> bool:
+    if device == "cpu":
+        return False
+    module = torch.npu if device == "npu" else torch.cuda
+    module.memory._dump_snapshot(path)
+    return True
