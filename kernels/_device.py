@@ -40,6 +40,14 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def default_dot_precision() -> str | None:
+    """``input_precision`` for ``tl.dot`` of bf16/fp16 operands: None (Triton's default) except on Ascend, where
+    triton-ascend's options have no default (``tl.dot(..., input_precision=None)`` fails with "'NPUOptions' object
+    has no attribute 'default_dot_input_precision'", found by lowering the kernels through its front end) and allow
+    only "ieee" and "hf32"."""
+    return "ieee" if accelerator_name() == "npu" else None
+
+
 def triton_interpreted() -> bool:
     """Whether Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``, read when kernels are defined)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

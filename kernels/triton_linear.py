@@ -196,8 +196,11 @@ def _bwd_kernel(h_ptr, w_ptr, rh_ptr, rw_ptr, tgt_ptr, temp_ptr, lse_ptr, aux_pt
 
 # --------------------------------------------------------------------------- launchers
 def _compile_flags(h: torch.Tensor, interpreted: bool) -> dict:
+    from npu_rl_kernels._device import default_dot_precision
+
     upcast = interpreted and h.dtype != torch.float32
-    return {"UPCAST": upcast, "PRECISION": "ieee" if (h.dtype == torch.float32 or upcast) else None}
+    return {"UPCAST": upcast,
+            "PRECISION": "ieee" if (h.dtype == torch.float32 or upcast) else default_dot_precision()}
 
 
 def launch_forward(*, hidden, weight, targets, temperature, inv_temp, part, tile: TileConfig, interpreted: bool,
