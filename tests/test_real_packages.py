@@ -121,6 +121,18 @@ def test_torch_npu_profiler_api(torch_npu_wheel):
     assert plain_signature(init) == "(self, " + facts.TORCH_NPU_SIGNATURES["profiler.schedule"][1:]
 
 
+def test_torch_npu_memory_history_api(torch_npu_wheel):
+    tree = ast.parse(read(torch_npu_wheel, "torch_npu/npu/memory.py"))
+    for name, keywords in facts.TORCH_NPU_MEMORY.items():
+        fn = find(tree, ast.FunctionDef, name)
+        accepted = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+        if fn.args.kwarg is None:  # **kwargs forwards to the implementation: check that one instead
+            assert set(keywords) <= accepted, (name, accepted)
+        else:
+            impl = find(tree, ast.FunctionDef, f"{name}_impl")
+            assert set(keywords) <= accepted | {a.arg for a in impl.args.args + impl.args.kwonlyargs}, name
+
+
 # ------------------------------------------------------------------------------------------------ vLLM-Ascend
 @pytest.fixture(scope="module", params=facts.WHEELS.vllm_ascend)
 def vllm_ascend_wheel(request):

@@ -50,6 +50,9 @@ TORCH_NPU_PROFILER = {
     "profile_kwargs": ("activities", "schedule", "on_trace_ready", "record_shapes", "profile_memory", "with_stack"),
 }
 
+# torch.npu.memory functions the torch_memory profiler tool calls (torch_npu/npu/memory.py), with the keywords used.
+TORCH_NPU_MEMORY = {"_record_memory_history": ("enabled", "max_entries", "stacks", "context"), "_dump_snapshot": ()}
+
 # ------------------------------------------------------------------------------------------------ vLLM-Ascend
 VLLM_ASCEND_ENV = {"VLLM_ASCEND_ENABLE_NZ": "1"}  # variable -> default, in vllm_ascend/envs.py
 VLLM_ASCEND_NZ_WAKE_UP_ERROR = "Please set VLLM_ASCEND_ENABLE_NZ=0"  # raised by NPUWorker.wake_up while NZ is on
