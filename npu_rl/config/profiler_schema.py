@@ -11,9 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-PROFILER_TOOLS = ("torch", "npu", "nsys", "torch_memory", "precision_debugger")
-
-
 @dataclass
 class RoleTorchToolConfig:
     contents: list[str] = field(default_factory=list)  # read: shapes, memory, stack

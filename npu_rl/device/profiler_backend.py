@@ -23,6 +23,10 @@ TOOLS_BY_DEVICE = {
 }
 
 
+ALL_TOOLS = ("torch", "npu", "nsys", "torch_memory", "precision_debugger")
+TRACE_TOOLS = ("torch", "npu")  # a trace per phase; both use torch_npu.profiler on Ascend
+
+
 def check_tool(tool: str, device: str) -> None:
     if tool not in TOOLS_BY_DEVICE.get(device, ()):
         raise ValueError(f"global_profiler.tool={tool!r} is not available on {device}: this device offers "

@@ -64,7 +64,7 @@ def check_profiler_config(config, device: str) -> list[str]:
     tools = {glob.tool} | {p.tool for p in roles.values() if p.enable}
     tools.discard(None)
     for tool in sorted(tools):
-        if tool not in dev.TOOLS_BY_DEVICE["cuda"] + dev.TOOLS_BY_DEVICE["npu"]:
+        if tool not in dev.ALL_TOOLS:
             problems.append(f"global_profiler.tool={tool!r}: expected one of torch, npu, nsys, torch_memory, "
                             "precision_debugger")
             continue
@@ -163,7 +163,7 @@ class StepProfiler:
     def phase(self, name: str) -> Iterator[None]:
         role, stage = PHASES.get(name, (None, None))
         tool = self._tool(role) if (self._step is not None and role) else None
-        if tool in ("torch", "npu"):
+        if tool in dev.TRACE_TOOLS:
             out_dir = os.path.join(self.save_path, f"step_{self._step}")
             with dev.trace_session(self.device, out_dir, f"{name}_rank{self.rank}", self._contents(role, tool)):
                 yield
