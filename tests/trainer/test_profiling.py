@@ -49,10 +49,12 @@ def test_msprobe_statistics_dump_of_chosen_stages(tiny_model_dir, tmp_path, rewa
         "global_profiler.global_tool_config.precision_debugger.stages=[actor_update]"])
     assert code == 0
     msprobe = os.path.join(_run_dir(out), "profile", "msprobe")
-    stages = [json.loads(line) for line in open(os.path.join(msprobe, "stages.jsonl"))]
+    with open(os.path.join(msprobe, "stages.jsonl")) as f:
+        stages = [json.loads(line) for line in f]
     assert stages == [{"step": 1, "stage": "actor_update", "phase": "update_actor", "rank": 0}]
     (dump,) = glob.glob(os.path.join(msprobe, "step1", "*", "dump.json"))
-    data = json.load(open(dump))
+    with open(dump) as f:
+        data = json.load(f)
     assert data["task"] == "statistics" and data["level"] == "L1"
     assert any(k.endswith(".backward") for k in data["data"])  # the update's backward is in the dump
     stats = next(v for k, v in data["data"].items() if k.startswith("Functional.linear"))["input_args"][0]
