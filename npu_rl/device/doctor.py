@@ -221,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     print("device:")
     lines, device_error = device_report()
     print("\n".join(lines))
+    from npu_rl.device import npu_patches
+
+    for result in npu_patches.REPORT:  # filled when the NPU backend was chosen above
+        print(f"  NPU patch {'ok ' if result.applied else 'NOT APPLIED'} {result.target}"
+              + (f" ({result.why})" if result.why else ""))
     print("packages:")
     for name, version in versions.items():
         print(f"  {name:16s} {version or '-'}")
