@@ -411,6 +411,10 @@ class TrainerConfig:
     controller: str = "auto"  # auto (ray when more than one device) | local | ray
     max_consecutive_nan_steps: int = 3  # non-finite loss/grad: skip the update; this many in a row stops the run
     progress_bar: bool = True
+    save_on_interrupt: bool = True  # SIGINT / SIGTERM: finish the step, save it, print the resume command, exit 130/143
+    # resume_mode=disable into a default_local_dir holding checkpoints is refused unless this is True (then the old
+    # global_step_* folders and the marker are removed first, so the folder never mixes two runs)
+    overwrite_checkpoints: bool = False
 
 
 @dataclass
