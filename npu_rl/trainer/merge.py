@@ -37,7 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from npu_rl.models.loader import to_dtype
     from npu_rl.parallel.checkpoint import merge_checkpoint
-
     from npu_rl.utils.paths import check_output_dir
     from npu_rl.utils.safe_load import CorruptFileError
 
