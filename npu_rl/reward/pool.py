@@ -56,6 +56,9 @@ def execute(fn: Callable[..., Any], spec: ScoreFnSpec, payload: dict[str, Any]) 
         return Outcome("ok", run_score_fn(fn, spec, payload))
     except Exception as exc:  # the user's function may raise anything; the manager reports it with the row
         return Outcome("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    except SystemExit as exc:  # sys.exit() in a reward function is a failure of that row, not the end of the run
+        return Outcome("error", error=f"the reward function called sys.exit({exc.code!r})",
+                       traceback=traceback.format_exc())
 
 
 def _timed_out(per_call_s: float, cut_by_deadline: bool, deadline: Deadline) -> Outcome:
