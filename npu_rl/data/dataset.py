@@ -111,7 +111,7 @@ class PromptDataset:
         self.num_filtered = len(rows) - len(keep)
         if self.num_filtered:
             logger.warning("data.filter_overlong_prompts: dropped %d of %d prompts longer than "
-                           "data.max_prompt_length=%d tokens (%s; first: %s)", self.num_filtered, len(rows),
+                           "max_prompt_length=%d tokens (%s; first: %s)", self.num_filtered, len(rows),
                            max_prompt_length, ", ".join(self.files),
                            next(sources[i] for i, ids in enumerate(token_ids) if len(ids) > max_prompt_length))
         if not keep:
