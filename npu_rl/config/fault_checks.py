@@ -37,7 +37,7 @@ def check_faults(config, check_paths: bool = True) -> list[str]:
 
 
 def _model_problems(config) -> list[str]:
-    from npu_rl.config.validate import critic_enabled
+    from npu_rl.config.derived import critic_enabled
     from npu_rl.models.check import model_folder_problems
     from npu_rl.models.loader import is_builtin
 
@@ -56,7 +56,7 @@ def _model_problems(config) -> list[str]:
 def _data_problems(config) -> list[str]:
     if config.custom_reward_function.path or config.reward_model.enable:
         return []  # the user's function or a reward model decides what a data source or a ground truth may be
-    from npu_rl.config.validate import as_list
+    from npu_rl.config.derived import as_list
     from npu_rl.data.dataset import ground_truth_of
     from npu_rl.data.io import read_rows
     from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
