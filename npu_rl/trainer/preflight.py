@@ -39,7 +39,7 @@ def run_folder_problems(config) -> list[str]:
 
 
 def check_run_folder(config) -> None:
-    from npu_rl.config.loader import ConfigError
+    from npu_rl.config.errors import ConfigError
 
     problems = run_folder_problems(config)
     if problems:
