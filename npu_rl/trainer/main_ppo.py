@@ -71,7 +71,13 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
 
     print(f"npu-rl: config {args.config_name!r}" + (" (the embedded default; --config-name ppo_trainer gives verl's "
           "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
-    return run(config)
+    from npu_rl.utils.safe_load import CorruptFileError
+
+    try:
+        return run(config)
+    except CorruptFileError as exc:  # a checkpoint that does not verify, or asks to run code: said plainly
+        print(f"npu-rl: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
