@@ -1,5 +1,6 @@
 """Validation checks for inputs that used to fail late or silently (issue 19's probe): each problem names the key,
-the file and the row. Called from ``validate``; returns the problems, raises nothing. File-system checks only with ``check_paths``.
+the file and the row. Called from ``validate``; returns the problems, raises nothing. File-system checks only with
+``check_paths``.
 
 - ``trainer.max_consecutive_nan_steps`` must be >= 1 (0 stopped a healthy run at step 1 claiming a NaN).
 - ``trainer.default_local_dir`` must be a folder that can be made and written.
@@ -89,8 +90,8 @@ def _data_problems(config) -> list[str]:
                                 f"{known}); fix the column, or set custom_reward_function.path / .name")
             for i, truth in bad_truth[:MAX_LISTED]:
                 problems.append(f"data.{files_key}: {path}: row {i}: reward_model.ground_truth is a "
-                                f"{type(truth).__name__} ({str(truth)[:60]!r}); the rule scorers compare it as text and "
-                                "would score 0 on every sample. Give a string or a number, or a "
+                                f"{type(truth).__name__} ({str(truth)[:60]!r}); the rule scorers compare it as text "
+                                "and would score 0 on every sample. Give a string or a number, or a "
                                 "custom_reward_function that reads this type")
             if len(bad_truth) > MAX_LISTED:
                 problems.append(f"data.{files_key}: {path}: {len(bad_truth) - MAX_LISTED} more rows with such a "
