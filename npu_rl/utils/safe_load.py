@@ -102,8 +102,9 @@ def load_state(path: str) -> Any:
     except pickle.UnpicklingError as exc:
         if "weights only" not in str(exc).lower() and "unsupported global" not in str(exc).lower():
             raise CorruptFileError(f"{path} is unreadable ({exc}); the file is corrupt or truncated") from None
+        first_line = str(exc).splitlines()[0]
         raise UnsafeFileError(f"{path} was not loaded: it needs more than tensors and plain containers to load, so "
-                              f"it was not written by this npu-rl (or was altered): {str(exc).splitlines()[0]}") from None
+                              f"it was not written by this npu-rl (or was altered): {first_line}") from None
     except Exception as exc:  # truncated zip, bad magic number, ...
         raise CorruptFileError(f"{path} is unreadable ({type(exc).__name__}: {exc}); the file is corrupt or "
                                "truncated") from None
