@@ -46,10 +46,10 @@ def _files(folder: str) -> list[str]:
 
 def write_manifest(folder: str, files: Optional[list[str]] = None) -> str:
     """Hash ``files`` (relative paths; default: every file below ``folder``) into ``folder/manifest.json``."""
-    entries = {}
-    for rel in files if files is not None else _files(folder):
-        path = os.path.join(folder, rel)
-        entries[rel] = {"size": os.path.getsize(path), "sha256": file_sha256(path)}
+    rels = list(files if files is not None else _files(folder))
+    digests = _hash_all([os.path.join(folder, rel) for rel in rels])
+    entries = {rel: {"size": os.path.getsize(os.path.join(folder, rel)), "sha256": digest}
+               for rel, digest in zip(rels, digests)}
     out = os.path.join(folder, MANIFEST)
     tmp = out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -91,6 +91,19 @@ def verify_manifest(folder: str, deep: bool = True) -> dict[str, dict]:
         size = os.path.getsize(path)
         if size != entry.get("size"):
             raise CorruptFileError(f"{path} is corrupt: {size} bytes, the save wrote {entry.get('size')}")
-        if deep and file_sha256(path) != entry.get("sha256"):
-            raise CorruptFileError(f"{path} is corrupt: its SHA-256 differs from the one written at save")
+    if deep:
+        paths = [os.path.join(folder, rel) for rel in files]
+        for path, digest, entry in zip(paths, _hash_all(paths), files.values()):
+            if digest != entry.get("sha256"):
+                raise CorruptFileError(f"{path} is corrupt: its SHA-256 differs from the one written at save")
     return files
+
+
+def _hash_all(paths: list[str]) -> list[str]:
+    """SHA-256 of each file, several files at once (hashlib releases the GIL: one core per file)."""
+    if len(paths) < 2:
+        return [file_sha256(p) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, len(paths))) as pool:
+        return list(pool.map(file_sha256, paths))
