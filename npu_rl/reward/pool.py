@@ -93,8 +93,7 @@ class InProcessRunner:
                            "set reward_model.num_workers > 0 for a hard time limit")
         outcomes: list[Outcome] = []
         for payload in payloads:
-            problem = next((o for o in outcomes if o.status in ("error", "timeout")), None)
-            if stop_on_problem and problem is not None:
+            if stop_on_problem and outcomes and outcomes[-1].status in ("error", "timeout", "skipped"):
                 outcomes.append(_skipped("not scored: the batch stopped at an earlier row's failure"))
             elif deadline.expired:
                 outcomes.append(_skipped(f"not scored: the batch's deadline ({deadline.seconds:g} s) passed"))
