@@ -7,6 +7,7 @@ first one, and a tolerant run paid ``timeout_s`` per hung row with no bound on t
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 import time
 
@@ -91,10 +92,11 @@ def test_strict_stops_at_the_first_timeout_and_counts_every_row(tok, fns, num_wo
         elapsed = time.monotonic() - start
     finally:
         manager.close()
-    assert elapsed < 2.5, elapsed  # one limit (0.5 s), not 16 (in-process) or 8 (two workers) of them
-    timed_out = max(1, num_workers)
-    assert f"{timed_out} of 16 rows timed out" in str(info.value)
-    assert f"{16 - timed_out} not scored" in str(info.value)
+    assert elapsed < 3.0, elapsed  # one limit (0.5 s), not 16 (in-process: 8 s) or 8 (two workers: 4 s) of them
+    # the busy workers' rows time out together, or the later-started ones are killed in flight (not scored)
+    timed_out = int(re.search(r"(\d+) of 16 rows timed out", str(info.value)).group(1))
+    assert 1 <= timed_out <= max(1, num_workers)
+    assert f"0 failed, {16 - timed_out} not scored" in str(info.value)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -134,7 +136,7 @@ def test_a_strict_stop_kills_the_hung_workers(tok, fns, tmp_path, monkeypatch):
         with pytest.raises(TimeoutScoringError):
             manager(_batch(tok, 6))
         pids = [int(p) for p in pid_file.read_text().split()]
-        assert len(pids) == 3
+        assert 1 <= len(pids) <= 3 and manager.runner._workers == []  # every busy worker was dropped
         time.sleep(0.2)
         assert not any(_alive(p) for p in pids), pids  # killed at the stop, not left sleeping
     finally:
