@@ -19,7 +19,7 @@ from npu_rl.core import (
 
 BATCH, WIDTH = 8, 6
 # clip_cov and kl_cov pick tokens by statistics of the micro-batch (as verl does), so they are split-dependent.
-SPLIT_INDEPENDENT = ("vanilla", "gspo", "gpg", "geo_mean", "cispo")
+SPLIT_INDEPENDENT = ("vanilla", "gspo", "gpg", "geo_mean", "cispo", "sapo", "dro", "dppo_tv", "dppo_kl")
 
 
 def make_batch(seed=0):
@@ -57,6 +57,7 @@ def test_policy_loss_gradient_is_split_invariant(name, mode):
             response_mask=mask[rows],
             loss_agg_mode=mode,
             clip_ratio_high=0.28,
+            dro_beta=0.1,
             **denominators,
         )
         return compute_policy_loss(loss_mode=name, inputs=inputs).loss
