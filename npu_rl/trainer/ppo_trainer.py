@@ -35,6 +35,7 @@ from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_
 from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
 from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
+from npu_rl.trainer.estimator_inputs import estimator_extras
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
 from npu_rl.trainer.validation import validate
 from npu_rl.utils.flops import step_flops
@@ -83,7 +84,9 @@ class PPOTrainer:
         self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
         self.kl_ctrl = make_kl_controller(type=algo.kl_ctrl.type, kl_coef=algo.kl_ctrl.kl_coef,
                                           target_kl=algo.kl_ctrl.target_kl, horizon=algo.kl_ctrl.horizon)
-        self.checkpoints = CheckpointManager(config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep)
+        keep = [n for n in (config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep) if n]
+        # one folder per step holds actor and critic: the smaller of the two limits prunes it
+        self.checkpoints = CheckpointManager(config.trainer.default_local_dir, min(keep) if keep else None)
         self.total_steps = total_training_steps(config, prompts.batches_per_epoch)
         self.global_step = 0
         self.consecutive_nan_steps = 0
@@ -235,7 +238,8 @@ class PPOTrainer:
                 token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
                 index=batch["uid"], values=batch.get("values"), reward_baselines=batch.get("reward_baselines"),
                 gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo))
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+                **estimator_extras(cfg.algorithm, batch)))
             batch["advantages"], batch["returns"] = out.advantages, out.returns
         return batch
 

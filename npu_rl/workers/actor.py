@@ -204,7 +204,7 @@ class ActorWorker:
         response_mask = mb["response_mask"].to(device)
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=denominators["global_num_tokens"].to(device),
                    global_num_seqs=denominators["global_num_seqs"].to(device),
-                   loss_scale_factor=self.config.data.max_response_length)
+                   loss_scale_factor=cfg.loss_scale_factor or self.config.data.max_response_length)
         pl = cfg.policy_loss
         if self.engine.options.use_fused_kernels and pl.loss_mode == "vanilla":
             return self._fused_micro_loss(mb, logprobs, entropy, response_mask, agg)
@@ -214,7 +214,8 @@ class ActorWorker:
             clip_ratio_low=cfg.clip_ratio if cfg.clip_ratio_low is None else cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio if cfg.clip_ratio_high is None else cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
-            clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, **agg)
+            clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef,
+            tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, dro_beta=pl.dro_beta, **agg)
         policy = compute_policy_loss(loss_mode=pl.loss_mode, inputs=inputs)
         loss = policy.loss
         metrics = {f"actor/{k}": v for k, v in policy.metrics.items()}

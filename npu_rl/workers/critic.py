@@ -107,7 +107,7 @@ class CriticWorker:
                              cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode,
                              global_num_tokens=denominators["global_num_tokens"].to(device),
                              global_num_seqs=denominators["global_num_seqs"].to(device),
-                             loss_scale_factor=self.response_length)
+                             loss_scale_factor=self.config.critic.loss_scale_factor or self.response_length)
             (out.loss * dp).backward()
             self.runner.grads_to_master()
             losses.append(out.loss.detach())
