@@ -80,7 +80,6 @@ _FSDP_ENGINE: dict[str, str] = {  # keys of verl's FSDPEngineConfig we have no u
     "pad_to_length": "micro-batches are packed or padded to their longest row, never to a fixed length",
     "pad_to_length_bucket": "micro-batches are packed or padded to their longest row, never to a fixed length",
     "forward_only": "set by verl per role; each npu-rl role knows whether it trains",
-    "wrap_policy": "FSDP2 shards per decoder layer",
 }
 _FSDP_ROOTS = (f"{ARR}.actor.fsdp_config", f"{ARR}.ref.fsdp_config", "critic.model.fsdp_config")
 
@@ -96,7 +95,6 @@ NO_EFFECT: dict[str, str] = {
     f"{ARR}.ref.pad_to_length": "micro-batches are packed or padded to their longest row",
     f"{ARR}.actor.rollout_n": "follows actor_rollout_ref.rollout.n",
     f"{ARR}.ref.rollout_n": "follows actor_rollout_ref.rollout.n",
-    "critic.rollout_n": "follows actor_rollout_ref.rollout.n",
     f"{ARR}.actor.calculate_entropy": "the entropy is computed whenever actor.entropy_coeff != 0",
     f"{ARR}.actor.data_loader_seed": "mini-batch shuffling (actor.shuffle) is seeded from trainer.seed",
     "critic.data_loader_seed": "mini-batch shuffling (critic.shuffle) is seeded from trainer.seed",
@@ -286,7 +284,6 @@ BEING_BUILT: dict[str, str] = {
     f"{ARR}.model.lora_adapter_path": "LoRA (issue 15)",
     f"{ARR}.rollout.agent": "the agent loop, rollout.mode=async (issue 14)",
     f"{ARR}.rollout.multi_turn": "multi-turn rollout (issue 14)",
-    f"{ARR}.rollout.engine_kwargs.vllm.agent": "the agent loop (issue 14)",
     "algorithm.rollout_correction": "rollout correction: TIS / MIS / rejection sampling / bypass mode (issue 16)",
     "global_profiler": "the profiler (issue 12)",
     f"{ARR}.profiler": "the profiler (issue 12)",
@@ -338,12 +335,20 @@ def _longest_match(key: str, table: dict[str, Any]) -> str | None:
 
 
 def _implemented(key: str) -> bool:
-    from npu_rl.config.loader import ConfigError, check_key
+    """Whether the schema has ``key`` (a typed field, or an entry inside one of its free-form dicts)."""
+    import dataclasses
 
-    try:
-        check_key(key)
-    except ConfigError:
-        return False
+    from npu_rl.config.loader import _fields
+    from npu_rl.config.schema import PPOConfig
+
+    node: Any = PPOConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(node):
+            return True  # inside a free-form dict
+        fields = _fields(node)
+        if part not in fields:
+            return False
+        node = fields[part]
     return True
 
 
