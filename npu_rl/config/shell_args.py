@@ -43,11 +43,17 @@ class _Shell:
         m = re.fullmatch(r"([A-Za-z_]\w*)\[[@*]\]", body)
         if m:
             return list(self.arrays.get(m.group(1), []))
-        m = re.fullmatch(r"([A-Za-z_]\w*)(:?[-=+])(.*)", body, flags=re.S)
+        m = re.fullmatch(r"([A-Za-z_]\w*)(:?[-=+?])(.*)", body, flags=re.S)
         if m:
             name, op, word = m.groups()
             value = self.vars.get(name)
             unset = value is None or (op.startswith(":") and value == "")
+            if op.endswith("?"):
+                if unset:
+                    self.warn(f"{name} must be set (the script says: {word.strip() or 'required'}); kept as "
+                              f"${{{name}}} (give it with --env {name}=...)")
+                    return "${" + name + "}"
+                return value
             if op.endswith("+"):
                 return "" if unset else self.expand_word(word)
             if unset:

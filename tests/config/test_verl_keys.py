@@ -253,3 +253,16 @@ def test_every_script_records_its_source():
     for name in SCRIPT_NAMES:
         with open(os.path.join(SCRIPTS, f"{name}.txt"), encoding="utf-8") as f:
             assert f.readline().startswith("# source: verl-project/verl@"), name
+
+
+@pytest.mark.parametrize("name", ["docs_gsm8k_example_ppo", "docs_quickstart_ppo_gsm8k"])
+def test_gsm8k_guide_commands_pass_cfg_job(name, local_files, capsys):
+    from npu_rl.trainer.main_ppo import main
+
+    overrides = supply_paths(read_lines(os.path.join(SCRIPTS, f"{name}.txt")), local_files)
+    code = main(["--config-name", "ppo_trainer", "--cfg", "job", *overrides])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "# config 'ppo_trainer' is valid" in err
+    if name == "docs_gsm8k_example_ppo":
+        assert "critic.fsdp.param_offload is verl's name for critic.model.fsdp_config.param_offload" in err
