@@ -266,3 +266,16 @@ def test_gsm8k_guide_commands_pass_cfg_job(name, local_files, capsys):
     assert "# config 'ppo_trainer' is valid" in err
     if name == "docs_gsm8k_example_ppo":
         assert "critic.fsdp.param_offload is verl's name for critic.model.fsdp_config.param_offload" in err
+
+
+def test_docs_list_every_alias_and_the_counts():
+    with open(os.path.join(REPO_ROOT, "docs", "configuration.md"), encoding="utf-8") as f:
+        doc = f.read()
+    for source, target in verl_keys.ALIASES.items():
+        assert f"| `{source}` | `{target}` |" in doc, source
+    for name, column in (("verl_ppo_trainer_keys.txt", 0), ("verl_v0.4.1_ppo_trainer_keys.txt", 1)):
+        kinds = [verl_keys.classify(k).kind for k in read_lines(os.path.join(DATA, name))]
+        for kind, label in (("implemented", "implemented"), ("alias", "alias"), ("no_effect", "no effect"),
+                            ("refused", "refused"), ("being_built", "being built")):
+            row = next(line for line in doc.splitlines() if line.startswith(f"| {label} |"))
+            assert row.rstrip(" |").split(" | ")[-2 + column] == str(kinds.count(kind)), (label, name)
