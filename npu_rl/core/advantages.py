@@ -104,6 +104,27 @@ ADV_ESTIMATORS = CheckedRegistry(
 )
 
 
+def needs(*fields: str):
+    """Declare the optional :class:`AdvantageInputs` fields an estimator reads, so the trainer knows what to produce
+    (``values``: a critic; ``reward_baselines``: a greedy rollout per prompt) without testing the estimator's name.
+    A plug-in declares them the same way, or with a ``needs`` attribute."""
+    known = {"values", "reward_baselines", "reward_components", "old_logprobs", "sum_pi_squared"}
+    unknown = set(fields) - known
+    if unknown:
+        raise ValueError(f"needs(): unknown AdvantageInputs fields {sorted(unknown)}; known: {sorted(known)}")
+
+    def decorate(fn):
+        fn.needs = frozenset(fields)
+        return fn
+
+    return decorate
+
+
+def estimator_needs(adv_estimator: str) -> frozenset[str]:
+    """The optional inputs the estimator named ``adv_estimator`` declared with :func:`needs`."""
+    return frozenset(getattr(ADV_ESTIMATORS.get(adv_estimator), "needs", ()))
+
+
 def compute_advantages(*, adv_estimator: str, inputs: AdvantageInputs) -> AdvantageOutput:
     """Run the estimator named ``adv_estimator`` (a registered name or a plug-in path) and check its output."""
     fn = ADV_ESTIMATORS.get(adv_estimator)
@@ -162,6 +183,7 @@ def _discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float)
 
 
 @ADV_ESTIMATORS.register("gae")
+@needs("values")
 def gae_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
     """GAE(gamma, lam) with a critic's ``values`` [B, T]; advantages whitened over the batch."""
     rewards = inputs.token_level_rewards  # [B, T]
@@ -267,6 +289,7 @@ def reinforce_plus_plus_baseline_advantages(inputs: AdvantageInputs) -> Advantag
 
 
 @ADV_ESTIMATORS.register("remax")
+@needs("reward_baselines")
 def remax_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
     """Reward-to-go minus the greedy response's reward ``reward_baselines`` [B]."""
     rewards = inputs.token_level_rewards
@@ -296,6 +319,7 @@ def _grpo_scalars(scores: torch.Tensor, ids: torch.Tensor, inputs: AdvantageInpu
 
 
 @ADV_ESTIMATORS.register("gdpo")
+@needs("reward_components")
 def gdpo_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
     """Per-component GRPO normalisation, weighted sum, then whitening over the batch's valid tokens."""
     scores, ids = _scores_and_groups(inputs, "gdpo")
@@ -349,6 +373,7 @@ def _otb_baseline(
 
 
 @ADV_ESTIMATORS.register("optimal_token_baseline")
+@needs("old_logprobs", "sum_pi_squared")
 def optimal_token_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
     """``G_t - B_t`` with the path-variance-weighted group baseline per column ``t``."""
     returns, path, ids = _otb_inputs(inputs, "optimal_token_baseline")
@@ -360,6 +385,7 @@ def optimal_token_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutpu
 
 
 @ADV_ESTIMATORS.register("tir_optimal_token_baseline")
+@needs("old_logprobs", "sum_pi_squared")
 def tir_optimal_token_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
     """Optimal token baseline with positions counted in valid tokens (multi-turn responses line up)."""
     returns, path, ids = _otb_inputs(inputs, "tir_optimal_token_baseline")

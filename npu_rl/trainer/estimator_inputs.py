@@ -1,4 +1,5 @@
-"""Batch fields that some advantage estimators read beyond rewards, mask, groups and values.
+"""Batch fields that some advantage estimators read beyond rewards, mask, groups and values (as they declare with
+:func:`npu_rl.core.advantages.needs`).
 
 - ``gdpo``: the reward components named by ``algorithm.gdpo_reward_keys`` (per-row extras of the reward manager: the
   entries of a ``compute_score`` that returns a dict) and ``algorithm.gdpo_reward_weights``.
@@ -13,15 +14,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from npu_rl.core import estimator_needs
 from npu_rl.protocol import Batch
-
-OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 def estimator_extras(algorithm: Any, batch: Batch) -> dict[str, Any]:
     """Keyword arguments for :class:`npu_rl.core.AdvantageInputs` beyond the common ones."""
     extras: dict[str, Any] = {}
-    if algorithm.adv_estimator == "gdpo" and algorithm.gdpo_reward_keys:
+    wanted = estimator_needs(algorithm.adv_estimator)
+    if "reward_components" in wanted and algorithm.gdpo_reward_keys:
         components = []
         for key in algorithm.gdpo_reward_keys:
             if key not in batch:
@@ -36,9 +37,8 @@ def estimator_extras(algorithm: Any, batch: Batch) -> dict[str, Any]:
         extras["reward_components"] = tuple(components)
         if algorithm.gdpo_reward_weights is not None:
             extras["reward_weights"] = tuple(float(w) for w in algorithm.gdpo_reward_weights)
-    if algorithm.adv_estimator in OTB_ESTIMATORS:
-        for field, key in (("old_logprobs", "old_logprobs"), ("sum_pi_squared", "sum_pi_squared"),
-                           ("rollout_is_weights", "rollout_is_weights")):
-            if key in batch:
-                extras[field] = batch[key]
+    if "sum_pi_squared" in wanted:
+        for field in ("old_logprobs", "sum_pi_squared", "rollout_is_weights"):
+            if field in batch:
+                extras[field] = batch[field]
     return extras
