@@ -66,11 +66,12 @@ def _split(override: str) -> tuple[str, str, str | None]:
 def _parse_value(text: str | None):
     if text is None:
         return None
-    try:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
+    try:
         return OverridesParser.create().parse_overrides([f"k={text}"])[0].value()
-    except Exception:  # not a Hydra value: keep the text
+    except HydraException:  # not a Hydra value: keep the text
         return text
 
 

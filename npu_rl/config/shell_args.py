@@ -43,7 +43,7 @@ class _Shell:
         m = re.fullmatch(r"([A-Za-z_]\w*)\[[@*]\]", body)
         if m:
             return list(self.arrays.get(m.group(1), []))
-        m = re.fullmatch(r"([A-Za-z_]\w*)(:?[-=+?])(.*)", body, flags=re.S)
+        m = re.fullmatch(r"([A-Za-z_]\w*)(:?[-=+?])(.*)", body, flags=re.DOTALL)
         if m:
             name, op, word = m.groups()
             value = self.vars.get(name)

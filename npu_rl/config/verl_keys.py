@@ -215,8 +215,8 @@ REFUSED: dict[str, tuple[str, str]] = {
     "critic.model.fsdp_config.full_determinism": ("deterministic kernels are not switched on", "trainer.seed"),
     f"{ARR}.rollout.full_determinism": ("deterministic sampling kernels are not switched on",
                                         "actor_rollout_ref.rollout.seed"),
-    f"{ARR}.rollout.data_parallel_size": ("the rollout has one engine per tensor-parallel group (data parallel is "
-                                          "implied by the device count)", "rollout.tensor_model_parallel_size"),
+    f"{ARR}.rollout.data_parallel_size": (("the rollout has one engine per tensor-parallel group (data parallel is "
+                                           "implied by the device count)"), "rollout.tensor_model_parallel_size"),
     f"{ARR}.rollout.pipeline_model_parallel_size": ("pipeline-parallel rollout is not supported",
                                                     "rollout.tensor_model_parallel_size"),
     f"{ARR}.rollout.expert_parallel_size": ("a separate expert-parallel size is not supported",
