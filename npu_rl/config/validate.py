@@ -162,12 +162,14 @@ def _check_estimator_inputs(c: _Checker, config: PPOConfig) -> None:
     from npu_rl.core import estimator_needs
 
     algo, actor = config.algorithm, config.actor_rollout_ref.actor
-    sum_pi_squared = ("the actor's forward does not compute sum_v pi_v^2 (verl's calculate_sum_pi_squared) yet; the "
-                      "estimator itself is in npu_rl.core and tested, but the trainer cannot feed it")
     if _estimator_resolves(config) and "sum_pi_squared" in estimator_needs(algo.adv_estimator):
-        c.problems.append(f"algorithm.adv_estimator={algo.adv_estimator!r}: {sum_pi_squared}; use grpo or rloo")
-    c.require(not actor.calculate_sum_pi_squared, f"actor_rollout_ref.actor.calculate_sum_pi_squared=True: "
-              f"{sum_pi_squared}; leave it False")
+        c.require(actor.calculate_sum_pi_squared, f"algorithm.adv_estimator={algo.adv_estimator!r} needs "
+                  "actor_rollout_ref.actor.calculate_sum_pi_squared=True (the actor then computes sum_v pi_v^2 per "
+                  "token with the old log-probs), as in verl")
+    if actor.calculate_sum_pi_squared:
+        c.require(not config.actor_rollout_ref.model.use_fused_kernels, "actor_rollout_ref.actor.calculate_sum_pi_"
+                  "squared=True is computed on the plain log-prob path; the fused kernels do not produce it: set "
+                  "actor_rollout_ref.model.use_fused_kernels=False")
     if algo.adv_estimator == "gdpo":
         keys, weights = as_list(algo.gdpo_reward_keys), algo.gdpo_reward_weights
         c.require(bool(keys), "algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components "

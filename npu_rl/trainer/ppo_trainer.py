@@ -208,7 +208,7 @@ class PPOTrainer:
         with timer("old_log_prob"):
             old = self.roles.actor_rollout.compute_logprobs(batch)
         metrics["actor/entropy"] = M.masked_mean_tensor(old["entropy"], batch["response_mask"])
-        batch = batch.union(old.select(["old_logprobs"]))
+        batch = batch.union(old.select(["old_logprobs", *(["sum_pi_squared"] if "sum_pi_squared" in old else [])]))
         if "rollout_logprobs" in batch:
             from npu_rl.rollout.utils import rollout_probs_diff_metrics
 

@@ -83,12 +83,17 @@ class ActorWorker:
     # ------------------------------------------------------------------------------------------- log-probs
     @register(Dispatch.DP_SPLIT)
     def compute_logprobs(self, batch: Batch) -> Batch:
-        """``old_logprobs`` [B, R] and ``entropy`` [B, R] at the rollout temperature."""
+        """``old_logprobs`` [B, R] and ``entropy`` [B, R] at the rollout temperature (and ``sum_pi_squared`` [B, R]
+        with ``actor.calculate_sum_pi_squared``)."""
         options = logprob_options(self.model_cfg, compute_entropy=True)
+        options.compute_sum_pi_squared = self.cfg.calculate_sum_pi_squared  # optimal-token-baseline estimators
 
         def forward(mb: Batch) -> dict[str, torch.Tensor]:
-            logprobs, entropy = self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)
-            return {"old_logprobs": logprobs, "entropy": entropy}
+            stats = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options)
+            out = {"old_logprobs": stats["logprobs"], "entropy": stats["entropy"]}
+            if "sum_pi_squared" in stats:
+                out["sum_pi_squared"] = stats["sum_pi_squared"]
+            return out
 
         return self.engine.infer(batch, forward)
 

@@ -199,8 +199,6 @@ EXPECTED_REFUSALS = {
                                                "algorithm.rollout_correction.bypass_mode=true: rollout correction",
                                                "rollout_correction.rollout_is_batch_normalize=true: rollout correction",
                                                "algorithm.rollout_correction.loss_type=reinforce: rollout correction"],
-    "otb_trainer_run_qwen3_8b_fsdp": ["algorithm.adv_estimator='optimal_token_baseline': the actor's forward does not",
-                                      "calculate_sum_pi_squared=True: the actor's forward does not compute"],
 }
 PATH_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path",
              "reward.custom_reward_function.path", "custom_reward_function.path")

@@ -19,7 +19,11 @@ from tests.trainer.conftest import base_overrides, run_training, step_rows
     ["algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[score,acc]", "+algorithm.gdpo_reward_weights=[1.0,0.5]"],
     ["algorithm.adv_estimator=rloo_vectorized", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
     ["actor_rollout_ref.actor.ppo_micro_batch_size=4"],
-], ids=["sapo", "dro", "dppo_kl", "gspo-token-sum", "gdpo", "rloo_vectorized-uneven-micro", "global-micro"])
+    ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=True"],
+    ["algorithm.adv_estimator=tir_optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=True",
+     "actor_rollout_ref.model.use_remove_padding=True"],
+], ids=["sapo", "dro", "dppo_kl", "gspo-token-sum", "gdpo", "rloo_vectorized-uneven-micro", "global-micro", "otb",
+        "tir-otb-packed"])
 def test_a_step_runs(extra, tiny_model_dir, tmp_path, reward_file):
     out = str(tmp_path / "run")
     overrides = base_overrides(tiny_model_dir, out, reward_file)
