@@ -104,6 +104,19 @@ def classify_override(override: str) -> Row:
     return row
 
 
+# verl's recipe.dapo.main_dapo is main_ppo with recipe/dapo/config/dapo_trainer.yaml: these defaults on top
+DAPO_ENTRY_DEFAULTS = ("reward_model.reward_manager=dapo", "trainer.project_name=verl-dapo")
+
+
+def dapo_entry_defaults(overrides: list[str]) -> tuple[list[str], str]:
+    """The overrides with verl's DAPO entry point's own defaults put first (where the script does not set them)."""
+    keys = {_split(o)[1] for o in overrides}
+    added = [d for d in DAPO_ENTRY_DEFAULTS if d.split("=", 1)[0] not in keys]
+    note = ("the script runs recipe.dapo.main_dapo, which is main_ppo plus the DAPO recipe's defaults; added: "
+            + (", ".join(added) if added else "nothing (the script sets them)"))
+    return added + list(overrides), note
+
+
 def migrate(overrides: list[str]) -> list[Row]:
     return [classify_override(o) for o in overrides]
 
@@ -161,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"npu-rl migrate: cannot read {args.script}: {exc}", file=sys.stderr)
             return 2
         overrides, warnings, source = reading.overrides, reading.warnings, args.script
+        if reading.entry_point.endswith("main_dapo"):
+            overrides, note = dapo_entry_defaults(overrides)
+            warnings.append(note)
         if reading.entry_point is None:
             print(f"npu-rl migrate: {args.script}: no `python3 -m verl.trainer.main_ppo ...` command found",
                   file=sys.stderr)

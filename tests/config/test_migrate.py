@@ -126,3 +126,14 @@ def test_migrate_cli_refusal_exit_code_and_overrides_file(capsys, tmp_path):
     assert main(["--overrides", "data.image_key=images"]) == 0
     assert "no effect  data.image_key=images" in capsys.readouterr().out
     assert main([]) == 2
+
+
+def test_dapo_entry_point_brings_its_defaults(capsys, tmp_path):
+    script = tmp_path / "run_dapo.sh"
+    script.write_text("python3 -m recipe.dapo.main_dapo \\\n    trainer.project_name=mine \\\n"
+                      "    reward_model.overlong_buffer.enable=False\n")
+    assert main([str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "added: reward_model.reward_manager=dapo" in out
+    assert "    reward_model.reward_manager=dapo \\" in out and "verl-dapo" not in out.split("# warning")[-1].split(
+        "\n", 1)[1]
