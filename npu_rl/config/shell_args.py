@@ -43,7 +43,7 @@ class _Shell:
         m = re.fullmatch(r"([A-Za-z_]\w*)\[[@*]\]", body)
         if m:
             return list(self.arrays.get(m.group(1), []))
-        m = re.fullmatch(r"([A-Za-z_]\w*)(:?[-=+?])(.*)", body, flags=re.DOTALL)
+        m = re.fullmatch(r"([A-Za-z_]\w*|[0-9]+)(:?[-=+?])(.*)", body, flags=re.DOTALL)
         if m:
             name, op, word = m.groups()
             value = self.vars.get(name)
@@ -200,7 +200,7 @@ class _Shell:
                             current = [element]
                         started = True
                     continue
-                if quote is None and value and re.search(r"\s", value):  # unquoted: split on whitespace
+                if quote is None and value and value.split() and re.search(r"\s", value):  # unquoted: split
                     parts = value.split()
                     current.append(parts[0])
                     for part in parts[1:]:
@@ -271,10 +271,44 @@ class _Shell:
         return None if value is None else (not value if negate else value)
 
 
+def _open_double_quote(line: str) -> bool:
+    """Whether ``line`` leaves a double-quoted string open (single-quoted text and comments aside)."""
+    unquoted = re.sub(r"'[^'\"]*'", "", line)
+    if unquoted.lstrip().startswith("#"):
+        return False
+    return len(re.findall(r'(?<!\\)"', unquoted)) % 2 == 1
+
+
+def _join_open_quotes(lines: list[str]) -> list[str]:
+    """Join the lines of a double-quoted string that spans several (``X="\n a=1\n b=2"``) into one."""
+    out: list[str] = []
+    pending: str | None = None
+    for line in lines:
+        if pending is not None:
+            pending += " " + line.strip()
+            if _open_double_quote(line):
+                out.append(pending)
+                pending = None
+            continue
+        if _open_double_quote(line):
+            pending = line
+        else:
+            out.append(line)
+    if pending is not None:
+        out.append(pending)
+    return out
+
+
+def _closes_array(line: str) -> bool:
+    """Whether ``line`` ends an array assignment: a ``)`` that no ``(`` on the line opened (quotes aside)."""
+    unquoted = re.sub(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"", "", line)
+    return unquoted.count(")") > unquoted.count("(")
+
+
 def read_script(text: str, env: dict[str, str] | None = None) -> ScriptReading:
     """The overrides of the script's ``main_ppo`` command (see the module docstring)."""
     shell = _Shell(env or {})
-    lines = text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines()
+    lines = _join_open_quotes(text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines())
     reading = ScriptReading()
     active: list[bool] = []  # one flag per open if / case block: whether the current branch runs
     taken: list[bool] = []  # whether a branch of that block has been taken
@@ -284,10 +318,10 @@ def read_script(text: str, env: dict[str, str] | None = None) -> ScriptReading:
         line = raw.strip()
         if pending_array is not None:
             name, append, parts = pending_array
-            if line.startswith(")") or line.endswith(")") and not line.endswith("\\)"):
+            if _closes_array(line):
                 parts.append(line[: line.rfind(")")])
-                if all(active):
-                    words = shell.words(" ".join(parts))
+                if all(active):  # line by line: a comment ends at its line
+                    words = [word for part in parts for word in shell.words(part)]
                     shell.arrays[name] = (shell.arrays.get(name, []) if append else []) + words
                 pending_array = None
             else:

@@ -272,6 +272,12 @@ REFUSED: dict[str, tuple[str, str]] = {
                                              "reward_model.reward_manager"),
     "reward_model.reward_loop_class_name": ("the reward loop of verl's async rollout is not implemented",
                                             "reward_model.reward_manager"),
+    # verl's other model engines (config groups model_engine=megatron|torchtitan|veomni and their subtrees)
+    "model_engine": ("verl's megatron / torchtitan / veomni engines are not supported; npu-rl trains with FSDP2",
+                     "leave model_engine out (dp) and use fsdp_config.*"),
+    **{f"{role}.{engine}": (f"the {engine} engine is not supported; npu-rl trains with FSDP2",
+                            f"{role.replace('critic', 'critic.model')}.fsdp_config.*")
+       for role in (f"{ARR}.actor", f"{ARR}.ref", "critic") for engine in ("megatron", "veomni", "torchtitan")},
     # verl <= 0.4 Nsight switches (the profiler tree replaced them)
     "trainer.profile_steps": ("profiling is being built (issue 12)", "none yet"),
     "trainer.controller_nsight_options": ("Nsight is CUDA-only; profiling is being built (issue 12)", "none yet"),
@@ -312,6 +318,7 @@ OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "algorithm.rollout_correction.rollout_is_threshold": (2.0,),
     "global_profiler.save_path": ("outputs/profile",),
     "trainer.v1.trainer_mode": ("sync",),
+    "model_engine": ("dp", "fsdp"),
 }
 
 
