@@ -143,3 +143,25 @@ def test_dapo_entry_point_brings_its_defaults(capsys, tmp_path):
     assert "added: reward_model.reward_manager=dapo" in out
     assert "    reward_model.reward_manager=dapo \\" in out and "verl-dapo" not in out.split("# warning")[-1].split(
         "\n", 1)[1]
+
+
+def test_read_script_arrays_with_comments_quoted_blocks_and_positional_defaults():
+    script = '''
+max_prompt_length=$((1024 * 2))
+ENGINE=${1:-vllm}
+ACTOR=(
+    # fsdp
+    actor_rollout_ref.actor.fsdp_config.param_offload=True   # offload
+    actor_rollout_ref.rollout.max_num_batched_tokens=$((max_prompt_length + 1024))
+)
+MODEL_CONFIG="
+    actor_rollout_ref.model.path=/m \\
+    actor_rollout_ref.rollout.name=$ENGINE"
+python -m verl.trainer.main_ppo "${ACTOR[@]}" $MODEL_CONFIG "$@"
+'''
+    assert read_script(script).overrides == [
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=3072",
+        "actor_rollout_ref.model.path=/m",
+        "actor_rollout_ref.rollout.name=vllm",
+    ]
