@@ -140,12 +140,6 @@ NO_EFFECT: dict[str, str] = {
     "sandbox_fusion": "no sandbox code execution; rule scorers and custom_reward_function only",
     "reward.sandbox_fusion": "no sandbox code execution; rule scorers and custom_reward_function only",
     "reward_model.sandbox_fusion": "no sandbox code execution; rule scorers and custom_reward_function only",
-    "data.image_patch_size": "no multi-modal data (text only)",
-    "data.return_multi_modal_inputs": "no multi-modal data (text only)",
-    "data.mm_processor_kwargs": "no multi-modal data (text only)",
-    "data.image_key": "no multi-modal data: a text row's images column is not read",
-    "data.video_key": "no multi-modal data: a text row's videos column is not read",
-    "data.audio_key": "no multi-modal data: a text row's audios column is not read",
     "algorithm.pf_ppo": "only read with algorithm.use_pf_ppo=True, which is refused",
     "algorithm.filter_groups.max_inflight_gen_batches": "generation rounds run one at a time (synchronous)",
     "distillation.distillation_loss": "only read with distillation.enabled=True, which is refused",
@@ -199,6 +193,11 @@ NO_EFFECT["critic.model.fsdp_config.use_torch_compile"] = "there is no torch.com
 # key -> (why, what to use instead). Values that leave the feature off are accepted (see OFF_VALUES).
 REFUSED: dict[str, tuple[str, str]] = {
     f"{ARR}.actor.freeze_vision_tower": ("vision-language models are not supported", "a text-only model"),
+    # multi-modal data: verl's defaults (which text runs carry) are accepted, anything else is refused
+    **{f"data.{key}": ("multi-modal (image / video / audio) data is not supported: prompts are text only",
+                       "a text data set; leave the key at verl's default")
+       for key in ("image_key", "video_key", "audio_key", "image_patch_size", "return_multi_modal_inputs",
+                   "mm_processor_kwargs")},
     f"{ARR}.actor.use_prefix_grouper": ("shared-prompt forward (prefix grouper) is not implemented",
                                         "model.use_remove_padding=True packs the rows instead"),
     f"{ARR}.actor.qat.enable": ("quantisation-aware training is not implemented", "train in bf16"),
@@ -319,6 +318,11 @@ OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "global_profiler.save_path": ("outputs/profile",),
     "trainer.v1.trainer_mode": ("sync",),
     "model_engine": ("dp", "fsdp"),
+    "data.image_key": ("images",),  # verl's defaults for the multi-modal data keys
+    "data.video_key": ("videos",),
+    "data.audio_key": ("audios",),
+    "data.image_patch_size": (14,),
+    "data.return_multi_modal_inputs": (True,),
 }
 
 

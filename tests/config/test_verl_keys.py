@@ -107,7 +107,10 @@ def test_no_effect_and_refused_keys():
     config = load("data.image_key=images", "actor_rollout_ref.nccl_timeout=600",
                   "actor_rollout_ref.actor.use_prefix_grouper=False", notes=notes)
     assert config.data.prompt_key == "prompt"
-    assert any(n.startswith("data.image_key=images has no effect in npu-rl") for n in notes), notes
+    assert any(n.startswith("data.image_key=images accepted (the feature stays off)") for n in notes), notes
+    assert any(n.startswith("actor_rollout_ref.nccl_timeout=600 has no effect in npu-rl") for n in notes), notes
+    with pytest.raises(ConfigError, match="data.image_key=image: multi-modal .* not supported"):
+        load("data.image_key=image")
     assert any(n.startswith("actor_rollout_ref.actor.use_prefix_grouper=False accepted") for n in notes), notes
     with pytest.raises(ConfigError, match="use_prefix_grouper=True: shared-prompt forward .* instead: "):
         load("actor_rollout_ref.actor.use_prefix_grouper=True")
