@@ -216,6 +216,9 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
                 config_path: str | None = None, validate: bool = True, **validate_kwargs) -> PPOConfig:
     """Compose, resolve and validate (see :func:`npu_rl.config.validate.validate`)."""
     config = to_dataclass(compose(overrides, config_name, config_path))
+    from npu_rl.config.rollout_correction import enable_rollout_logprobs
+
+    enable_rollout_logprobs(config)  # algorithm.rollout_correction needs the rollout's log-probs
     if validate:
         from npu_rl.config.validate import validate as run_validation
 

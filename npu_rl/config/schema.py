@@ -364,6 +364,20 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (docs/algorithms.md, "Rollout correction"): the rollout engine's and
+    the trainer's log-probs differ; weight, reject, or train directly on the rollout's (bypass mode)."""
+
+    rollout_is: Optional[str] = None  # null | token | sequence: importance weights pi_train / pi_rollout
+    rollout_is_threshold: Any = 2.0  # a number: TIS cap; "lower_upper" (e.g. "0.5_2.0"): MIS (IcePop) bounds
+    rollout_rs: Optional[str] = None  # null | comma-separated token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/3
+    rollout_rs_threshold: Any = None  # one value, or one per rollout_rs option; k1 options: "lower_upper" or upper
+    bypass_mode: bool = False  # true: old log-probs := rollout log-probs (no recomputation), loss bypass_mode
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+    rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
+
+
+@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
@@ -373,6 +387,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # kl(k1) | abs | mse(k2) | low_var_kl(k3) | full, each with an optional '+'
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # -------------------------------------------------------------------------------------------------------- trainer

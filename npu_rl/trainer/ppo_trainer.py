@@ -4,7 +4,8 @@ One step::
 
     prompts --repeat n--> rollout (wake, sync weights, generate, sleep) --> responses [+ rollout logprobs]
        --> reward manager --> token-level scores        (DAPO: drop groups whose metric is constant, generate more)
-       --> actor forward (no grad) --> old logprobs, entropy
+       --> actor forward (no grad) --> old logprobs, entropy  (bypass mode: the rollout's logprobs instead)
+       --> rollout correction: IS weights, rejection, rollout_corr/* metrics (algorithm.rollout_correction)
        --> reference forward --> ref logprobs             (when a KL term is on)
        --> critic forward --> values                      (PPO / GAE)
        --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
@@ -35,6 +36,7 @@ from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_
 from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
 from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
+from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
 from npu_rl.trainer.validation import validate
 from npu_rl.utils.flops import step_flops
@@ -206,14 +208,19 @@ class PPOTrainer:
             sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
             batch, balance_metrics = balance_batch(batch, self.roles.num_devices // sp)
             metrics |= balance_metrics
-        with timer("old_log_prob"):
-            batch.update(self.roles.actor_rollout.compute_logprobs(batch))
-        metrics["actor/entropy"] = M.masked_mean_tensor(batch.pop("entropy"), batch["response_mask"])
-        if "rollout_logprobs" in batch:
-            from npu_rl.rollout.utils import rollout_probs_diff_metrics
+        if cfg.algorithm.rollout_correction.bypass_mode:  # old log-probs := the rollout's (no recomputation)
+            batch = bypass_old_logprobs(batch)
+        else:
+            with timer("old_log_prob"):
+                batch.update(self.roles.actor_rollout.compute_logprobs(batch))
+            metrics["actor/entropy"] = M.masked_mean_tensor(batch.pop("entropy"), batch["response_mask"])
+            if "rollout_logprobs" in batch:
+                from npu_rl.rollout.utils import rollout_probs_diff_metrics
 
-            metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
-                                                  batch["response_mask"])
+                metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
+                                                      batch["response_mask"])
+            batch, correction_metrics = correct_batch(batch, cfg)  # weights, rejection, rollout_corr/* metrics
+            metrics |= correction_metrics
         if self.use_ref:
             with timer("ref"):
                 batch.update(self.roles.ref.compute_ref_logprobs(batch))

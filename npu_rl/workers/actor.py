@@ -22,6 +22,7 @@ import torch
 
 from npu_rl.config.schema import PPOConfig
 from npu_rl.controller.dispatch import Dispatch, register
+from npu_rl.config.rollout_correction import correction_spec, policy_loss_mode
 from npu_rl.core import (
     PolicyLossInputs,
     agg_loss,
@@ -206,18 +207,22 @@ class ActorWorker:
                    global_num_seqs=denominators["global_num_seqs"].to(device),
                    loss_scale_factor=self.config.data.max_response_length)
         pl = cfg.policy_loss
-        if self.engine.options.use_fused_kernels and pl.loss_mode == "vanilla":
+        loss_mode = policy_loss_mode(self.config)  # bypass_mode when algorithm.rollout_correction.bypass_mode
+        weights = mb["rollout_is_weights"].to(device) if "rollout_is_weights" in mb else None
+        if self.engine.options.use_fused_kernels and loss_mode == "vanilla" and weights is None:
             return self._fused_micro_loss(mb, logprobs, entropy, response_mask, agg)
         inputs = PolicyLossInputs(
+            rollout_is_weights=weights, rollout_correction=(correction_spec(self.config.algorithm.rollout_correction)
+                                                            if loss_mode == "bypass_mode" else None),
             old_logprobs=mb["old_logprobs"].to(device), logprobs=logprobs, advantages=mb["advantages"].to(device),
             response_mask=response_mask,
             clip_ratio_low=cfg.clip_ratio if cfg.clip_ratio_low is None else cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio if cfg.clip_ratio_high is None else cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
             clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, **agg)
-        policy = compute_policy_loss(loss_mode=pl.loss_mode, inputs=inputs)
+        policy = compute_policy_loss(loss_mode=loss_mode, inputs=inputs)
         loss = policy.loss
-        metrics = {f"actor/{k}": v for k, v in policy.metrics.items()}
+        metrics = {k if "/" in k else f"actor/{k}": v for k, v in policy.metrics.items()}  # rollout_corr/* as is
         metrics["actor/pg_loss"] = policy.loss.detach()
         if need_entropy:
             bonus = entropy_bonus(entropy=entropy, response_mask=response_mask, entropy_coeff=cfg.entropy_coeff, **agg)
