@@ -16,7 +16,7 @@ commands:
   eval        accuracy / pass@k of a model folder or checkpoint on gsm8k | math500 | aime24 | arith
   merge       turn a (sharded) checkpoint into a plain Hugging Face folder
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
-  doctor      device, versions found and known-bad combinations
+  doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs
   bench       benchmarks: kernels | rollout | trainer
 
 `npu-rl <command> --help` for a command's options."""
@@ -47,6 +47,10 @@ def _preprocess(argv: list[str]) -> int:
 
 
 def _doctor(argv: list[str]) -> int:
+    if any(a == "--parity" or a.startswith("--parity=") for a in argv):  # rollout vs actor log-probs
+        from npu_rl.trainer.parity import main as parity_main
+
+        return parity_main(argv)
     from npu_rl.device.doctor import main
 
     return main(argv)
