@@ -70,23 +70,20 @@ def gap_stats(actor: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, re
                      largest=largest)
     for label, settings in CORRECTIONS:
         out = rollout_correction(actor, rollout, mask.to(actor.dtype), RolloutCorrectionSpec(**settings))
-        m = out.metrics
-        if "rollout_rs_masked_fraction" in m:
-            token, seq = m["rollout_rs_masked_fraction"], m["rollout_rs_seq_masked_fraction"]
-        elif settings["rollout_is"] == "sequence":
-            token = seq = m["rollout_is_ratio_fraction_high"] + m["rollout_is_ratio_fraction_low"]
-        elif "rollout_is_oob_ratio" in m:
-            token, seq = m["rollout_is_oob_ratio"], _rows_touched(out.weights, out.response_mask, actor, rollout)
-        else:
-            token, seq = m["rollout_is_ratio_fraction_high"], m["rollout_is_seq_fraction_high"]
-        stats.corrections.append((label, float(token), float(seq)))
+        if out.weights is not None:  # truncated (TIS) or zeroed (MIS): the applied weight is not the raw ratio
+            raw = torch.exp(_log_ratio_for(settings["rollout_is"], diff, valid))
+            touched = ((out.weights - raw).abs() > 1e-9 * raw.clamp(min=1)) & valid
+        else:  # rejected
+            touched = valid & ~out.response_mask.bool()
+        rows = valid.any(-1)
+        stats.corrections.append((label, float(touched.sum() / valid.sum()), float(touched.any(-1)[rows].double().mean())))
     return stats
 
 
-def _rows_touched(weights, mask, actor, rollout) -> torch.Tensor:
-    raw = torch.exp(actor - rollout)
-    touched = ((weights - raw).abs() > 1e-12) & mask.bool()
-    return touched.any(-1).double()[mask.bool().any(-1)].mean()
+def _log_ratio_for(level: str, diff: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    if level == "token":
+        return diff
+    return (diff * valid).sum(-1, keepdim=True).expand_as(diff)
 
 
 def recommend(stats: GapStats) -> str:
@@ -143,7 +140,8 @@ def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, con
                           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=1",
                           "actor_rollout_ref.rollout.calculate_log_probs=true", f"data.val_batch_size={num_prompts}",
                           f"data.train_batch_size={num_prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size="
-                          f"{num_prompts}", *overrides], config_name, check_paths=False)
+                          f"{num_prompts}", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={num_prompts}",
+                          *overrides], config_name, check_paths=False)  # (the update's sizes only need to validate)
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
     backend.manual_seed(config.trainer.seed)
     worker = ActorRolloutWorker(config)
