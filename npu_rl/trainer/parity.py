@@ -130,6 +130,7 @@ def _note(config) -> str:
 
 def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, config_name: str = "quickstart") -> str:
     """Build, generate, recompute; returns the report."""
+    from npu_rl.config.derived import build_plan
     from npu_rl.config.loader import load_config
     from npu_rl.data.loader import build_dataloader
     from npu_rl.device import get_backend
@@ -144,11 +145,11 @@ def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, con
                           *overrides], config_name, check_paths=False)  # (the update's sizes only need to validate)
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
     backend.manual_seed(config.trainer.seed)
-    worker = ActorRolloutWorker(config)
+    arr = config.actor_rollout_ref
+    worker = ActorRolloutWorker(arr.model, arr.actor, arr.rollout, build_plan(config))
     worker.init_model(1)
     prompts = next(iter(build_dataloader(config.data, worker.tokenizer, "val"))).index(slice(0, num_prompts))
-    batch = worker.generate_sequences(prompts)
-    batch.meta.pop("metrics", None)
+    batch = worker.generate_sequences(prompts).batch
 
     def actor_logprobs():
         return worker.compute_logprobs(batch)["old_logprobs"]
@@ -159,7 +160,6 @@ def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, con
     for name, undo in patch_variants(backend.name):
         with undo():
             variants.append((name, gap_stats(actor_logprobs(), *args)))
-    arr = config.actor_rollout_ref
     title = (f"npu-rl doctor --parity {model}: engine {arr.rollout.name} ({type(worker.engine).__name__}, dtype "
              f"{arr.rollout.dtype}) vs actor (param_dtype {arr.actor.fsdp_config.mixed_precision.param_dtype}, "
              f"fused kernels {arr.model.use_fused_kernels}, remove padding {arr.model.use_remove_padding}) on "
