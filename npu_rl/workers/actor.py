@@ -112,8 +112,6 @@ class ActorWorker:
         loss_mode = self.plan.policy_loss_mode  # bypass_mode in algorithm.rollout_correction's bypass mode
         weights = mb["rollout_is_weights"].to(device) if "rollout_is_weights" in mb else None
         inputs = PolicyLossInputs(
-            rollout_is_weights=weights, rollout_correction=(correction_spec(self.config.algorithm.rollout_correction)
-                                                            if loss_mode == "bypass_mode" else None),
             old_logprobs=mb["old_logprobs"].to(device), logprobs=logprobs, advantages=mb["advantages"].to(device),
             response_mask=response_mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=cfg.clip_ratio_c,
             clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
