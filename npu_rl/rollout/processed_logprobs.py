@@ -34,7 +34,7 @@ def neutral_sampling(temperature: float, top_k: int, top_p: float, greedy: bool)
 
 def candidates_needed(top_k: int) -> int:
     """How many top raw log-probs to ask vLLM for at each step."""
-    return max(DEFAULT_CANDIDATES, top_k if top_k > 0 else 0)
+    return max(DEFAULT_CANDIDATES, max(0, top_k))
 
 
 def processed_from_raw(sampled_raw: torch.Tensor, candidates_raw: torch.Tensor, temperature: float, top_k: int,
@@ -57,7 +57,8 @@ def processed_from_raw(sampled_raw: torch.Tensor, candidates_raw: torch.Tensor, 
     tail_raw = (1.0 - raw.exp().sum(-1)).clamp(min=0.0) if not complete_by_top_k else torch.zeros(len(raw))
     p_min = raw.exp().min(-1).values.clamp(min=1e-300)
     tail_scaled = tail_raw * p_min.pow(1.0 / temperature - 1.0)
-    log_tail = torch.where(tail_scaled > 0, tail_scaled.clamp(min=1e-300).log(), torch.full_like(tail_scaled, -math.inf))
+    no_tail = torch.full_like(tail_scaled, -math.inf)
+    log_tail = torch.where(tail_scaled > 0, tail_scaled.clamp(min=1e-300).log(), no_tail)
     everything = torch.cat([scaled, log_tail.unsqueeze(-1)], dim=-1)  # the tail as one block, smallest last
     probs = torch.softmax(everything, dim=-1)
     mass_above = probs.cumsum(-1) - probs  # mass of the tokens (and blocks) before each one

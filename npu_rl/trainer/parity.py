@@ -28,11 +28,12 @@ from npu_rl.core.rollout_correction import RolloutCorrectionSpec, rollout_correc
 
 # (label, settings) of the corrections whose effect the report shows.
 CORRECTIONS: tuple[tuple[str, dict], ...] = (
-    ("token TIS at 2.0 (rollout_is=token)", dict(rollout_is="token", rollout_is_threshold=2.0)),
-    ("sequence TIS at 2.0 (rollout_is=sequence)", dict(rollout_is="sequence", rollout_is_threshold=2.0)),
-    ("token MIS 0.5_2.0 (rollout_is_threshold='0.5_2.0')", dict(rollout_is="token", rollout_is_threshold="0.5_2.0")),
-    ("token rejection token_k1 at 2.0", dict(rollout_rs="token_k1", rollout_rs_threshold=2.0)),
-    ("geometric-mean rejection seq_mean_k1 at 1.02", dict(rollout_rs="seq_mean_k1", rollout_rs_threshold=1.02)),
+    ("token TIS at 2.0 (rollout_is=token)", {"rollout_is": "token", "rollout_is_threshold": 2.0}),
+    ("sequence TIS at 2.0 (rollout_is=sequence)", {"rollout_is": "sequence", "rollout_is_threshold": 2.0}),
+    ("token MIS 0.5_2.0 (rollout_is_threshold='0.5_2.0')",
+     {"rollout_is": "token", "rollout_is_threshold": "0.5_2.0"}),
+    ("token rejection token_k1 at 2.0", {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0}),
+    ("geometric-mean rejection seq_mean_k1 at 1.02", {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": 1.02}),
 )
 SMALL_P99, SMALL_MAX = 0.02, 0.2  # nats: below both, no correction is needed
 
@@ -76,7 +77,8 @@ def gap_stats(actor: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, re
         else:  # rejected
             touched = valid & ~out.response_mask.bool()
         rows = valid.any(-1)
-        stats.corrections.append((label, float(touched.sum() / valid.sum()), float(touched.any(-1)[rows].double().mean())))
+        token_share, seq_share = touched.sum() / valid.sum(), touched.any(-1)[rows].double().mean()
+        stats.corrections.append((label, float(token_share), float(seq_share)))
     return stats
 
 
@@ -104,9 +106,9 @@ def recommend(stats: GapStats) -> str:
 
 def format_report(title: str, stats: GapStats, decode, variants: list[tuple[str, GapStats]], note: str) -> str:
     lines = [title, f"tokens {stats.tokens} in {stats.sequences} responses; {note}",
-             f"per-token gap |log p_actor - log p_rollout| (nats): mean {stats.mean_abs:.4g}  p99 {stats.p99:.4g}  "
+             (f"per-token gap |log p_actor - log p_rollout| (nats): mean {stats.mean_abs:.4g}  p99 {stats.p99:.4g}  "
              f"max {stats.max:.4g}  (signed mean {stats.mean_signed:+.3g}; largest |sequence mean| "
-             f"{stats.seq_max_abs_mean:.3g})", "largest gaps:"]
+             f"{stats.seq_max_abs_mean:.3g})"), "largest gaps:"]
     for row, pos, token, rollout_lp, actor_lp in stats.largest:
         lines.append(f"  response {row:>3} position {pos:>4} token {token:>6} {decode(token)!r:<14} rollout "
                      f"{rollout_lp:+.4f}  actor {actor_lp:+.4f}  gap {actor_lp - rollout_lp:+.4f}")
@@ -140,8 +142,9 @@ def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, con
     config = load_config([f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=1",
                           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=1",
                           "actor_rollout_ref.rollout.calculate_log_probs=true", f"data.val_batch_size={num_prompts}",
-                          f"data.train_batch_size={num_prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size="
-                          f"{num_prompts}", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={num_prompts}",
+                          f"data.train_batch_size={num_prompts}",
+                          f"actor_rollout_ref.actor.ppo_mini_batch_size={num_prompts}",
+                          f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={num_prompts}",
                           *overrides], config_name, check_paths=False)  # (the update's sizes only need to validate)
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
     backend.manual_seed(config.trainer.seed)

@@ -144,14 +144,14 @@ def test_offpolicy_metrics():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        (dict(rollout_is="tokens"), "rollout_is="),
-        (dict(rollout_is="token", rollout_is_threshold="2_1"), "rollout_is_threshold="),
-        (dict(rollout_is="token", rollout_is_threshold=None), "rollout_is_threshold=null"),
-        (dict(rollout_rs="geometric", rollout_rs_threshold=2.0), "seq_mean_k1"),
-        (dict(rollout_rs="token_k1"), "needs a threshold"),
-        (dict(rollout_rs="token_k2", rollout_rs_threshold="0.1_2"), "single upper bound"),
-        (dict(rollout_rs="token_k1,seq_max_k2", rollout_rs_threshold="1,2,3"), "one per rollout_rs option"),
-        (dict(loss_type="ppo"), "loss_type="),
+        ({"rollout_is": "tokens"}, "rollout_is="),
+        ({"rollout_is": "token", "rollout_is_threshold": "2_1"}, "rollout_is_threshold="),
+        ({"rollout_is": "token", "rollout_is_threshold": None}, "rollout_is_threshold=null"),
+        ({"rollout_rs": "geometric", "rollout_rs_threshold": 2.0}, "seq_mean_k1"),
+        ({"rollout_rs": "token_k1"}, "needs a threshold"),
+        ({"rollout_rs": "token_k2", "rollout_rs_threshold": "0.1_2"}, "single upper bound"),
+        ({"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "1,2,3"}, "one per rollout_rs option"),
+        ({"loss_type": "ppo"}, "loss_type="),
     ],
 )
 def test_bad_settings_are_refused(spec, message):
@@ -175,7 +175,7 @@ def bypass(logprobs, spec, adv):
 
 def test_bypass_ppo_clip_is_vanilla_against_the_rollout():
     adv = t([[1.0, -1.0, 2.0, 0.0], [-0.5, 1.0, 0.0, 0.0]])
-    out = bypass(OLD, dict(rollout_is="token"), adv)
+    out = bypass(OLD, {"rollout_is": "token"}, adv)
     plain = compute_policy_loss(loss_mode="vanilla", inputs=PolicyLossInputs(
         old_logprobs=ROLLOUT, logprobs=OLD, advantages=adv, response_mask=MASK))
     assert_close(out.loss, plain.loss)  # no extra weight: the ratio is the correction
@@ -183,14 +183,14 @@ def test_bypass_ppo_clip_is_vanilla_against_the_rollout():
     # with token_k1 at 2 the tokens of ratio 3 and 4 leave the mask (the denominator stays 5 tokens):
     # clipped losses -A clip(r, 0.8, 1.2): 0.6 -> -(-1)(0.8)... only kept tokens: r=0.6 (A=-1), 1.0 (A=2), 1.5 (A=-.5)
     # -A max-form: r=0.6, A=-1: max(0.6, 0.8) = 0.8; r=1, A=2: -2; r=1.5, A=-0.5: max(0.75, 0.6) = 0.75
-    rs = bypass(OLD, dict(rollout_rs="token_k1", rollout_rs_threshold=2.0), adv)
+    rs = bypass(OLD, {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0}, adv)
     assert_close(rs.loss, t((0.8 - 2.0 + 0.75) / 5))
 
 
 def test_bypass_reinforce_uses_truncated_weights():
     adv = t([[1.0, -1.0, 2.0, 0.0], [-0.5, 1.0, 0.0, 0.0]])
     logprobs = OLD.clone().requires_grad_(True)
-    out = bypass(logprobs, dict(rollout_is="token", rollout_is_threshold=2.0, loss_type="reinforce"), adv)
+    out = bypass(logprobs, {"rollout_is": "token", "rollout_is_threshold": 2.0, "loss_type": "reinforce"}, adv)
     w = [2.0, 0.6, 1.0, 1.5, 2.0]
     a = [1.0, -1.0, 2.0, -0.5, 1.0]
     lp = [-1 + math.log(r) for r in (3.0, 0.6, 1.0, 1.5, 4.0)]
@@ -209,10 +209,10 @@ def test_bypass_needs_its_settings():
 # ---------------------------------------------------------------------------------------------- split invariance
 
 SPLIT_SPECS = [
-    dict(rollout_is="token", rollout_is_threshold=2.0),
-    dict(rollout_is="sequence", rollout_is_threshold="0.5_2.0", rollout_rs="seq_mean_k1,token_k3",
-         rollout_rs_threshold="1.3,0.2"),
-    dict(rollout_is="token", rollout_rs="seq_sum_k1", rollout_rs_threshold=1.5),
+    {"rollout_is": "token", "rollout_is_threshold": 2.0},
+    {"rollout_is": "sequence", "rollout_is_threshold": "0.5_2.0", "rollout_rs": "seq_mean_k1,token_k3",
+         "rollout_rs_threshold": "1.3,0.2"},
+    {"rollout_is": "token", "rollout_rs": "seq_sum_k1", "rollout_rs_threshold": 1.5},
 ]
 
 

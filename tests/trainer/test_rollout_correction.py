@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from npu_rl.config.loader import ConfigError
-from npu_rl.config.loader import load_config
+from npu_rl.config.loader import ConfigError, load_config
 from npu_rl.config.validate import validate
 from npu_rl.protocol import Batch
 from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
