@@ -165,7 +165,7 @@ def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, con
             variants.append((name, gap_stats(actor_logprobs(), *args)))
     title = (f"npu-rl doctor --parity {model}: engine {arr.rollout.name} ({type(worker.engine).__name__}, dtype "
              f"{arr.rollout.dtype}) vs actor (param_dtype {arr.actor.fsdp_config.mixed_precision.param_dtype}, "
-             f"fused kernels {arr.model.use_fused_kernels}, remove padding {arr.model.use_remove_padding}) on "
+             f"attention {arr.model.attn_implementation}, fused kernels {arr.model.use_fused_kernels}, remove padding {arr.model.use_remove_padding}) on "
              f"{backend.name}")
     return format_report(title, stats, lambda t: worker.tokenizer.decode([t]), variants, _note(config))
 
