@@ -150,6 +150,18 @@ class Backend:
             return float(override) * 1e12
         return flops.peak_flops(self.device_name(), dtype, num_threads=torch.get_num_threads())
 
+    @property
+    def packed_attention_kernels(self) -> tuple[str, ...]:
+        """Packed (remove-padding) attention kernels to try, best first (names of
+        :mod:`npu_rl.parallel.varlen_kernels`; the first usable one runs). ``NPU_RL_VARLEN_KERNEL=name`` puts one
+        first. Ascend: ``npu_fusion_attention`` (TND). CUDA: flash-attn if installed, else PyTorch's own
+        ``varlen_attn`` (flash kernel, no extra package), else compiled ``flex_attention``. CPU: per-segment SDPA
+        (exact; ``flex`` eager would materialise ``[H, T, T]`` scores)."""
+        order = {"npu": ("npu_fusion", "sdpa"), "cuda": ("flash_attn", "torch_varlen", "flex", "sdpa"),
+                 "cpu": ("sdpa",)}[self.name]
+        forced = os.environ.get("NPU_RL_VARLEN_KERNEL", "").strip()
+        return (forced, *order) if forced else order
+
     def local_rank_env(self) -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
 
