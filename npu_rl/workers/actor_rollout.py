@@ -59,6 +59,7 @@ class ActorRolloutWorker:
         start = time.perf_counter()
         out = self.engine.generate(prompts, sampling).to("cpu")  # the driver keeps batches in host memory
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
+        metrics |= getattr(self.engine, "last_generate_metrics", {})  # hf on FSDP2: the one weight gather
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
         out.meta["metrics"] = metrics
