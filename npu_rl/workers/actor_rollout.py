@@ -15,9 +15,10 @@ from npu_rl.models.loader import load_tokenizer, stop_token_ids
 from npu_rl.protocol import Batch
 from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
 from npu_rl.workers.actor import ActorWorker
+from npu_rl.workers.memory import ReportsMemory
 
 
-class ActorRolloutWorker:
+class ActorRolloutWorker(ReportsMemory):
     """One role for the driver (``group.actor_rollout``), two parts inside: ``self.actor`` and ``self.engine``."""
 
     def __init__(self, config: PPOConfig):
