@@ -150,6 +150,21 @@ class Backend:
             return float(override) * 1e12
         return flops.peak_flops(self.device_name(), dtype, num_threads=torch.get_num_threads())
 
+    def optimizer_kwargs(self, params: list[torch.Tensor]) -> dict[str, Any]:
+        """Implementation flags for torch's Adam/AdamW on these parameters. CUDA: ``fused=True`` (one kernel for
+        all parameters) when they are plain tensors, ``foreach=True`` for FSDP2's DTensor shards; elsewhere
+        torch's default (``NPU_RL_OPTIMIZER_IMPL=fused|foreach|default`` overrides)."""
+        choice = os.environ.get("NPU_RL_OPTIMIZER_IMPL", "").strip().lower()
+        if not choice:
+            if self.name != "cuda":
+                return {}
+            from torch.distributed.tensor import DTensor
+
+            choice = "foreach" if any(isinstance(p, DTensor) for p in params) else "fused"
+        if choice not in ("fused", "foreach", "default"):
+            raise ValueError(f"NPU_RL_OPTIMIZER_IMPL={choice!r}; expected fused, foreach or default")
+        return {} if choice == "default" else {choice: True}
+
     @property
     def packed_attention_kernels(self) -> tuple[str, ...]:
         """Packed (remove-padding) attention kernels to try, best first (names of

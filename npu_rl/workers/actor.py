@@ -51,9 +51,11 @@ from npu_rl.workers.model_runner import (
 
 
 def build_optimizer(model: torch.nn.Module, optim_config) -> torch.optim.Optimizer:
+    from npu_rl.device import get_backend
+
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=optim_config.lr, betas=tuple(optim_config.betas), eps=optim_config.eps,
-                             weight_decay=optim_config.weight_decay)
+                             weight_decay=optim_config.weight_decay, **get_backend().optimizer_kwargs(params))
 
 
 class LogprobModel:
