@@ -125,10 +125,10 @@ def plan_runs(modes: list[str], devices: list[int], scaling: str, prompts: int) 
 
 def scaling_figures(results: dict) -> None:
     """Add ``scaling`` to every multi-device run: against the one-device run of the same mode."""
-    singles = {r["mode"]: r for r in results["runs"] if r["devices"] == 1}
+    singles = {r["mode"]: r for r in results["runs"] if r["devices"] == 1 and not r.get("failed")}
     for run in results["runs"]:
         base = singles.get(run["mode"])
-        if run["devices"] == 1 or base is None:
+        if run["devices"] == 1 or base is None or run.get("failed"):
             continue
         n, values, base_values = run["devices"], run["values"], base["values"]
         if run["kind"] == "weak":
@@ -164,10 +164,17 @@ def main(argv: list[str] | None = None) -> int:
             from npu_rl.trainer.bench_profile import UpdateProfiler
 
             profiler = UpdateProfiler(args.profile, spec["label"], call=2)
-        with profiler or _nothing():
-            code = run(config)
+        try:
+            with profiler or _nothing():
+                code = run(config)
+        except Exception:  # one failed configuration must not cost the others (device time is scarce)
+            import traceback
+
+            traceback.print_exc()
+            code = 1
         if code:
-            return code
+            results["runs"].append({**spec, "failed": True})
+            continue
         jsonl = next(os.path.join(root, f) for root, _, files in os.walk(out_dir) for f in files
                      if f == "metrics.jsonl")
         from npu_rl.parallel.attention import selected_kernel_name
@@ -199,6 +206,9 @@ def _print_table(results: dict) -> None:
           + " | peak GiB per rank | scaling |")
     print("|" + "---|" * (len(COLUMNS) + 5))
     for run in results["runs"]:
+        if run.get("failed"):
+            print(f"| {run['label']} | {run['devices']} | failed (traceback above) |")
+            continue
         values = run["values"]
         cells = [f"{values[key]:.3g}" if key != "perf/mfu/actor" else f"{100 * values[key]:.1f}%" for key, _ in COLUMNS]
         ranks = [values[k] for k in sorted(values) if k.startswith("perf/rank") and
