@@ -69,7 +69,7 @@ def main() -> None:
     g = torch.randn(total, args.heads, args.dim, device=device, dtype=torch.bfloat16)
 
     def run(kernel, dtype):
-        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        leaves = [t.detach().to(dtype, copy=True).requires_grad_() for t in (q, k, v)]  # fresh leaves
         out = kernel(*leaves, **layout)
         (out.float() * g.float()).sum().backward()
         return [out.detach().float()] + [t.grad.float() for t in leaves]

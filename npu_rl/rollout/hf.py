@@ -40,7 +40,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from npu_rl.device import get_backend
-from npu_rl.parallel.unshard import UnshardStats, unsharded
+from npu_rl.parallel.unshard import PlainView, UnshardStats, unsharded
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask
@@ -119,6 +119,7 @@ class HFRolloutEngine:
         self.sleep_level = sleep_level
         self.bucket_megabytes = bucket_megabytes
         self.gather_full_weights = gather_full_weights
+        self._plain_view: PlainView | None = None  # built on the first generate on a sharded module
         self.last_generate_metrics: dict[str, float] = {}  # unshard timings and memory of the last generate
         self._gate = VersionGate()
         self._asleep = False
@@ -168,13 +169,23 @@ class HFRolloutEngine:
         try:
             with gather as unshard_stats:
                 # Decoding on FSDP shards all-gathers every layer at every token, so all ranks must run the same
-                # number of forward passes; with the full weights gathered once, each rank decodes on its own.
+                # number of forward passes; with the full weights gathered once, each rank decodes on its own,
+                # on a hook-free twin of the module that aliases the gathered tensors.
                 synced = (self.shares_actor_module and _distributed_world_size() > 1 and not unshard_stats.gathered)
-                sequences = self.module.generate(
-                    input_ids=input_ids, attention_mask=attention_mask,
-                    generation_config=self._generation_config(sampling),
-                    logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
-                )
+                module = self.module
+                if unshard_stats.gathered:
+                    if self._plain_view is None:
+                        self._plain_view = PlainView(self.module)
+                    module = self._plain_view.bind(self.module)
+                try:
+                    sequences = module.generate(
+                        input_ids=input_ids, attention_mask=attention_mask,
+                        generation_config=self._generation_config(sampling),
+                        logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
+                    )
+                finally:
+                    if module is not self.module:
+                        self._plain_view.release()
         finally:
             self.module.train(was_training)
         self.last_generate_metrics = unshard_stats.as_metrics("rollout")

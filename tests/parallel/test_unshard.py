@@ -52,6 +52,7 @@ def generate_job(gather: bool) -> dict:
     ids = torch.randint(3, 128, (2, 5), generator=torch.Generator().manual_seed(0))
     model(input_ids=ids).logits.float().mean().backward()
     after["grads"] = all(p.grad is not None for p in model.parameters())
+    after["twin"] = engine._plain_view is not None  # decoded on the hook-free twin
     return {"responses": out["responses"], "logprobs": out["rollout_logprobs"], "metrics": engine.last_generate_metrics,
             "new_tokens": new_tokens, **after}
 
@@ -70,6 +71,7 @@ def test_generation_on_sharded_model_equals_unsharded(dist_pool2):
         assert metrics["rollout/unshard_gathered_gb"] == pytest.approx(full_bytes / 1024**3)
         assert metrics["timing_s/rollout_unshard"] >= 0 and metrics["timing_s/rollout_reshard"] >= 0
         assert result["sharded"] and result["local_numel"] < result["full_numel"] and result["grads"]
+        assert result["twin"]
 
 
 def test_per_token_gather_path_still_matches(dist_pool2):
@@ -91,3 +93,18 @@ def test_unsharded_passes_plain_modules_through():
     with unsharded(model) as stats:
         assert not stats.gathered
     assert stats.as_metrics() == {}
+
+
+def test_plain_view_aliases_and_releases():
+    from npu_rl.parallel.unshard import PlainView
+
+    model = tiny_model().eval()
+    view = PlainView(model)
+    twin = view.bind(model)
+    assert twin.model.embed_tokens.weight is model.model.embed_tokens.weight
+    assert twin.lm_head.weight is twin.model.embed_tokens.weight  # tied stays tied
+    ids = torch.randint(3, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(input_ids=ids).logits, model(input_ids=ids).logits, atol=0, rtol=0)
+    view.release()
+    assert all(p.is_meta for p in twin.parameters()) and not any(p.is_meta for p in model.parameters())
