@@ -17,7 +17,8 @@ run is compared with the one-device run of the same mode in this invocation: wea
 devices / (N x tokens/s of one); strong speed-up = step time of one / step time of N.
 
 ``--profile DIR`` (one-device runs): the update of step 2 under ``torch.profiler``; DIR gets the top operators by
-device time and a summary by category (matmul, attention, elementwise, communication, optimizer, idle).
+device time and a summary by category (matmul, attention, elementwise, communication, optimizer, idle). The
+profiled step is slower (profiler overhead) and is one of the averaged steps: time a run without ``--profile``.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile and spec["devices"] == 1:
             from npu_rl.trainer.bench_profile import UpdateProfiler
 
-            profiler = UpdateProfiler(args.profile, spec["label"], call=2)
+            profiler = UpdateProfiler(args.profile, f"{args.shape}_{spec['label']}", call=2)
         try:
             with profiler or _nothing():
                 code = run(config)
