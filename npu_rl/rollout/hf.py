@@ -40,6 +40,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from npu_rl.device import get_backend
+from npu_rl.parallel.dist import world_size
 from npu_rl.parallel.unshard import PlainView, UnshardStats, unsharded
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
@@ -95,12 +96,6 @@ class SamplingProcessor(LogitsProcessor):
         logprobs = torch.stack(self._chosen, dim=1)
         self._previous, self._chosen = None, []
         return logprobs
-
-
-def _distributed_world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class HFRolloutEngine:
@@ -171,7 +166,7 @@ class HFRolloutEngine:
                 # Decoding on FSDP shards all-gathers every layer at every token, so all ranks must run the same
                 # number of forward passes; with the full weights gathered once, each rank decodes on its own,
                 # on a hook-free twin of the module that aliases the gathered tensors.
-                synced = (self.shares_actor_module and _distributed_world_size() > 1 and not unshard_stats.gathered)
+                synced = (self.shares_actor_module and world_size() > 1 and not unshard_stats.gathered)
                 module = self.module
                 if unshard_stats.gathered:
                     if self._plain_view is None:
