@@ -166,6 +166,12 @@ class Backend:
         return {} if choice == "default" else {choice: True}
 
     @property
+    def profiler_activities(self) -> tuple[str, ...]:
+        """``torch.profiler.ProfilerActivity`` names that record this device's kernels (Ascend's kernels need
+        torch_npu's own profiler, so only the host side there)."""
+        return ("CPU", "CUDA") if self.name == "cuda" else ("CPU",)
+
+    @property
     def packed_attention_kernels(self) -> tuple[str, ...]:
         """Packed (remove-padding) attention kernels to try, best first (names of
         :mod:`npu_rl.parallel.varlen_kernels`; the first usable one runs). ``NPU_RL_VARLEN_KERNEL=name`` puts one

@@ -64,7 +64,7 @@ class UpdateProfiler:
         from npu_rl.device import get_backend
 
         backend = get_backend()
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if backend.name == "cuda" else [])
+        activities = [getattr(ProfilerActivity, name) for name in backend.profiler_activities]
         backend.synchronize()
         with profile(activities=activities) as prof:
             start = time.perf_counter()
@@ -77,8 +77,7 @@ class UpdateProfiler:
     def write(self, prof, wall_s: float, torch_version: str) -> str:
         os.makedirs(self.folder, exist_ok=True)
         averages = prof.key_averages()
-        device_events = [e for e in averages if getattr(e, "self_device_time_total", 0) > 0
-                         and str(getattr(e, "device_type", "")).endswith("CUDA")]
+        device_events = [e for e in averages if getattr(e, "self_device_time_total", 0) > 0]
         busy_us = sum(e.self_device_time_total for e in device_events)
         by_category: dict[str, float] = {}
         for event in device_events:
