@@ -13,8 +13,9 @@ Modes: ``naive`` (plain log-probs), ``fused`` (fused log-prob kernels), ``packed
 
 Devices (``--devices 1,2``): one device runs in-process; more run through Ray (one worker per device). Scaling:
 ``strong`` keeps the global batch (``--prompts``), ``weak`` multiplies it by the device count; each multi-device
-run is compared with the one-device run of the same mode in this invocation: weak efficiency = tokens/s of N
-devices / (N x tokens/s of one); strong speed-up = step time of one / step time of N.
+run is compared with the one-device run of the same mode in this invocation: weak efficiency = total tokens/s of
+N devices / (N x tokens/s of one); strong speed-up = step time of one / step time of N. The tokens/s column is
+per device (``perf/throughput``, verl's convention).
 
 ``--profile DIR`` (one-device runs): the update of step 2 under ``torch.profiler``; DIR gets the top operators by
 device time and a summary by category (matmul, attention, elementwise, communication, optimizer, idle). The
@@ -30,7 +31,7 @@ import sys
 import tempfile
 
 COLUMNS = [("timing_s/step", "step s"), ("timing_s/gen", "gen s"), ("timing_s/old_log_prob", "old logp s"),
-           ("timing_s/ref", "ref s"), ("timing_s/update_actor", "update s"), ("perf/throughput", "tokens/s"),
+           ("timing_s/ref", "ref s"), ("timing_s/update_actor", "update s"), ("perf/throughput", "tokens/s per device"),
            ("perf/mfu/actor", "MFU (update)"), ("perf/max_memory_allocated_gb", "peak GiB")]
 _FUSED = ["actor_rollout_ref.model.use_fused_kernels=True",
           "actor_rollout_ref.model.fused_kernel_options.impl_backend=auto"]
@@ -132,8 +133,8 @@ def scaling_figures(results: dict) -> None:
         if run["devices"] == 1 or base is None or run.get("failed"):
             continue
         n, values, base_values = run["devices"], run["values"], base["values"]
-        if run["kind"] == "weak":
-            ratio = values["perf/throughput"] / base_values["perf/throughput"]
+        if run["kind"] == "weak":  # perf/throughput is per device (verl's convention): total = x devices
+            ratio = values["perf/throughput"] * n / base_values["perf/throughput"]
             run["scaling"] = {"tokens_per_s_ratio": ratio, "weak_efficiency": ratio / n}
         else:
             speedup = base_values["timing_s/step"] / values["timing_s/step"]
