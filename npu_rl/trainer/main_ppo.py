@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
         return 2
     overrides = args.overrides + unknown
     try:
+        notes: list[str] = []
         if args.cfg:
-            config = load_config(overrides, args.config_name, args.config_path, validate=False)
+            config = load_config(overrides, args.config_name, args.config_path, validate=False, notes=notes)
             print(to_yaml(config))
             from npu_rl.config.validate import validate
 
@@ -52,17 +53,17 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
             check_run_folder(config)
             from npu_rl.config.validate import ignored_settings
 
-            for note in ignored_settings(config):
+            for note in notes + ignored_settings(config):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
-        config = load_config(overrides, args.config_name, args.config_path)
+        config = load_config(overrides, args.config_name, args.config_path, notes=notes)
         from npu_rl.trainer.preflight import check_run_folder
 
         check_run_folder(config)
         from npu_rl.config.validate import ignored_settings
 
-        for note in ignored_settings(config):
+        for note in notes + ignored_settings(config):
             print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
         print(f"npu-rl: {exc}", file=sys.stderr)

@@ -42,6 +42,25 @@ def build_worker_group(config: PPOConfig, plan: RunPlan):
     return group
 
 
+def write_ray_timeline(config: PPOConfig) -> str | None:
+    """``ray_kwargs.timeline_json_file``: write Ray's task timeline (``ray.timeline()``) there, as verl does after
+    training; nothing when unset or when Ray is not running (the local controller). Returns the path written."""
+    path = config.ray_kwargs.timeline_json_file
+    if not path:
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        logging.getLogger(__name__).warning("ray_kwargs.timeline_json_file=%s: Ray is not running (local "
+                                            "controller), so there is no timeline to write", path)
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ray.timeline(filename=path)
+    print(f"npu-rl: Ray timeline -> {path}", file=sys.stderr)
+    return path
+
+
 def run_dir_for(config: PPOConfig) -> str:
     return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
 
@@ -102,6 +121,7 @@ def run(config: PPOConfig) -> int:
         if getattr(group, "owned_pool", None) is not None:
             group.owned_pool.remove()
     _summary(trainer, tracker.jsonl_path, time.perf_counter() - start)
+    write_ray_timeline(config)
     return code
 
 
