@@ -236,7 +236,17 @@ def data_file_exists(path: str) -> bool:
 
         check_builtin(path)  # raises naming what is wrong with the URI
         return True
-    return os.path.isfile(os.path.expanduser(path))
+    if path.startswith("hf://"):
+        return True  # resolved (downloaded on this explicit request, or read from the cache) when the data loads
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        from npu_rl.data.io import is_hf_dataset_dir
+
+        if not is_hf_dataset_dir(expanded):
+            raise ValueError(f"{path!r} is a folder but not one written by datasets' save_to_disk (no state.json + "
+                             "dataset_info.json); give a parquet/jsonl file or a save_to_disk folder")
+        return True
+    return os.path.isfile(expanded)
 
 
 def _check_model_path(path: str) -> None:
