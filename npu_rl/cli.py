@@ -58,8 +58,16 @@ def _bench(argv: list[str]) -> int:
         "rollout": "npu_rl.rollout.bench",
         "trainer": "npu_rl.trainer.bench",
     }
+    usage = (f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]\n\n"
+             "  kernels  fused log-prob / KL kernels against the plain reference (time, memory)\n"
+             "  rollout  rollout engine throughput (tokens/s) on the chosen device\n"
+             "  trainer  one training step's phases (padded vs packed, fused vs plain)\n\n"
+             "`npu-rl bench <target> --help` for a target's options.")
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0
     if not argv or argv[0] not in targets:
-        print(f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     import importlib
 

@@ -307,13 +307,14 @@ NO_EFFECT = {
 }
 
 
-def ignored_settings(config: PPOConfig) -> list[str]:
-    """Notes for keys set to a non-default value that have no effect here."""
+def ignored_settings(config: PPOConfig, baseline: PPOConfig | None = None) -> list[str]:
+    """Notes for keys set to a non-default value that have no effect here. ``baseline``: the config the user started
+    from (a config file we ship, before their overrides), so only what the user changed gets a note."""
     from omegaconf import OmegaConf
 
     from npu_rl.config.schema import PPOConfig as Schema
 
-    defaults = OmegaConf.structured(Schema)
+    defaults = OmegaConf.structured(baseline if baseline is not None else Schema)
     current = OmegaConf.structured(config)
     notes = []
     for key, why in NO_EFFECT.items():

@@ -28,6 +28,20 @@ def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace
     return parser.parse_known_args(argv)
 
 
+def _notes(config, args: argparse.Namespace) -> list[str]:
+    """Notes on keys with no effect that the user set: a config file we ship is the baseline, so its own values
+    (chosen by us, not the user) never produce one; a user's own config folder is compared with the schema."""
+    from npu_rl.config.validate import ignored_settings
+
+    baseline = None
+    if args.config_path is None:
+        try:
+            baseline = load_config([], args.config_name, None, validate=False)
+        except ConfigError:
+            baseline = None
+    return ignored_settings(config, baseline)
+
+
 def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
     args, unknown = parse_args(list(sys.argv[1:] if argv is None else argv), default_config)
     flags = [u for u in unknown if u.startswith("-")]
@@ -42,16 +56,12 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
             from npu_rl.config.validate import validate
 
             validate(config)
-            from npu_rl.config.validate import ignored_settings
-
-            for note in ignored_settings(config):
+            for note in _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
         config = load_config(overrides, args.config_name, args.config_path)
-        from npu_rl.config.validate import ignored_settings
-
-        for note in ignored_settings(config):
+        for note in _notes(config, args):
             print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
         print(f"npu-rl: {exc}", file=sys.stderr)
