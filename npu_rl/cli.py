@@ -1,4 +1,4 @@
-"""``npu-rl``: train | eval | merge | preprocess | doctor | bench.
+"""``npu-rl``: train | eval | merge | preprocess | doctor | plot | bench.
 
 Each sub-command's body lives with the code it drives; this file only routes (imports are lazy so that
 ``npu-rl doctor`` works on a machine where half the stack is broken).
@@ -17,6 +17,7 @@ commands:
   merge       turn a (sharded) checkpoint into a plain Hugging Face folder
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
   doctor      device, versions found and known-bad combinations
+  plot        training curves (PNG + self-contained HTML) of one or several run folders
   bench       benchmarks: kernels | rollout | trainer
 
 `npu-rl <command> --help` for a command's options."""
@@ -52,6 +53,12 @@ def _doctor(argv: list[str]) -> int:
     return main(argv)
 
 
+def _plot(argv: list[str]) -> int:
+    from npu_rl.tracking.plot import main
+
+    return main(argv)
+
+
 def _bench(argv: list[str]) -> int:
     targets = {
         "kernels": "npu_rl_kernels.bench",
@@ -80,6 +87,7 @@ COMMANDS = {
     "merge": _merge,
     "preprocess": _preprocess,
     "doctor": _doctor,
+    "plot": _plot,
     "bench": _bench,
 }
 

@@ -43,7 +43,8 @@ def _notes(config, args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
-    args, unknown = parse_args(list(sys.argv[1:] if argv is None else argv), default_config)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parse_args(argv, default_config)
     flags = [u for u in unknown if u.startswith("-")]
     if flags:
         print(f"npu-rl: unknown option(s) {' '.join(flags)} (see --help)", file=sys.stderr)
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
 
     print(f"npu-rl: config {args.config_name!r}" + (" (the embedded default; --config-name ppo_trainer gives verl's "
           "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
-    return run(config)
+    entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
+    return run(config, entry + argv)  # the command is recorded in the run folder
 
 
 if __name__ == "__main__":
