@@ -17,7 +17,7 @@ STRATEGIES = ("fsdp", "fsdp2")
 RESUME_MODES = ("auto", "disable", "resume_path")
 CONTROLLERS = ("auto", "local", "ray")
 KL_CONTROLLERS = ("fixed", "adaptive")
-LOGGERS = ("console", "file", "jsonl", "tensorboard", "wandb", "swanlab", "mlflow")
+LOGGERS = ("console", "file", "jsonl", "tensorboard", "wandb", "swanlab", "mlflow", "trackio", "clearml")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 SCHEDULERS = ("constant", "cosine")
 KERNEL_BACKENDS = ("torch", "triton", "triton_mm", "auto")
@@ -82,6 +82,9 @@ def _check_choices(c: _Checker, config: PPOConfig) -> None:
         c.choice(f"{key}.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, DTYPES)
     for name in as_list(config.trainer.logger):
         c.choice("trainer.logger", name, LOGGERS)
+    from npu_rl.tracking.backends import check_trackers
+
+    c.problems.extend(check_trackers([str(n) for n in as_list(config.trainer.logger)]))
     if config.trainer.resume_mode == "resume_path":
         c.require(bool(config.trainer.resume_from_path),
                   "trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
