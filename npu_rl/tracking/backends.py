@@ -8,7 +8,7 @@ tensorboard    ``$TENSORBOARD_DIR`` else ``<run>/tensorboard``   event files; va
 wandb          ``<run>/wandb`` (``$WANDB_DIR`` wins)              ``WANDB_MODE``; without it: online when
                                                                  ``WANDB_API_KEY`` is set, else offline
                                                                  (``wandb sync <run>/wandb/offline-run-*`` later)
-swanlab        ``$SWANLAB_LOG_DIR`` else ``<run>/swanlog``        ``SWANLAB_MODE``; without it: cloud when
+swanlab        ``$SWANLAB_LOG_DIR`` else ``<run>/swanlog``        ``SWANLAB_MODE``; without it: online when
                                                                  ``SWANLAB_API_KEY`` is set, else offline
 mlflow         ``$MLFLOW_TRACKING_URI`` else                     SQLite store (MLflow 3 refuses a plain folder
                ``sqlite:///<run>/mlflow.db``                     store); artifacts under ``<run>/mlflow-artifacts``
@@ -55,7 +55,7 @@ def wandb_mode(env: dict[str, str] | None = None) -> str:
 
 def swanlab_mode(env: dict[str, str] | None = None) -> str:
     env = os.environ if env is None else env
-    return env.get("SWANLAB_MODE") or ("cloud" if env.get("SWANLAB_API_KEY") else "offline")
+    return env.get("SWANLAB_MODE") or ("online" if env.get("SWANLAB_API_KEY") else "offline")  # "cloud" = online
 
 
 def clearml_online(env: dict[str, str] | None = None) -> bool:
@@ -93,11 +93,11 @@ def check_trackers(loggers: list[str], env: dict[str, str] | None = None, intera
                                 "in from); set it, or WANDB_MODE=offline to sync later with `wandb sync`")
         if name == "swanlab":
             mode = swanlab_mode(env)
-            if mode not in ("cloud", "local", "offline", "disabled"):
-                problems.append(f"SWANLAB_MODE={mode!r} is not one of cloud, local, offline, disabled")
-            elif mode == "cloud" and not env.get("SWANLAB_API_KEY") and not interactive:
-                problems.append("trainer.logger='swanlab' with SWANLAB_MODE=cloud needs SWANLAB_API_KEY (no terminal to "
-                                "log in from); set it, or SWANLAB_MODE=offline (swanlab sync later)")
+            if mode not in ("cloud", "online", "local", "offline", "disabled"):
+                problems.append(f"SWANLAB_MODE={mode!r} is not one of online (cloud), local, offline, disabled")
+            elif mode in ("cloud", "online") and not env.get("SWANLAB_API_KEY") and not interactive:
+                problems.append(f"trainer.logger='swanlab' with SWANLAB_MODE={mode} needs SWANLAB_API_KEY (no terminal "
+                                "to log in from); set it, or SWANLAB_MODE=offline (swanlab sync later)")
     return problems
 
 

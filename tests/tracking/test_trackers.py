@@ -197,6 +197,7 @@ def test_problems_are_found_at_validation_not_after_the_models_load(monkeypatch)
     text = "\n".join(problems)
     if "needs the swanlab package" not in text:
         assert "SWANLAB_MODE=cloud needs SWANLAB_API_KEY" in text
+        assert check_trackers(["swanlab"], env={}, interactive=False) == []  # offline by default
     monkeypatch.setenv("HOME", "/nonexistent")
     if "needs the wandb package" not in text:
         assert "WANDB_MODE=online needs WANDB_API_KEY" in "\n".join(
