@@ -16,6 +16,7 @@ _VLLM_PROBE = r"""
 import logging, os, sys
 from npu_rl.utils.logs import configure_vllm_logging
 path = configure_vllm_logging()
+logging.getLogger("vllm.triton_utils.importing").warning("Chat template warmup failed (at import time)")
 from vllm.config.logging import LoggingConfig
 from vllm.logger import configure_logging_if_needed
 configure_logging_if_needed(LoggingConfig())  # what LLM(...) does first: its fields default to VLLM_* variables
@@ -25,6 +26,7 @@ try:
 except RuntimeError:
     log.warning("Chat template warmup failed", exc_info=True)
 log.warning("a real warning %d", 7)
+logging.getLogger("vllm.config.vllm").warning("Enforce eager set, disabling torch.compile, CUDAGraphs")
 log.info("an info line")
 print("RESULT", path)
 """
@@ -48,6 +50,7 @@ def test_vllm_logs_go_to_stderr_without_the_warmup_traceback(tmp_path):
     assert "Chat template warmup failed" not in out.stderr + out.stdout
     assert "Traceback" not in out.stderr and "no tokenizer" not in out.stderr
     assert "an info line" not in out.stderr  # WARNING by default
+    assert "Enforce eager set" not in out.stderr
 
 
 def test_a_users_own_vllm_logging_config_is_kept(tmp_path, monkeypatch):

