@@ -106,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         print(USAGE, file=sys.stderr)
         return 2
-    return int(COMMANDS[command](rest) or 0)
+    try:
+        return int(COMMANDS[command](rest) or 0)
+    except KeyboardInterrupt:  # a second Ctrl-C (training), or the first one elsewhere: no traceback
+        print("npu-rl: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -170,6 +170,9 @@ def compose(overrides: list[str] | None = None, config_name: str = "ppo_trainer"
     from hydra.core.global_hydra import GlobalHydra
 
     folder = os.path.abspath(os.path.expanduser(config_path)) if config_path else config_dir()
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--config-path {config_path!r}: {folder} is not a folder (give the folder holding "
+                          f"{config_name}.yaml)")
     overrides = normalise_overrides(list(overrides or []), folder)
     if not os.path.isfile(os.path.join(folder, f"{config_name}.yaml")):
         raise ConfigError(

@@ -330,12 +330,14 @@ class RewardModelConfig:
     launch_reward_fn_async: bool = False
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    # npu-rl additions: scoring runs in a process pool of num_workers (0: in the calling process); a scorer that
-    # takes longer than timeout_s is cut. With tolerate_errors, a failing or hung scorer scores 0 and is counted
-    # in reward/errors and reward/timeouts; without it, the run stops naming the row.
+    # npu-rl additions: scoring runs in a process pool of num_workers (0: in the calling process); a call that
+    # takes longer than timeout_s is cut, and a whole batch has one deadline, batch_timeout_s (N hung rows cost
+    # one deadline, not N x timeout_s). With tolerate_errors, a failing or hung scorer scores 0 and is counted
+    # in reward/errors and reward/timeouts; without it, the run stops at once naming the row.
     num_workers: int = 0
-    timeout_s: float = 30.0
+    timeout_s: float = 10.0
     tolerate_errors: bool = False
+    batch_timeout_s: float = 300.0
 
 
 @dataclass
@@ -409,6 +411,10 @@ class TrainerConfig:
     controller: str = "auto"  # auto (ray when more than one device) | local | ray
     max_consecutive_nan_steps: int = 3  # non-finite loss/grad: skip the update; this many in a row stops the run
     progress_bar: bool = True
+    save_on_interrupt: bool = True  # SIGINT / SIGTERM: finish the step, save it, print the resume command, exit 130/143
+    # resume_mode=disable into a default_local_dir holding checkpoints is refused unless this is True (then the old
+    # global_step_* folders and the marker are removed first, so the folder never mixes two runs)
+    overwrite_checkpoints: bool = False
 
 
 @dataclass

@@ -178,6 +178,8 @@ def _require_data_file(key: str, path: str) -> None:
         ok = data_file_exists(path)
     except ValueError as exc:
         raise ValueError(f"data.{key}: {exc}") from exc
+    if not ok and os.path.isdir(os.path.expanduser(path)):
+        raise IsADirectoryError(f"data.{key}: {path!r} is a folder; give the parquet/jsonl file inside it")
     if not ok:
         raise FileNotFoundError(f"data.{key}: file {path!r} does not exist (run `npu-rl preprocess gsm8k` or point the "
                                 "key at a parquet/jsonl file)")
@@ -237,6 +239,9 @@ def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = T
     _check_registries(c, config)
     if check_paths:
         _check_paths(c, config)
+    from npu_rl.config.fault_checks import check_faults
+
+    c.problems += check_faults(config, check_paths)
     if check_device:
         _check_device(c, config)
     if c.problems:

@@ -1,6 +1,6 @@
 """From the config to a reward manager, and the checks the config validator runs before anything heavy starts.
 
-Keys read: ``reward_model.{reward_manager, overlong_buffer, num_workers, timeout_s, tolerate_errors}``,
+Keys read: ``reward_model.{reward_manager, overlong_buffer, num_workers, timeout_s, batch_timeout_s, tolerate_errors}``,
 ``custom_reward_function.{path, name, reward_kwargs}``, ``data.{reward_fn_key, max_response_length}``.
 ``custom_reward_function.reward_kwargs`` go to the reward function, the default rule scorers included (e.g.
 ``{method: flexible}`` for GSM8K). verl passes ``reward_model.reward_kwargs`` to its manager's constructor; here
@@ -55,6 +55,7 @@ def reward_settings(config, validation: bool = False) -> RewardSettings:
                                        bool(getattr(buffer, "log", False))),
         num_workers=int(rm.num_workers),
         timeout_s=float(rm.timeout_s),
+        batch_timeout_s=float(rm.batch_timeout_s),
         tolerate_errors=bool(rm.tolerate_errors),
         num_examine=1 if validation else 0,
     )
@@ -81,6 +82,8 @@ def check_reward_config(reward_model_cfg, custom_reward_cfg, data_cfg=None) -> N
         raise ValueError(f"reward_model.num_workers must be >= 0, got {reward_model_cfg.num_workers}")
     if float(reward_model_cfg.timeout_s) <= 0:
         raise ValueError(f"reward_model.timeout_s must be > 0, got {reward_model_cfg.timeout_s}")
+    if float(getattr(reward_model_cfg, "batch_timeout_s", 1.0)) <= 0:
+        raise ValueError(f"reward_model.batch_timeout_s must be > 0, got {reward_model_cfg.batch_timeout_s}")
     buffer = reward_model_cfg.overlong_buffer
     dapo = REWARD_MANAGERS.get("dapo")
     if buffer.enable and not (isinstance(manager_cls, type) and issubclass(manager_cls, dapo)):

@@ -44,6 +44,10 @@ def _notes(config, args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from npu_rl.trainer.interrupt import set_command
+
+    prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", "npu_rl.trainer.main_ppo"]
+    set_command(prog + argv)
     args, unknown = parse_args(argv, default_config)
     flags = [u for u in unknown if u.startswith("-")]
     if flags:
@@ -57,11 +61,17 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
             from npu_rl.config.validate import validate
 
             validate(config)
+            from npu_rl.trainer.preflight import check_run_folder
+
+            check_run_folder(config)
             for note in _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
         config = load_config(overrides, args.config_name, args.config_path)
+        from npu_rl.trainer.preflight import check_run_folder
+
+        check_run_folder(config)
         for note in _notes(config, args):
             print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
@@ -71,9 +81,19 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
 
     print(f"npu-rl: config {args.config_name!r}" + (" (the embedded default; --config-name ppo_trainer gives verl's "
           "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
+    from npu_rl.utils.safe_load import CorruptFileError
+
     entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
-    return run(config, entry + argv)  # the command is recorded in the run folder
+    try:
+        return run(config, entry + argv)  # the command is recorded in the run folder
+    except CorruptFileError as exc:  # a checkpoint that does not verify, or asks to run code: said plainly
+        print(f"npu-rl: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("npu-rl: interrupted", file=sys.stderr)
+        sys.exit(130)

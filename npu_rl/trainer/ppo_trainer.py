@@ -90,7 +90,14 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------------- the loop
     def fit(self) -> int:
-        """Train to ``total_steps``; returns the process exit code."""
+        """Train to ``total_steps``; returns the process exit code (130 / 143 after SIGINT / SIGTERM: the step in
+        progress finishes and is saved, see ``trainer/interrupt.py``)."""
+        from npu_rl.trainer.interrupt import InterruptGuard
+
+        with InterruptGuard() as self.interrupt:
+            return self._fit()
+
+    def _fit(self) -> int:
         self._resume()
         trainer = self.config.trainer
         if self.global_step >= self.total_steps:
@@ -103,20 +110,30 @@ class PPOTrainer:
             if trainer.val_only:
                 return 0
         progress = _progress_bar(trainer.progress_bar, self.global_step, self.total_steps)
-        while self.global_step < self.total_steps:
+        while self.global_step < self.total_steps and not self.interrupt.requested:
             self.global_step += 1
             step_metrics = self.train_step()
             is_last = self.global_step == self.total_steps
             if trainer.test_freq > 0 and (self.global_step % trainer.test_freq == 0 or is_last):
                 step_metrics |= self._validate()
-            if trainer.save_freq > 0 and (self.global_step % trainer.save_freq == 0 or is_last):
+            saved = trainer.save_freq > 0 and (self.global_step % trainer.save_freq == 0 or is_last)
+            if saved:
                 start = time.perf_counter()
                 self.save_checkpoint()
                 step_metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             self._log(step_metrics, self.global_step)
             progress.update(1)
             progress.set_postfix(_postfix(step_metrics, self.last_val_metrics))
+            if self.interrupt.requested:
+                progress.close()
+                from npu_rl.trainer.interrupt import stop_after_interrupt
+
+                return stop_after_interrupt(self, self.interrupt, saved)
         progress.close()
+        if self.interrupt.requested:  # during validation before the first step
+            from npu_rl.trainer.interrupt import stop_after_interrupt
+
+            return stop_after_interrupt(self, self.interrupt, True)
         return 0
 
     def train_step(self) -> dict[str, float]:

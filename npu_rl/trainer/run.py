@@ -55,8 +55,10 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     from npu_rl.reward import build_reward_manager
     from npu_rl.tracking import Tracker
     from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
+    from npu_rl.trainer.preflight import prepare_run_folder
     from npu_rl.trainer.sampling import PromptStream
 
+    prepare_run_folder(config)  # before anything loads: a folder in the way or another run's checkpoints
     logging.basicConfig(level=os.environ.get("NPU_RL_LOG_LEVEL", "WARNING"), stream=sys.stderr)
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
     backend.manual_seed(config.trainer.seed)
