@@ -280,6 +280,12 @@ class TrackioBackend(AccelerateBackend):
         self.tracker.run.log({"val/generations": trackio.Table(columns=list(GENERATION_COLUMNS), data=data)},
                              step=step)
 
+    def close(self):
+        import trackio
+
+        with _stdout_to_stderr():  # trackio.finish also forgets the run, so its exit hook does not finish it again
+            trackio.finish()
+
 
 class ClearmlBackend(AccelerateBackend):
     name = "clearml"
