@@ -16,7 +16,8 @@ commands:
   eval        accuracy / pass@k of a model folder or checkpoint on gsm8k | math500 | aime24 | arith
   merge       turn a (sharded) checkpoint into a plain Hugging Face folder
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
-  doctor      device, versions found and known-bad combinations
+  migrate     read a verl run script (never run it): what each override becomes here, and the npu-rl command
+  doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs
   plot        training curves (PNG + self-contained HTML) of one or several run folders
   bench       benchmarks: kernels | rollout | trainer
 
@@ -47,7 +48,17 @@ def _preprocess(argv: list[str]) -> int:
     return preprocess_main(argv)
 
 
+def _migrate(argv: list[str]) -> int:
+    from npu_rl.config.migrate import main
+
+    return main(argv)
+
+
 def _doctor(argv: list[str]) -> int:
+    if any(a == "--parity" or a.startswith("--parity=") for a in argv):  # rollout vs actor log-probs
+        from npu_rl.trainer.parity import main as parity_main
+
+        return parity_main(argv)
     from npu_rl.device.doctor import main
 
     return main(argv)
@@ -86,6 +97,7 @@ COMMANDS = {
     "eval": _eval,
     "merge": _merge,
     "preprocess": _preprocess,
+    "migrate": _migrate,
     "doctor": _doctor,
     "plot": _plot,
     "bench": _bench,

@@ -8,6 +8,7 @@ rows must come out even (prompts -> mini-batches -> data-parallel ranks -> micro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from npu_rl.config.schema import PPOConfig
 
@@ -66,6 +67,8 @@ class RunPlan:
     policy_model_path: str
     actor: RolePlan
     critic: RolePlan | None = None
+    policy_loss_mode: str = "vanilla"  # actor.policy_loss.loss_mode, or bypass_mode (algorithm.rollout_correction)
+    bypass_correction: Any = None  # the bypass_mode loss's RolloutCorrectionSpec (algorithm.rollout_correction)
 
 
 def _role_plan(world: int, sp: int, mini_batch_size: int, n: int) -> RolePlan:
@@ -75,6 +78,7 @@ def _role_plan(world: int, sp: int, mini_batch_size: int, n: int) -> RolePlan:
 
 def build_plan(config: PPOConfig) -> RunPlan:
     """The plan of a validated config (see :func:`plan_problems` for the checks behind each number)."""
+    from npu_rl.config.rollout_correction import correction_spec, policy_loss_mode
     from npu_rl.core import estimator_needs
 
     arr = config.actor_rollout_ref
@@ -98,6 +102,9 @@ def build_plan(config: PPOConfig) -> RunPlan:
         policy_model_path=arr.model.path,
         actor=_role_plan(world, arr.actor.ulysses_sequence_parallel_size, arr.actor.ppo_mini_batch_size, n),
         critic=critic,
+        policy_loss_mode=policy_loss_mode(config),
+        bypass_correction=correction_spec(config.algorithm.rollout_correction)
+        if config.algorithm.rollout_correction.bypass_mode else None,
     )
 
 
@@ -157,7 +164,9 @@ def _role_problems(config: PPOConfig, key: str, role, world: int) -> list[str]:
             problems.append(f"{key}.ppo_max_token_len_per_gpu={role.ppo_max_token_len_per_gpu} x ulysses_sequence_"
                             f"parallel_size={role_sp} is below one sequence's maximum length ({need} = "
                             "data.max_prompt_length + data.max_response_length)")
-    elif micro is not None and not (micro > 0 and per_rank % micro == 0):
-        problems.append(f"{key}: the {per_rank} rows per rank of a mini-batch (ppo_mini_batch_size x n / dp ranks) "
-                        f"must be a multiple of the micro-batch size {micro} (ppo_micro_batch_size_per_gpu)")
+    elif micro is not None and not micro > 0:
+        # a per-rank mini-batch that is not a multiple of micro runs with a smaller last micro-batch, as in verl
+        # (the note comes from config.compat)
+        problems.append(f"{key}.ppo_micro_batch_size_per_gpu={micro} must be > 0 (the {per_rank} rows per rank of a "
+                        "mini-batch are split into micro-batches of this many rows)")
     return problems

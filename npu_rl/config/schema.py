@@ -128,12 +128,14 @@ class CheckpointContentsConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | gpg | geo_mean | cispo | <plug-in path>
+    loss_mode: str = "vanilla"  # vanilla | gspo | sapo | clip_cov | kl_cov | gpg | geo_mean | cispo | dro | dppo_tv
+    # | dppo_kl | <plug-in path>
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+    dro_beta: Optional[float] = None  # dro: weight of the quadratic log-ratio penalty (required there, > 0)
 
 
 @dataclass
@@ -148,8 +150,12 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = None  # None: clip_ratio (verl sets 0.2, which left clip_ratio unused)
     clip_ratio_high: Optional[float] = None  # None: clip_ratio
     clip_ratio_c: float = 3.0  # dual-clip lower bound for negative advantages; must be > 1
+    tau_pos: float = 1.0  # sapo: gate temperature where the advantage is positive
+    tau_neg: float = 1.05  # sapo: gate temperature where the advantage is not positive
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = "token-mean"  # token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | ...-norm
+    loss_scale_factor: Optional[int] = None  # seq-mean-token-sum-norm divisor; None: data.max_response_length
+    calculate_sum_pi_squared: bool = False  # optimal_token_baseline estimators need sum_v pi_v^2 per token
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -291,6 +297,7 @@ class CriticConfig:
     grad_clip: float = 1.0
     cliprange_value: float = 0.5
     loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"
+    loss_scale_factor: Optional[int] = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
 
 
@@ -313,6 +320,7 @@ class OverlongBufferConfig:
     len: int = 0  # tokens before max_response_length over which the penalty grows linearly
     penalty_factor: float = 0.0
     log: bool = False
+    max_resp_len: Optional[int] = None  # the length the penalty counts back from; None: data.max_response_length
 
 
 @dataclass
@@ -366,6 +374,20 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (docs/algorithms.md, "Rollout correction"): the rollout engine's and
+    the trainer's log-probs differ; weight, reject, or train directly on the rollout's (bypass mode)."""
+
+    rollout_is: Optional[str] = None  # null | token | sequence: importance weights pi_train / pi_rollout
+    rollout_is_threshold: Any = 2.0  # a number: TIS cap; "lower_upper" (e.g. "0.5_2.0"): MIS (IcePop) bounds
+    rollout_rs: Optional[str] = None  # null | comma-separated token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/3
+    rollout_rs_threshold: Any = None  # one value, or one per rollout_rs option; k1 options: "lower_upper" or upper
+    bypass_mode: bool = False  # true: old log-probs := rollout log-probs (no recomputation), loss bypass_mode
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+    rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
+
+
+@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
@@ -375,6 +397,9 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # kl(k1) | abs | mse(k2) | low_var_kl(k3) | full, each with an optional '+'
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    gdpo_reward_keys: Optional[list[str]] = None  # gdpo: the reward components (keys of compute_score's dict)
+    gdpo_reward_weights: Optional[list[float]] = None  # gdpo: one weight per component (default: all 1)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # -------------------------------------------------------------------------------------------------------- trainer
@@ -421,13 +446,13 @@ class TrainerConfig:
 class RayInitConfig:
     num_cpus: Optional[int] = None
     address: Optional[str] = None
-    timeline_json_file: Optional[str] = None
-    runtime_env: dict[str, Any] = field(default_factory=dict)
+    runtime_env: dict[str, Any] = field(default_factory=dict)  # any key (py_executable, env_vars ...), no '+' needed
 
 
 @dataclass
 class RayKwargsConfig:
-    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)  # passed to ray.init()
+    timeline_json_file: Optional[str] = None  # after training, ray.timeline() is written here (as verl does)
 
 
 # ------------------------------------------------------------------------------------------------------------ root

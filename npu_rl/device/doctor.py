@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Report the device npu-rl would use (DEVICE=auto|npu|cuda|cpu picks one), the versions of the "
                     "device and rollout stack, the environment variables that matter, and known-bad combinations. "
                     "Exit status: 0 fine, 1 known-bad combinations, 2 the chosen device cannot be used.",
+        epilog="npu-rl doctor --parity MODEL compares rollout and actor log-probs (npu-rl doctor --parity --help).",
     ).parse_args(argv if argv is not None else [])
     versions = installed_versions()
     device_errors: list[str] = []

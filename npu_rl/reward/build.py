@@ -50,7 +50,8 @@ def reward_settings(config, validation: bool = False) -> RewardSettings:
     return RewardSettings(
         score_fn=score_fn_spec(config.custom_reward_function, getattr(manager_cls, "batched", False)),
         reward_fn_key=str(config.data.reward_fn_key),
-        max_response_length=int(config.data.max_response_length),
+        max_response_length=int(buffer.max_resp_len if getattr(buffer, "max_resp_len", None) is not None
+                                else config.data.max_response_length),
         overlong_buffer=OverlongBuffer(bool(buffer.enable), int(buffer.len), float(buffer.penalty_factor),
                                        bool(getattr(buffer, "log", False))),
         num_workers=int(rm.num_workers),
@@ -90,6 +91,8 @@ def check_reward_config(reward_model_cfg, custom_reward_cfg, data_cfg=None) -> N
         raise ValueError(f"reward_model.overlong_buffer.enable=True needs reward_model.reward_manager=dapo "
                          f"(it is {name!r}, which would ignore the buffer)")
     max_len = int(data_cfg.max_response_length) if data_cfg is not None else None
+    if getattr(buffer, "max_resp_len", None) is not None:  # verl's dapo manager's own max_resp_len
+        max_len = int(buffer.max_resp_len)
     if buffer.enable:
         check_overlong_buffer(buffer, max_len if max_len is not None else int(buffer.len))
     if _plain(getattr(reward_model_cfg, "reward_kwargs", None)):

@@ -13,6 +13,7 @@ Managers:
     naive   one call per row of verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``
     batch   one call per chunk with lists: ``compute_score(data_sources, solution_strs, ground_truths,
             extra_infos)`` (a chunk per pool worker; the whole batch in-process)
+    gdpo    naive (verl's name for it in GDPO scripts; dict results' entries are kept as extras, as everywhere)
     dapo    naive + DAPO's overlong buffer. With L the valid response length, Lmax = data.max_response_length and
             the buffer ``len`` b, ``factor`` f:  penalty = min(0, -(L - (Lmax - b)) / b * f), added to the score.
             So 0 up to Lmax - b tokens, then linearly down to -f at Lmax (verl's DAPORewardManager).
@@ -238,6 +239,12 @@ def _row_name(i: int, row: dict[str, Any], batch: Batch) -> str:
 @REWARD_MANAGERS.register("naive")
 class NaiveRewardManager(RuleRewardManager):
     """One scoring call per row (verl's ``naive``)."""
+
+
+@REWARD_MANAGERS.register("gdpo")
+class GDPORewardManager(RuleRewardManager):
+    """verl's ``gdpo``: naive scoring; a dict result's entries (the GDPO reward components) become per-row extras,
+    which the ``gdpo`` estimator reads by ``algorithm.gdpo_reward_keys`` (every manager here keeps them)."""
 
 
 @REWARD_MANAGERS.register("batch")

@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
         return 2
     overrides = args.overrides + unknown
     try:
+        notes: list[str] = []
         if args.cfg:
-            config = load_config(overrides, args.config_name, args.config_path, validate=False)
+            config = load_config(overrides, args.config_name, args.config_path, validate=False, notes=notes)
             print(to_yaml(config))
             from npu_rl.config.validate import validate
 
@@ -64,15 +65,15 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
             from npu_rl.trainer.preflight import check_run_folder
 
             check_run_folder(config)
-            for note in _notes(config, args):
+            for note in notes + _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
-        config = load_config(overrides, args.config_name, args.config_path)
+        config = load_config(overrides, args.config_name, args.config_path, notes=notes)
         from npu_rl.trainer.preflight import check_run_folder
 
         check_run_folder(config)
-        for note in _notes(config, args):
+        for note in notes + _notes(config, args):
             print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
         print(f"npu-rl: {exc}", file=sys.stderr)

@@ -37,7 +37,28 @@ def build_worker_group(config: PPOConfig, plan: RunPlan):
         kwargs = {k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})}
         ray.init(**kwargs)
     pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
-    return RayWorkerGroup(pool, roles)
+    group = RayWorkerGroup(pool, roles)
+    group.owned_pool = pool  # released with the group (a later run in this process needs the devices again)
+    return group
+
+
+def write_ray_timeline(config: PPOConfig) -> str | None:
+    """``ray_kwargs.timeline_json_file``: write Ray's task timeline (``ray.timeline()``) there, as verl does after
+    training; nothing when unset or when Ray is not running (the local controller). Returns the path written."""
+    path = config.ray_kwargs.timeline_json_file
+    if not path:
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        logging.getLogger(__name__).warning("ray_kwargs.timeline_json_file=%s: Ray is not running (local "
+                                            "controller), so there is no timeline to write", path)
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ray.timeline(filename=path)
+    print(f"npu-rl: Ray timeline -> {path}", file=sys.stderr)
+    return path
 
 
 def run_dir_for(config: PPOConfig) -> str:
@@ -101,7 +122,10 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     finally:
         tracker.close()
         group.shutdown()
+        if getattr(group, "owned_pool", None) is not None:
+            group.owned_pool.remove()
     _summary(trainer, tracker.jsonl_path, time.perf_counter() - start)
+    write_ray_timeline(config)
     _draw_curves(run_dir)
     return code
 
