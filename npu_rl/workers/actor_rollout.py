@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from npu_rl.agent.rollout import AgentRollout, agent_rollout_enabled
 from npu_rl.config.schema import PPOConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.models.loader import load_tokenizer, stop_token_ids
@@ -34,6 +35,10 @@ class ActorRolloutWorker:
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
         self.engine = build_rollout_engine(self.config.actor_rollout_ref.rollout, model_cfg.path,
                                            self.actor.generation_module, self.tokenizer)
+        self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
+        if agent_rollout_enabled(self.config.actor_rollout_ref.rollout):
+            self.agent = AgentRollout(self.config.actor_rollout_ref.rollout, self.tokenizer, self.stop_ids,
+                                      self.config.data.max_response_length, self.config.data.apply_chat_template_kwargs)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             self.engine.sleep()
 
@@ -57,7 +62,9 @@ class ActorRolloutWorker:
         if self.engine.needs_weight_sync:
             metrics |= self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
         start = time.perf_counter()
-        out = self.engine.generate(prompts, sampling).to("cpu")  # the driver keeps batches in host memory
+        out = (self.agent.generate(self.engine, prompts, sampling) if self.agent is not None
+               else self.engine.generate(prompts, sampling)).to("cpu")  # the driver keeps batches in host memory
+        metrics |= out.meta.pop("metrics", {})
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
