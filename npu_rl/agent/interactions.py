@@ -61,9 +61,9 @@ class AnswerCheckInteraction(BaseInteraction):
 
 
 def load_interactions(path: str) -> dict[str, BaseInteraction]:
-    import os
+    from npu_rl.agent.tools.config import resolve_config_file
 
-    full = os.path.abspath(os.path.expanduser(path))
+    full = resolve_config_file(path)
     data = read_yaml_mapping(path, "multi_turn.interaction_config_path")
     entries = data.get("interaction")
     if not isinstance(entries, list) or not entries:

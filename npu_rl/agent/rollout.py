@@ -53,6 +53,8 @@ class AgentRollout:
         self.tools = load_tools(tool_path) if tool_path else {}
         self.interactions = load_interactions(interaction_path) if interaction_path else {}
         self.stop_ids = [int(i) for i in stop_ids]
+        prompt_length = cfg_get(rollout_config, "prompt_length")
+        self.max_prompt_length = int(prompt_length) if prompt_length is not None else None
         self.context = AgentContext(
             tokenizer=tokenizer, server=None, settings=self.settings, stop_ids=self.stop_ids,  # type: ignore
             stop_texts=[tokenizer.decode([i]) for i in self.stop_ids], tools=self.tools,
@@ -61,7 +63,16 @@ class AgentRollout:
     def generate(self, engine, prompts: Batch, sampling: SamplingParams) -> Batch:
         pad = int(self.tokenizer.pad_token_id)
 
+        limit = None if self.max_prompt_length is None else self.max_prompt_length + sampling.max_new_tokens
+
         def batch_generate(token_lists, budgets):
+            if limit is not None:  # the engine's max_model_len is prompt_length + response_length
+                for ids, budget in zip(token_lists, budgets):
+                    if len(ids) + budget > limit:
+                        raise ValueError(
+                            f"an agent conversation needs {len(ids) + budget} tokens (its prompt, with the tool "
+                            f"schemas rendered, is longer than data.max_prompt_length={self.max_prompt_length}); "
+                            "raise data.max_prompt_length")
             return generate_token_lists(engine, token_lists, budgets, sampling, pad)
 
         out = run_agent_loops(prompts, self.context, batch_generate, sampling.n, pad, sampling.max_new_tokens,

@@ -33,8 +33,26 @@ class ToolConfigError(ValueError):
     pass
 
 
+BUILTIN_PREFIX = "builtin://"
+
+
+def resolve_config_file(path: str) -> str:
+    """A path, or ``builtin://<name>``: the file ``<name>.yaml`` shipped in the package's ``configs/tools/``."""
+    if isinstance(path, str) and path.startswith(BUILTIN_PREFIX):
+        from npu_rl.config.loader import config_dir
+
+        name = path[len(BUILTIN_PREFIX):].removesuffix(".yaml")
+        folder = os.path.join(config_dir(), "tools")
+        full = os.path.join(folder, f"{name}.yaml")
+        if not os.path.isfile(full):
+            known = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")) if os.path.isdir(folder) else []
+            raise ToolConfigError(f"{path}: no built-in file {name!r}; known: {', '.join(known)}")
+        return full
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def read_yaml_mapping(path: str, what: str) -> dict[str, Any]:
-    full = os.path.abspath(os.path.expanduser(path))
+    full = resolve_config_file(path)
     if not os.path.isfile(full):
         raise ToolConfigError(f"{what} {full}: no such file")
     with open(full, encoding="utf-8") as f:
@@ -64,7 +82,7 @@ def load_class(class_name: Any, base: type, where: str) -> type:
 
 def load_tools(path: str) -> dict[str, BaseTool]:
     """The tools of a config file, by function name; fails at start-up naming the file and entry."""
-    full = os.path.abspath(os.path.expanduser(path))
+    full = resolve_config_file(path)
     data = read_yaml_mapping(path, "multi_turn.tool_config_path")
     entries = data.get("tools")
     if not isinstance(entries, list) or not entries:
