@@ -12,7 +12,8 @@ Output batch (the fields of :mod:`npu_rl.rollout.base`, for ``B*n`` rows):
 ``responses`` [B*n, R], ``input_ids`` / ``attention_mask`` / ``position_ids`` [B*n, P+R] (attention 1 on every real
 token: tool output is context), ``response_mask`` [B*n, R] (1 only on model-generated tokens), ``rollout_logprobs``
 (when asked; 0 off the mask); non-tensors of the input repeated, plus ``__num_turns__``, ``tool_rewards``,
-``turn_scores``; ``meta["metrics"]`` has verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
+``turn_scores``, ``num_tool_calls``, ``called_tool`` (validation reports the numeric ones per data source);
+``meta["metrics"]`` has verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ def assemble_agent_batch(rows: Batch, outputs: Sequence[AgentOutput], pad_token_
     for key, value in tensors.items():
         out[key] = value
     out["__num_turns__"] = object_array([o.num_turns for o in outputs])
+    out["num_tool_calls"] = object_array([o.num_tool_calls for o in outputs])  # (validation reports per-row columns)
+    out["called_tool"] = object_array([float(o.num_tool_calls > 0) for o in outputs])
     out["tool_rewards"] = object_array([list(o.tool_rewards) for o in outputs])
     out["turn_scores"] = object_array([list(o.turn_scores) for o in outputs])
     return out
