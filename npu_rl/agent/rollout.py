@@ -12,53 +12,49 @@ from npu_rl.agent.tools.config import load_tools
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.turns import generate_token_lists
-from npu_rl.rollout.utils import cfg_get, to_plain
 
 
-def agent_rollout_enabled(rollout_config: Any) -> bool:
+def agent_rollout_enabled(rollout_cfg: Any) -> bool:
     """``rollout.mode=async`` or ``rollout.multi_turn.enable`` routes generation through agent loops."""
-    multi_turn = cfg_get(rollout_config, "multi_turn")
-    return str(cfg_get(rollout_config, "mode", "sync")) == "async" or \
-        bool(multi_turn is not None and cfg_get(multi_turn, "enable", False))
+    return rollout_cfg.mode == "async" or bool(rollout_cfg.multi_turn.enable)
 
 
-def settings_from_config(rollout_config: Any, response_length: int) -> AgentSettings:
-    mt = cfg_get(rollout_config, "multi_turn") or {}
-    agent = cfg_get(rollout_config, "agent") or {}
+def settings_from_config(rollout_cfg: Any, response_length: int) -> AgentSettings:
+    mt, agent = rollout_cfg.multi_turn, rollout_cfg.agent
     optional = lambda v: None if v in (None, 0) else int(v)  # noqa: E731 - verl: null / 0 means no limit
     return AgentSettings(
         response_length=int(response_length),
-        default_agent_loop=str(cfg_get(agent, "default_agent_loop", "single_turn_agent")),
-        max_assistant_turns=optional(cfg_get(mt, "max_assistant_turns")),
-        max_user_turns=optional(cfg_get(mt, "max_user_turns")),
-        max_parallel_calls=int(cfg_get(mt, "max_parallel_calls", 1)),
-        max_tool_response_length=int(cfg_get(mt, "max_tool_response_length", 256)),
-        tool_response_truncate_side=str(cfg_get(mt, "tool_response_truncate_side", "middle")),
-        format=str(cfg_get(mt, "format", "hermes")),
+        default_agent_loop=str(agent.default_agent_loop),
+        max_assistant_turns=optional(mt.max_assistant_turns),
+        max_user_turns=optional(mt.max_user_turns),
+        max_parallel_calls=int(mt.max_parallel_calls),
+        max_tool_response_length=int(mt.max_tool_response_length),
+        tool_response_truncate_side=str(mt.tool_response_truncate_side),
+        format=str(mt.format),
     )
 
 
 class AgentRollout:
-    def __init__(self, rollout_config: Any, tokenizer, stop_ids: Sequence[int], response_length: int,
+    """``rollout_cfg``: the ``actor_rollout_ref.rollout`` slice (``RolloutConfig``); ``response_length``: the
+    conversation's token budget after the prompt (``data.max_response_length``)."""
+
+    def __init__(self, rollout_cfg: Any, tokenizer, stop_ids: Sequence[int], response_length: int,
                  chat_kwargs: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
-        self.settings = settings_from_config(rollout_config, response_length)
-        mt = cfg_get(rollout_config, "multi_turn") or {}
-        agent = cfg_get(rollout_config, "agent") or {}
-        loops_file = cfg_get(agent, "agent_loop_config_path")
-        if loops_file:
-            register_agent_loops_file(loops_file)
+        self.settings = settings_from_config(rollout_cfg, response_length)
+        mt, agent = rollout_cfg.multi_turn, rollout_cfg.agent
+        if agent.agent_loop_config_path:
+            register_agent_loops_file(agent.agent_loop_config_path)
         resolve_agent_loop(self.settings.default_agent_loop)  # an unknown default fails now
-        tool_path, interaction_path = cfg_get(mt, "tool_config_path"), cfg_get(mt, "interaction_config_path")
-        self.tools = load_tools(tool_path) if tool_path else {}
-        self.interactions = load_interactions(interaction_path) if interaction_path else {}
+        self.tools = load_tools(mt.tool_config_path) if mt.tool_config_path else {}
+        self.interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
         self.stop_ids = [int(i) for i in stop_ids]
-        prompt_length = cfg_get(rollout_config, "prompt_length")
-        self.max_prompt_length = int(prompt_length) if prompt_length is not None else None
+        prompt_length = rollout_cfg.prompt_length
+        self.max_prompt_length = int(prompt_length) if isinstance(prompt_length, int) else None
         self.context = AgentContext(
             tokenizer=tokenizer, server=None, settings=self.settings, stop_ids=self.stop_ids,  # type: ignore
             stop_texts=[tokenizer.decode([i]) for i in self.stop_ids], tools=self.tools,
-            interactions=self.interactions, chat_kwargs=dict(to_plain(chat_kwargs or {}) or {}))
+            interactions=self.interactions, chat_kwargs=dict(chat_kwargs or {}))
 
     def generate(self, engine, prompts: Batch, sampling: SamplingParams) -> Batch:
         pad = int(self.tokenizer.pad_token_id)

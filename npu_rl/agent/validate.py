@@ -10,8 +10,6 @@ TRUNCATE_SIDES = ("left", "right", "middle")
 
 
 def agent_config_problems(config: Any, check_paths: bool = True) -> list[str]:
-    from npu_rl.agent.rollout import agent_rollout_enabled
-
     rollout = config.actor_rollout_ref.rollout
     key = "actor_rollout_ref.rollout"
     problems: list[str] = []
@@ -24,7 +22,7 @@ def agent_config_problems(config: Any, check_paths: bool = True) -> list[str]:
                         f"of {', '.join(TRUNCATE_SIDES)}")
     if mt.max_parallel_calls < 1:
         problems.append(f"{key}.multi_turn.max_parallel_calls={mt.max_parallel_calls} must be >= 1")
-    if not agent_rollout_enabled(rollout):
+    if not (rollout.mode == "async" or mt.enable):
         if mt.tool_config_path or mt.interaction_config_path:
             problems.append(f"{key}.multi_turn.tool_config_path / interaction_config_path are set but agent loops "
                             f"are off: set {key}.mode=async or {key}.multi_turn.enable=True")

@@ -120,6 +120,7 @@ def test_hf_engine_through_agent_rollout(tiny_model_dir, tmp_path):
     """The hf engine drives tool_agent turn by turn; the batch has the rollout layout and a prefix mask on
     single-turn rows (a random model rarely emits a tool call, so this checks plumbing, not tool use)."""
     from npu_rl.agent.rollout import AgentRollout
+    from npu_rl.config.schema import AgentLoopConfig, MultiTurnConfig, RolloutConfig
     from npu_rl.models.loader import load_tokenizer
     from npu_rl.rollout.base import SamplingParams
     from npu_rl.rollout.hf import HFRolloutEngine
@@ -127,8 +128,9 @@ def test_hf_engine_through_agent_rollout(tiny_model_dir, tmp_path):
     tok = load_tokenizer(tiny_model_dir)
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - class_name: npu_rl.agent.tools.calculator.CalculatorTool\n")
-    cfg = {"mode": "async", "multi_turn": {"enable": True, "tool_config_path": str(tools), "max_assistant_turns": 3},
-           "agent": {"default_agent_loop": "tool_agent"}}
+    cfg = RolloutConfig(mode="async", multi_turn=MultiTurnConfig(enable=True, tool_config_path=str(tools),
+                                                                 max_assistant_turns=3),
+                        agent=AgentLoopConfig(default_agent_loop="tool_agent"))
     rollout = AgentRollout(cfg, tok, [IM_END], response_length=16)
     engine = HFRolloutEngine.from_pretrained(tiny_model_dir, tok.pad_token_id, dtype="fp32", device="cpu")
     sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=16, stop_token_ids=[IM_END], return_logprobs=True)

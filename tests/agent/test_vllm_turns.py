@@ -45,13 +45,15 @@ def test_agent_rollout_on_vllm(engines):
     from tests.agent.test_runner import prompt_batch
 
     engine, _, tokenizer = engines
-    cfg = {"mode": "async", "prompt_length": 8, "agent": {"default_agent_loop": "tool_agent"}}
+    from npu_rl.config.schema import AgentLoopConfig, RolloutConfig
+
+    cfg = RolloutConfig(mode="async", prompt_length=8, agent=AgentLoopConfig(default_agent_loop="tool_agent"))
     rollout = AgentRollout(cfg, tokenizer, [EOS], response_length=24)
     sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=24, stop_token_ids=[EOS], return_logprobs=True)
     batch = prompt_batch(tokenizer, ["hi", "what is 2+2"])
     with pytest.raises(ValueError, match="raise data.max_prompt_length"):  # checked before vLLM sees it
         rollout.generate(engine, batch, sampling)
-    cfg["prompt_length"] = 128
+    cfg.prompt_length = 128
     out = AgentRollout(cfg, tokenizer, [EOS], response_length=24).generate(engine, batch, sampling)
     assert out["responses"].shape == (4, 24) and out["rollout_logprobs"].shape == (4, 24)
     assert out.meta["metrics"]["agent_loop/engine_calls"] >= 1

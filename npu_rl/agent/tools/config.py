@@ -39,10 +39,10 @@ BUILTIN_PREFIX = "builtin://"
 def resolve_config_file(path: str) -> str:
     """A path, or ``builtin://<name>``: the file ``<name>.yaml`` shipped in the package's ``configs/tools/``."""
     if isinstance(path, str) and path.startswith(BUILTIN_PREFIX):
-        from npu_rl.config.loader import config_dir
+        import importlib.resources
 
         name = path[len(BUILTIN_PREFIX):].removesuffix(".yaml")
-        folder = os.path.join(config_dir(), "tools")
+        folder = os.path.join(str(importlib.resources.files("npu_rl.configs")), "tools")
         full = os.path.join(folder, f"{name}.yaml")
         if not os.path.isfile(full):
             known = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")) if os.path.isdir(folder) else []
