@@ -142,3 +142,24 @@ def test_hf_engine_through_agent_rollout(tiny_model_dir, tmp_path):
     assert (lengths >= out["response_mask"].sum(-1)).all()
     assert out.meta["metrics"]["num_turns/min"] >= 2
     assert np.all(out["__num_turns__"] >= 2)
+
+
+def test_single_turn_agent_equals_the_sync_rollout(tiny_model_dir):
+    """mode=async with the default loop gives the sync engine's batch: same tokens, masks, positions (greedy)."""
+    from npu_rl.agent.rollout import AgentRollout
+    from npu_rl.config.schema import RolloutConfig
+    from npu_rl.models.loader import load_tokenizer
+    from npu_rl.rollout.base import SamplingParams
+    from npu_rl.rollout.hf import HFRolloutEngine
+
+    tok = load_tokenizer(tiny_model_dir)
+    engine = HFRolloutEngine.from_pretrained(tiny_model_dir, tok.pad_token_id, dtype="fp32", device="cpu")
+    prompts = prompt_batch(tok, ["hi", "what is 2+2", "x"])
+    sampling = SamplingParams(n=2, do_sample=False, max_new_tokens=12, stop_token_ids=[IM_END], return_logprobs=True)
+    want = engine.generate(prompts, sampling)
+    got = AgentRollout(RolloutConfig(mode="async"), tok, [IM_END], response_length=12).generate(engine, prompts,
+                                                                                                sampling)
+    for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert torch.equal(got[key].long(), want[key].long()), key
+    torch.testing.assert_close(got["rollout_logprobs"], want["rollout_logprobs"])
+    assert got["__num_turns__"].tolist() == [2] * 6
