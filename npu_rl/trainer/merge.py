@@ -37,12 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from npu_rl.models.loader import to_dtype
     from npu_rl.parallel.checkpoint import merge_checkpoint
+    from npu_rl.utils.paths import check_output_dir
+    from npu_rl.utils.safe_load import CorruptFileError
 
     try:
+        check_output_dir(args.out, "--out")
         source = resolve_checkpoint(args.checkpoint, args.role)
-    except (FileNotFoundError, ValueError) as exc:
+        out = merge_checkpoint(source, args.out, dtype=to_dtype(args.dtype) if args.dtype else None)
+    except (CorruptFileError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"npu-rl merge: {exc}", file=sys.stderr)
         return 2
-    out = merge_checkpoint(source, args.out, dtype=to_dtype(args.dtype) if args.dtype else None)
     print(f"npu-rl merge: {source} -> {out}")
     return 0
