@@ -4,7 +4,8 @@ One step::
 
     prompts --repeat n--> rollout (wake, sync weights, generate, sleep) --> responses [+ rollout logprobs]
        --> reward manager --> token-level scores        (DAPO: drop groups whose metric is constant, generate more)
-       --> actor forward (no grad) --> old logprobs, entropy
+       --> actor forward (no grad) --> old logprobs, entropy  (bypass mode: the rollout's logprobs instead)
+       --> rollout correction: IS weights, rejection, rollout_corr/* metrics (algorithm.rollout_correction)
        --> reference forward --> ref logprobs             (when a KL term is on)
        --> critic forward --> values                      (PPO / GAE)
        --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
@@ -35,6 +36,7 @@ from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
 from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
 from npu_rl.trainer.estimator_inputs import estimator_extras
+from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
 from npu_rl.trainer.validation import validate
 from npu_rl.utils.flops import step_flops
@@ -157,7 +159,7 @@ class PPOTrainer:
         metrics |= timer.metrics({"gen": int(batch["response_mask"].sum()), "update_actor": num_tokens})
         metrics |= M.throughput_metrics(num_tokens, timer.seconds["step"], self.roles.num_devices)
         metrics |= self._mfu(batch, timer)
-        metrics |= {f"perf/{k}": v for k, v in self.backend.memory_stats_gb().items()}
+        metrics |= self._memory_metrics()
         out = M.to_floats(metrics)
         self._check_nan(out)
         return out
@@ -222,15 +224,21 @@ class PPOTrainer:
 
             batch, balance_metrics = balance_batch(batch, self.plan.actor.dp_size)
             metrics |= balance_metrics
-        with timer("old_log_prob"):
-            old = self.roles.actor_rollout.compute_logprobs(batch)
-        metrics["actor/entropy"] = M.masked_mean_tensor(old["entropy"], batch["response_mask"])
-        batch = batch.union(old.select(["old_logprobs", *(["sum_pi_squared"] if "sum_pi_squared" in old else [])]))
-        if "rollout_logprobs" in batch:
-            from npu_rl.rollout.utils import rollout_probs_diff_metrics
+        if algo.rollout_correction.bypass_mode:  # old log-probs := the rollout's (no recomputation)
+            batch = bypass_old_logprobs(batch)
+        else:
+            with timer("old_log_prob"):
+                old = self.roles.actor_rollout.compute_logprobs(batch)
+            metrics["actor/entropy"] = M.masked_mean_tensor(old["entropy"], batch["response_mask"])
+            kept = ["old_logprobs"] + (["sum_pi_squared"] if "sum_pi_squared" in old else [])
+            batch = batch.union(old.select(kept))
+            if "rollout_logprobs" in batch:
+                from npu_rl.rollout.utils import rollout_probs_diff_metrics
 
-            metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
-                                                  batch["response_mask"])
+                metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
+                                                      batch["response_mask"])
+            batch, correction_metrics = correct_batch(batch, self.config)  # weights, rejection, rollout_corr/*
+            metrics |= correction_metrics
         if self.plan.use_ref:
             with timer("ref"):
                 batch = batch.union(self.roles.ref.compute_ref_logprobs(batch))
@@ -276,6 +284,14 @@ class PPOTrainer:
         dtype = to_dtype(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype)
         peak = self.backend.peak_flops(dtype) * self.roles.num_devices
         return {"perf/mfu/actor": flops / seconds / peak}
+
+    def _memory_metrics(self) -> dict[str, float]:
+        """Peak memory of every worker rank this step (max over ranks, and per rank); resets their counters."""
+        from npu_rl.utils.memory_report import memory_metrics, process_memory_stats
+
+        report = getattr(self.roles.actor_rollout, "memory_stats", None)
+        per_rank = report() if report is not None else [process_memory_stats()]
+        return memory_metrics(per_rank)
 
     def _check_nan(self, metrics: dict[str, float]) -> None:
         skipped = metrics.get("actor/nan_skipped", 0.0) + metrics.get("critic/nan_skipped", 0.0)

@@ -17,10 +17,11 @@ from npu_rl.models.loader import load_tokenizer, stop_token_ids
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
 from npu_rl.workers.actor import ActorWorker
+from npu_rl.workers.memory import ReportsMemory
 from npu_rl.workers.model_runner import MicroBatching
 
 
-class ActorRolloutWorker:
+class ActorRolloutWorker(ReportsMemory):
     """One role for the driver (``group.actor_rollout``), two parts inside: ``self.actor`` and ``self.engine``."""
 
     def __init__(self, model_cfg: ModelConfig, actor_cfg: ActorConfig, rollout_cfg: RolloutConfig, plan: RunPlan):
@@ -72,6 +73,7 @@ class ActorRolloutWorker:
                else self.engine.generate(prompts, sampling)).to("cpu")  # the driver keeps batches in host memory
         metrics |= out.meta.pop("metrics", {})
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
+        metrics |= getattr(self.engine, "last_generate_metrics", {})  # hf on FSDP2: the one weight gather
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
         return WorkerOutput(out, metrics)
