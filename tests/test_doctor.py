@@ -98,4 +98,4 @@ def test_doctor_exit_code_when_the_chosen_device_is_unusable():
     env = {**os.environ, "DEVICE": "npu", "PYTHONPATH": REPO_ROOT}
     out = subprocess.run([sys.executable, "-m", "npu_rl.cli", "doctor"], capture_output=True, text=True,
                          cwd=REPO_ROOT, env=env)
-    assert out.returncode == 2 and "the chosen device is unusable" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 2 and "the chosen device cannot be used" in out.stderr, out.stdout + out.stderr

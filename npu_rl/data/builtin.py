@@ -2,11 +2,12 @@
 
     builtin://arith/train                      the generated arithmetic task (defaults of ArithSpec)
     builtin://arith/test?max_digits=2&operators=+-&seed=3
+    builtin://arith_tool/train                 3-digit multiplication with the calculator tool (npu_rl/agent/tasks.py)
     builtin://gsm8k/train   builtin://gsm8k/test   builtin://math500/test   builtin://aime24/test
 
 Query parameters set ArithSpec fields (``num_operands, operators, min_digits, max_digits, num_train, num_test,
-seed``; ``digits=N`` sets both digit bounds). The local data sets are converted from the raw JSONL folder
-(``$NPU_RL_DATA_DIR`` or ``../shared/data``; a ``data_dir=`` query parameter wins). Files land in
+seed``; ``digits=N`` sets both digit bounds). The local data sets are converted from the raw JSONL shipped in the package
+(``npu_rl/data/sets``; ``$NPU_RL_DATA_DIR`` or a ``data_dir=`` query parameter point elsewhere). Files land in
 ``$NPU_RL_CACHE/datasets/<name>-<hash>/`` (default ``~/.cache/npu_rl``), keyed by a hash of the generator settings,
 and are written atomically, so several processes resolving the same path at once are safe.
 """
@@ -21,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from npu_rl.data.arith import ArithSpec, generate_arith
 from npu_rl.data.io import expand_path, write_parquet
-from npu_rl.data.preprocess import CONVERTERS, convert, default_data_dir
+from npu_rl.data.preprocess import CONVERTERS, convert, default_data_dir, find_raw_file
 
 SCHEME = "builtin://"
 GENERATOR_VERSION = 1  # bump when the rows a spec produces change, so stale caches are not reused
@@ -39,13 +40,13 @@ def is_builtin(path: object) -> bool:
 def _parse(uri: str) -> tuple[str, str, dict[str, str]]:
     parts = urlsplit(uri)
     name, split = parts.netloc, parts.path.strip("/")
-    known = sorted(CONVERTERS) + ["arith"]
+    known = sorted(CONVERTERS) + ["arith", "arith_tool"]
     if name not in known or not split:
         raise ValueError(f"unknown built-in data set {uri!r}; expected builtin://<name>/<split> with name in {known}")
     return name, split, dict(parse_qsl(parts.query, keep_blank_values=True))
 
 
-def arith_spec_from_query(query: dict[str, str], uri: str = "") -> ArithSpec:
+def arith_spec_from_query(query: dict[str, str], uri: str = "", defaults: dict | None = None) -> ArithSpec:
     fields = {f.name for f in dataclasses.fields(ArithSpec)} - {"prompt_template"}
     kwargs: dict[str, object] = {}
     for key, value in query.items():
@@ -63,7 +64,7 @@ def arith_spec_from_query(query: dict[str, str], uri: str = "") -> ArithSpec:
                 kwargs[key] = int(kwargs[key])  # type: ignore[arg-type]
             except ValueError as exc:
                 raise ValueError(f"{uri}: arith parameter {key}={kwargs[key]!r} is not an integer") from exc
-    return ArithSpec(**kwargs)  # type: ignore[arg-type]
+    return ArithSpec(**{**(defaults or {}), **kwargs})  # type: ignore[arg-type]
 
 
 def resolve_builtin(uri: str) -> str:
@@ -73,6 +74,13 @@ def resolve_builtin(uri: str) -> str:
         spec = arith_spec_from_query(query, uri)
         key = {"version": GENERATOR_VERSION, **spec.to_dict()}
         make = lambda: generate_arith(spec)  # noqa: E731
+        splits = ("train", "test")
+    elif name == "arith_tool":  # the calculator-tool task (npu_rl/agent/tasks.py)
+        from npu_rl.agent.tasks import TOOL_TASK_DEFAULTS, generate_tool_task
+
+        spec = arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS)
+        key = {"version": GENERATOR_VERSION, "task": "arith_tool", **spec.to_dict()}
+        make = lambda: generate_tool_task(spec)  # noqa: E731
         splits = ("train", "test")
     else:
         data_dir = expand_path(query.pop("data_dir", None) or default_data_dir())
@@ -97,17 +105,20 @@ def resolve_builtin(uri: str) -> str:
 def check_builtin(uri: str) -> None:
     """Fail (naming the URI) if ``resolve_builtin`` would, without generating anything: for the config validator."""
     name, split, query = _parse(uri)
-    if name == "arith":
-        arith_spec_from_query(query, uri).split_sizes()
+    if name in ("arith", "arith_tool"):
+        from npu_rl.agent.tasks import TOOL_TASK_DEFAULTS
+
+        arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS if name == "arith_tool" else None).split_sizes()
         splits: tuple[str, ...] = ("train", "test")
     else:
         data_dir = expand_path(query.pop("data_dir", None) or default_data_dir())
         if query:
             raise ValueError(f"{uri}: {name} takes no parameters other than data_dir, got {sorted(query)}")
         splits = CONVERTERS[name][0]
-        raw = os.path.join(data_dir, name, f"{split}.jsonl")
-        if split in splits and not os.path.isfile(raw):
-            raise FileNotFoundError(f"{uri}: the raw file {raw} does not exist (set NPU_RL_DATA_DIR or data_dir=)")
+        if split in splits and find_raw_file(data_dir, name, split) is None:
+            raw = os.path.join(data_dir, name, f"{split}.jsonl")
+            raise FileNotFoundError(f"{uri}: the raw file {raw} (or .jsonl.xz / .jsonl.gz) does not exist "
+                                    "(set NPU_RL_DATA_DIR or data_dir=)")
     if split not in splits:
         raise ValueError(f"{uri}: {name} has splits {list(splits)}, not {split!r}")
 
@@ -116,9 +127,40 @@ def _mtimes(data_dir: str, name: str, splits: tuple[str, ...]) -> dict[str, floa
     # The raw files' modification times are part of the key, so an edited source is converted again.
     out = {}
     for split in splits:
-        raw = os.path.join(data_dir, name, f"{split}.jsonl")
-        out[split] = os.path.getmtime(raw) if os.path.exists(raw) else -1.0
+        raw = find_raw_file(data_dir, name, split)
+        out[split] = os.path.getmtime(raw) if raw else -1.0
     return out
+
+
+HUB_SCHEME = "hf://datasets/"
+
+
+def resolve_hub(uri: str) -> str:
+    """``hf://datasets/<owner>/<name>[/<config>]?split=train``: a Hugging Face Hub data set, downloaded with
+    ``datasets.load_dataset`` only on this explicit request, cached as parquet under ``$NPU_RL_CACHE/hub``; offline
+    (``HF_HUB_OFFLINE=1``) only an earlier download is used. The rows must already follow verl's schema
+    (docs/data_and_rewards.md shows the mapping for a raw set)."""
+    parts = urlsplit(uri)
+    names = [parts.netloc] + [p for p in parts.path.split("/") if p]  # netloc is "datasets"
+    query = dict(parse_qsl(parts.query))
+    if len(names) not in (3, 4) or set(query) - {"split", "revision"} or "split" not in query:
+        raise ValueError(f"{uri}: expected hf://datasets/<owner>/<name>[/<config>]?split=<split>[&revision=<rev>]")
+    repo, config = "/".join(names[1:3]), (names[3] if len(names) == 4 else None)
+    key = {"repo": repo, "config": config, **query}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = os.path.join(cache_dir(), "hub", f"{repo.replace('/', '--')}-{digest}", f"{query['split']}.parquet")
+    if os.path.isfile(path):
+        return path
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        raise FileNotFoundError(f"{uri}: not downloaded yet and HF_HUB_OFFLINE is set; run once online "
+                                f"(unset HF_HUB_OFFLINE) or save the set with datasets' save_to_disk and give that folder")
+    try:
+        from datasets import load_dataset
+    except ImportError as exc:
+        raise ValueError(f"{uri}: reading from the Hugging Face Hub needs pip install datasets") from exc
+    data = load_dataset(repo, config, split=query["split"], revision=query.get("revision"))
+    write_parquet(data.to_list(), path)
+    return path
 
 
 def resolve_data_files(files: object) -> list[str]:
@@ -141,7 +183,12 @@ def resolve_data_files(files: object) -> list[str]:
     for item in items:
         if not isinstance(item, str):
             raise TypeError(f"data file {item!r} is a {type(item).__name__}, expected a path string")
-        path = resolve_builtin(item) if is_builtin(item) else expand_path(item)
+        if is_builtin(item):
+            path = resolve_builtin(item)
+        elif item.startswith(HUB_SCHEME):
+            path = resolve_hub(item)
+        else:
+            path = expand_path(item)
         if not os.path.exists(path):
             raise FileNotFoundError(f"data file {item!r} does not exist" + (f" (resolved to {path})"
                                                                             if path != item else ""))

@@ -197,9 +197,9 @@ def settings_problems(env: dict[str, str], versions: dict[str, str | None], *, s
     return problems, notes
 
 
-def device_report() -> tuple[list[str], str | None]:
-    """Lines describing the devices, and the error that makes the chosen device unusable (None when usable)."""
-    lines, error = [], None
+def device_report(errors: list[str] | None = None) -> list[str]:
+    """Lines about each device; the chosen device's error (if it cannot be used) is appended to ``errors``."""
+    lines = []
     for name, probe in (("npu", backend_mod._npu_probe), ("cuda", backend_mod._cuda_probe)):
         ok, why = probe()
         lines.append(f"  {name:5s} {'available' if ok else 'no: ' + why}")
@@ -209,18 +209,28 @@ def device_report() -> tuple[list[str], str | None]:
                         f"{chosen.dist_backend}, {chosen.device_count()} device(s): {chosen.device_name()}, "
                         f"peak {chosen.peak_flops() / 1e12:.1f} TFLOP/s (nominal)")
     except Exception as exc:
-        error = str(exc)
         lines.insert(0, f"  chosen: ERROR {exc}")
-    return lines, error
+        if errors is not None:
+            errors.append(str(exc))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the report; exit 2 when the chosen device is unusable, 1 on problems, else 0."""
+    """Exit status: 0 all well, 1 known-bad package combinations, 2 the chosen device (``$DEVICE``) is unusable."""
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="npu-rl doctor",
+        description="Report the device npu-rl would use (DEVICE=auto|npu|cuda|cpu picks one), the versions of the "
+                    "device and rollout stack, the environment variables that matter, and known-bad combinations. "
+                    "Exit status: 0 fine, 1 known-bad combinations, 2 the chosen device cannot be used.",
+        epilog="npu-rl doctor --parity MODEL compares rollout and actor log-probs (npu-rl doctor --parity --help).",
+    ).parse_args(argv if argv is not None else [])
     versions = installed_versions()
+    device_errors: list[str] = []
     print(f"npu-rl doctor  (python {sys.version.split()[0]}, {platform.platform()})")
     print("device:")
-    lines, device_error = device_report()
-    print("\n".join(lines))
+    print("\n".join(device_report(device_errors)))
     from npu_rl.device import npu_patches
 
     for result in npu_patches.REPORT:  # filled when the NPU backend was chosen above
@@ -235,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     for var in ENV_VARS:
         print(f"  {var}={os.environ.get(var, '')}" if var in os.environ else f"  {var} (unset)")
     problems = combination_problems(versions)
-    py = ".".join(map(str, sys.version_info[:3]))
-    more, notes = matrix_problems(versions, py, cann)
+    more, notes = matrix_problems(versions, ".".join(map(str, sys.version_info[:3])), cann)
     problems += more
     more, more_notes = settings_problems(dict(os.environ), versions)
     problems += more
@@ -256,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"problems ({len(problems)}):")
         for p in problems:
             print(f"  - {p}")
-    if device_error is not None:
-        print(f"the chosen device is unusable: {device_error}")
+    if device_errors:
+        print(f"npu-rl doctor: the chosen device cannot be used: {device_errors[0]}", file=sys.stderr)
+        print("npu-rl doctor: fix that, or choose another device (DEVICE=auto takes the first that works: npu, "
+              "cuda, cpu)", file=sys.stderr)
         return 2
     if problems:
         return 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from npu_rl.agent.rollout import AgentRollout, agent_rollout_enabled
 from npu_rl.config.derived import RunPlan
 from npu_rl.config.schema import ActorConfig, ModelConfig, RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
@@ -41,6 +42,9 @@ class ActorRolloutWorker(ReportsMemory):
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
                                            self.tokenizer)
+        self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
+        if agent_rollout_enabled(self.rollout_cfg):
+            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length)
         if self.rollout_cfg.free_cache_engine:
             self.engine.sleep()
 
@@ -65,7 +69,9 @@ class ActorRolloutWorker(ReportsMemory):
         if self.engine.needs_weight_sync:
             metrics |= self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
         start = time.perf_counter()
-        out = self.engine.generate(prompts, sampling).to("cpu")  # the driver keeps batches in host memory
+        out = (self.agent.generate(self.engine, prompts, sampling) if self.agent is not None
+               else self.engine.generate(prompts, sampling)).to("cpu")  # the driver keeps batches in host memory
+        metrics |= out.meta.pop("metrics", {})
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
         metrics |= getattr(self.engine, "last_generate_metrics", {})  # hf on FSDP2: the one weight gather
         if rollout_cfg.free_cache_engine:
