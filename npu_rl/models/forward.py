@@ -57,6 +57,16 @@ def plain_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torc
     return logprobs, (torch.cat(out_ent) if compute_entropy else None)
 
 
+def _output_weight_and_bias(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output layer's weight and bias; a LoRA on the output layer (a PEFT layer around it) contributes its
+    ``scale * B @ A`` while its adapter is on, so both kernels see the effective weight."""
+    if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+        from npu_rl.models.lora import output_bias, output_weight
+
+        return output_weight(module), output_bias(module)
+    return module.weight, getattr(module, "bias", None)
+
+
 def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
              rows: torch.Tensor | None = None) -> Callable:
     """What the swapped lm_head computes: [B, S, H] -> [B, S, 2] = (logprob, entropy) of ``targets`` [B, S].
@@ -72,15 +82,16 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
             keep = rows.reshape(-1).nonzero().squeeze(-1)
             flat_hidden, flat_targets = flat_hidden[keep], flat_targets[keep]
             temp = temp[keep] if isinstance(temp, torch.Tensor) else temp
+        weight, bias = _output_weight_and_bias(module)
         if options.use_fused_kernels:
             import npu_rl_kernels
 
             logprobs, entropy = npu_rl_kernels.linear_logprob_entropy(
-                flat_hidden, module.weight, flat_targets, temperature=temp, backend=options.fused_backend)
+                flat_hidden, weight, flat_targets, temperature=temp, backend=options.fused_backend)
             if not options.compute_entropy:
                 entropy = None
         else:
-            logprobs, entropy = plain_linear_logprobs(flat_hidden, module.weight, getattr(module, "bias", None),
+            logprobs, entropy = plain_linear_logprobs(flat_hidden, weight, bias,
                                                       flat_targets, temp, options.compute_entropy,
                                                       options.chunk_rows)
         if entropy is None:
