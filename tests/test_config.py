@@ -129,12 +129,26 @@ def small(*overrides) -> PPOConfig:
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", "must be a multiple of the micro-batch size 3"),
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "tensor_model_parallel_size=2 must divide the 1"),
     ("algorithm.filter_groups.enable=True", "filter_groups.metric"),
-    ("actor_rollout_ref.model.lora_rank=8", "LoRA is not supported"),
+    ("actor_rollout_ref.model.lora_adapter_path=/nowhere", "lora_adapter_path='/nowhere' is set but"),
+    ("actor_rollout_ref.model.lora_rank=-1", "lora_rank=-1 must be >= 0"),
     ("trainer.resume_mode=resume_path", "trainer.resume_from_path"),
 ])
 def test_semantic_errors_say_what_to_change(override, message):
     problems = problems_of(small(override), check_paths=False, check_device=False)
     assert any(message in p for p in problems), problems
+
+
+def test_lora_keys_checked():
+    assert problems_of(small("actor_rollout_ref.model.lora_rank=8"), check_paths=False, check_device=False) == []
+    problems = problems_of(small("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=0",
+                                 "actor_rollout_ref.model.target_modules=[]",
+                                 "actor_rollout_ref.model.lora_adapter_path=/nowhere"),
+                           check_paths=False, check_device=False)
+    for message in ("lora_alpha=0 must be > 0", "target_modules=[]", "lora_adapter_path='/nowhere' is not a folder"):
+        assert any(message in p for p in problems), problems
+    problems = problems_of(small("algorithm.adv_estimator=gae", "critic.model.lora_rank=8"), check_paths=False,
+                           check_device=False)
+    assert any("LoRA on the critic is not supported" in p for p in problems), problems
 
 
 def test_kl_type_checked_only_when_used():

@@ -85,9 +85,21 @@ def _check_choices(c: _Checker, config: PPOConfig) -> None:
     if config.trainer.resume_mode == "resume_path":
         c.require(bool(config.trainer.resume_from_path),
                   "trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
-    c.require(arr.model.lora_rank == 0, "actor_rollout_ref.model.lora_rank > 0: LoRA is not supported yet; set 0")
+    _check_lora(c, config)
     c.require(not arr.model.use_liger, "actor_rollout_ref.model.use_liger: Liger is not supported (and not on NPU); "
               "use actor_rollout_ref.model.use_fused_kernels=True")
+
+
+def _check_lora(c: _Checker, config: PPOConfig) -> None:
+    from npu_rl.models.lora import LoraSpec, check_spec
+
+    for problem in check_spec(LoraSpec.from_config(config.actor_rollout_ref.model)):
+        c.problems.append(problem)
+    critic = LoraSpec.from_config(config.critic.model, key="critic.model")
+    c.require(not critic.enabled or not critic_enabled(config), "critic.model.lora_rank > 0: LoRA on the critic is "
+              "not supported yet (the actor's is: actor_rollout_ref.model.lora_rank); set critic.model.lora_rank=0")
+    c.require(not (critic.adapter_path and critic_enabled(config)),
+              "critic.model.lora_adapter_path is set but critic LoRA is not supported yet")
 
 
 def _check_numbers(c: _Checker, config: PPOConfig) -> None:

@@ -81,7 +81,7 @@ def check_spec(spec: LoraSpec) -> list[str]:
                         "lora_rank to the adapter's rank (its adapter_config.json 'r'), or drop the path")
     if spec.enabled:
         if spec.alpha <= 0:
-            problems.append(f"{k}.lora_alpha={spec.alpha} must be > 0")
+            problems.append(f"{k}.lora_alpha={spec.alpha:g} must be > 0")
         target = spec.target_modules
         if not (isinstance(target, str) and target) and not (isinstance(target, list) and target):
             problems.append(f"{k}.target_modules={target!r}: expected 'all-linear', a regex, or a non-empty list "
@@ -373,4 +373,30 @@ def merge_adapter(base_path: str, adapter_path: str, out_dir: str, dtype: torch.
     model = load_adapter_model(base_path, adapter_path, dtype="fp32")
     base = hf_model(model)
     state_dict = {name: t.detach().clone() for name, t in merged_named_weights(model, dtype=dtype)}
-    return save_hf_state_dict(base.config, state_dict, out_dir, model_class=type(base), tokenizer=tokenizer)
+    return save_hf_state_dict(base.config, state_dict, out_dir, model_class=_hf_class(base), tokenizer=tokenizer)
+
+
+def export_merged_folder(model: nn.Module, out_dir: str, *, tokenizer: Any = None,
+                         dtype: torch.dtype | None = None) -> str:
+    """A (sharded) PEFT model as a plain HF folder with the adapter merged, written by rank 0. Collective."""
+    import torch.distributed as dist
+
+    from npu_rl.parallel.weights import save_hf_state_dict
+
+    writer = not dist.is_initialized() or dist.get_rank() == 0
+    state_dict = {}
+    for name, tensor in merged_named_weights(model, dtype=dtype):
+        if writer:
+            state_dict[name] = tensor.to("cpu").clone()
+    if writer:
+        base = hf_model(model)
+        save_hf_state_dict(base.config, state_dict, out_dir, model_class=_hf_class(base), tokenizer=tokenizer)
+    if dist.is_initialized():
+        dist.barrier()
+    return out_dir
+
+
+def _hf_class(model: nn.Module) -> type:
+    from npu_rl.parallel.weights import hf_model_class
+
+    return hf_model_class(model)

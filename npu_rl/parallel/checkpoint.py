@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from npu_rl.parallel.weights import hf_class_from_config, hf_model_class, save_hf_state_dict
 
@@ -41,11 +41,22 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _options(trainable_only: bool) -> StateDictOptions:
+    """``trainable_only``: the parameters that train (a LoRA adapter), not the frozen base."""
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _hf_model(model: nn.Module) -> nn.Module:
+    """The HF model inside a PEFT wrapper (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                    extra: dict[str, Any] | None = None, tokenizer: Any = None) -> str:
-    """Save model (+ optimizer) shards, the HF config (+ tokenizer) and this rank's ``extra``. Collective."""
+                    extra: dict[str, Any] | None = None, tokenizer: Any = None, trainable_only: bool = False) -> str:
+    """Save model (+ optimizer) shards, the HF config (+ tokenizer) and this rank's ``extra``. Collective.
+    ``trainable_only``: only parameters with ``requires_grad`` (and their optimizer states)."""
     optimizers = [optimizer] if optimizer is not None else []
-    model_sd, optim_sd = get_state_dict(model, optimizers)
+    model_sd, optim_sd = get_state_dict(model, optimizers, options=_options(trainable_only))
     state = {"model": model_sd}
     if optimizer is not None:
         state["optimizer"] = optim_sd
@@ -54,11 +65,12 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     if rank == 0:
         hf_dir = os.path.join(path, HF_DIR)
         os.makedirs(hf_dir, exist_ok=True)
-        config = copy.deepcopy(model.config)
-        config.architectures = [hf_model_class(model).__name__]  # what the merger rebuilds
+        hf = _hf_model(model)
+        config = copy.deepcopy(hf.config)
+        config.architectures = [hf_model_class(hf).__name__]  # what the merger rebuilds
         config.save_pretrained(hf_dir)
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(hf_dir)
+        if getattr(hf, "generation_config", None) is not None:
+            hf.generation_config.save_pretrained(hf_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(hf_dir)
     if extra is not None:
@@ -69,19 +81,21 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
 
 
 def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                    load_optimizer: bool = True) -> dict[str, Any] | None:
+                    load_optimizer: bool = True, trainable_only: bool = False) -> dict[str, Any] | None:
     """Load into ``model`` (+ ``optimizer``) whatever their sharding; return this rank's ``extra`` (rank 0's
     when the checkpoint had fewer ranks), or None. Collective."""
     if not os.path.isdir(os.path.join(path, MODEL_OPTIM_DIR)):
         raise FileNotFoundError(f"{path!r} is not a checkpoint folder (no {MODEL_OPTIM_DIR}/ inside)")
     with_optim = optimizer is not None and load_optimizer
     optimizers = [optimizer] if with_optim else []
-    model_sd, optim_sd = get_state_dict(model, optimizers)  # also creates the optimizer's state to load into
+    options = _options(trainable_only)
+    model_sd, optim_sd = get_state_dict(model, optimizers, options=options)  # creates the optimizer's state too
     state = {"model": model_sd}
     if with_optim:
         state["optimizer"] = optim_sd
     dcp.load(state, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR))
-    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}),
+                   options=options)
     return _load_extra(path)
 
 

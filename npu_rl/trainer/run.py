@@ -24,6 +24,12 @@ def use_ray(config: PPOConfig) -> bool:
     return config.trainer.controller == "ray"
 
 
+def lora_actor(config: PPOConfig) -> bool:
+    from npu_rl.models.lora import LoraSpec
+
+    return LoraSpec.from_config(config.actor_rollout_ref.model).enabled
+
+
 def build_worker_group(config: PPOConfig):
     """Every role colocated on the same devices (hybrid engine): one group, one process per device."""
     from npu_rl.controller.worker_group import LocalWorkerGroup, WorkerSpec
@@ -33,8 +39,8 @@ def build_worker_group(config: PPOConfig):
     from npu_rl.workers.reward_model import RewardModelWorker
 
     roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (config,))}
-    if config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward:
-        roles["ref"] = WorkerSpec(ReferenceWorker, (config,))
+    if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) and not lora_actor(config):
+        roles["ref"] = WorkerSpec(ReferenceWorker, (config,))  # with LoRA the actor is the reference (adapter off)
     if critic_enabled(config):
         roles["critic"] = WorkerSpec(CriticWorker, (config,))
     if config.reward_model.enable:
@@ -87,6 +93,8 @@ def run(config: PPOConfig) -> int:
     if "ref" in group.role_names():
         group.ref.init_model()
         roles.ref = group.ref
+    elif lora_actor(config):
+        roles.ref = group.actor_rollout
     if "critic" in group.role_names():
         group.critic.init_model(total_steps)
         roles.critic = group.critic

@@ -33,6 +33,7 @@ from npu_rl.core import (
 )
 from npu_rl.models.forward import LogprobOptions, packed_response_logprobs, response_logprobs
 from npu_rl.models.loader import load_causal_lm
+from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora, is_lora_model, merged_named_weights
 from npu_rl.parallel.fsdp import clip_grad_norm
 from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch
@@ -64,11 +65,17 @@ class LogprobModel:
         self.config = config
         self.micro = micro
         self.response_length = config.data.max_response_length
+        lora = LoraSpec.from_config(model_cfg)
+        lora_on = lora.enabled and trainable
+        # LoRA: the frozen base is loaded straight in the compute dtype, the adapters are fp32 (models/lora.py)
         model = load_causal_lm(
-            model_cfg.path, dtype=fsdp_config.model_dtype, override_config=dict(model_cfg.override_config),
+            model_cfg.path, dtype=fsdp_config.mixed_precision.param_dtype if lora_on else fsdp_config.model_dtype,
+            override_config=dict(model_cfg.override_config),
             attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code,
             gradient_checkpointing=trainable and model_cfg.enable_gradient_checkpointing,
         )
+        if lora_on:
+            model = apply_lora(model, lora, base_path=model_cfg.path)
         if not trainable:
             model.requires_grad_(False)
         self.runner = ModelRunner(model, fsdp_config, trainable, sp_size, model_cfg.use_remove_padding)
@@ -136,6 +143,10 @@ class ActorWorker:
     def model_config(self):
         return self.model.config
 
+    @property
+    def is_lora(self) -> bool:
+        return is_lora_model(self.model)
+
     def dispatch_layout(self):
         return self.engine.runner.dispatch_layout() if self.engine is not None else None
 
@@ -145,6 +156,15 @@ class ActorWorker:
         """``old_logprobs`` [B, R] and ``entropy`` [B, R] at the rollout temperature."""
         out = self.engine.logprobs(batch, self.config.actor_rollout_ref.rollout.temperature, compute_entropy=True)
         return Batch({"old_logprobs": out["logprobs"], "entropy": out["entropy"]})
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """With LoRA, the reference policy is this model with its adapter off: ``ref_logprobs`` [B, R] without a
+        second copy of the weights."""
+        with adapter_disabled(self.model):
+            out = self.engine.logprobs(batch, self.config.actor_rollout_ref.rollout.temperature,
+                                       compute_entropy=False)
+        return Batch({"ref_logprobs": out["logprobs"]})
 
     # ------------------------------------------------------------------------------------------- update
     @register(Dispatch.DP_SPLIT)
@@ -263,7 +283,7 @@ class ActorWorker:
     @register(Dispatch.ALL)
     def save_checkpoint(self, path: str, tokenizer=None) -> None:
         save_worker_state(path, self.model, self.optimizer, self.scheduler, self.actor_cfg.checkpoint.save_contents,
-                          tokenizer)
+                          tokenizer, base_path=self.config.actor_rollout_ref.model.path)
 
     @register(Dispatch.ALL)
     def load_checkpoint(self, path: str) -> None:
@@ -279,4 +299,6 @@ class ActorWorker:
 
     def named_full_weights(self):
         """(HF name, full tensor) one at a time, for the rollout engine (gathered from shards when sharded)."""
+        if self.is_lora:  # an engine that takes plain weights gets W + scale * B @ A
+            return merged_named_weights(self.model)
         return iter_full_parameters(self.model)

@@ -69,6 +69,11 @@ class ActorRolloutWorker:
         return self.actor.compute_logprobs(batch)
 
     @register(Dispatch.DP_SPLIT)
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """The reference role when the actor trains a LoRA adapter: the same model with the adapter off."""
+        return self.actor.compute_ref_logprobs(batch)
+
+    @register(Dispatch.DP_SPLIT)
     def update_policy(self, batch: Batch) -> dict[str, float]:
         metrics = self.actor.update_policy(batch)
         self.weights_version += 1
@@ -88,4 +93,9 @@ class ActorRolloutWorker:
         """The current policy as a plain Hugging Face folder (model + tokenizer), gathered from shards. Collective."""
         from npu_rl.parallel.weights import export_hf_folder
 
+        if self.actor.is_lora:  # the adapter merged into the base weights
+            from npu_rl.models.lora import export_merged_folder
+
+            export_merged_folder(self.actor.model, path, tokenizer=self.tokenizer)
+            return
         export_hf_folder(self.actor.model, path, tokenizer=self.tokenizer)
