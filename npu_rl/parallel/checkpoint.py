@@ -46,6 +46,14 @@ def _options(trainable_only: bool) -> StateDictOptions:
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
 
 
+def _model_state(model: nn.Module, optimizers: list, trainable_only: bool):
+    model_sd, optim_sd = get_state_dict(model, optimizers, options=_options(trainable_only))
+    if trainable_only:  # a frozen tied weight (lm_head = embed_tokens) slips through ignore_frozen_params
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+    return model_sd, optim_sd
+
+
 def _hf_model(model: nn.Module) -> nn.Module:
     """The HF model inside a PEFT wrapper (the model itself otherwise)."""
     return model.get_base_model() if hasattr(model, "peft_config") else model
@@ -56,7 +64,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     """Save model (+ optimizer) shards, the HF config (+ tokenizer) and this rank's ``extra``. Collective.
     ``trainable_only``: only parameters with ``requires_grad`` (and their optimizer states)."""
     optimizers = [optimizer] if optimizer is not None else []
-    model_sd, optim_sd = get_state_dict(model, optimizers, options=_options(trainable_only))
+    model_sd, optim_sd = _model_state(model, optimizers, trainable_only)
     state = {"model": model_sd}
     if optimizer is not None:
         state["optimizer"] = optim_sd
@@ -89,7 +97,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     with_optim = optimizer is not None and load_optimizer
     optimizers = [optimizer] if with_optim else []
     options = _options(trainable_only)
-    model_sd, optim_sd = get_state_dict(model, optimizers, options=options)  # creates the optimizer's state too
+    model_sd, optim_sd = _model_state(model, optimizers, trainable_only)  # creates the optimizer's state too
     state = {"model": model_sd}
     if with_optim:
         state["optimizer"] = optim_sd
