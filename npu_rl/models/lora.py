@@ -175,9 +175,13 @@ def check_adapter(path: str, model: nn.Module, spec: LoraSpec) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- the PEFT model
-def apply_lora(model: nn.Module, spec: LoraSpec, base_path: str | None = None) -> nn.Module:
+def apply_lora(model: nn.Module, spec: LoraSpec, base_path: str | None = None, seed: int = 0) -> nn.Module:
     """``model`` (already in the compute dtype) wrapped as a PEFT model: the base frozen, fp32 adapters (fresh, or
-    loaded from ``spec.adapter_path``). Call before FSDP2 sharding and before moving to the device."""
+    loaded from ``spec.adapter_path``). Call before FSDP2 sharding and before moving to the device.
+
+    Fresh ``lora_A`` matrices are random: they are drawn from ``seed`` alone (the global RNG is left as it was),
+    so every rank builds the same adapter before FSDP2 keeps its shard of it, and a run does not depend on how
+    many ranks it has."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if not spec.enabled:
@@ -191,7 +195,9 @@ def apply_lora(model: nn.Module, spec: LoraSpec, base_path: str | None = None) -
         config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.target_modules,
                             exclude_modules=spec.exclude_modules, lora_dropout=0.0, bias="none",
                             task_type="CAUSAL_LM", base_model_name_or_path=base_path)
-        peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
     for name, param in peft_model.named_parameters():
         if "lora_" in name:
             param.data = param.data.float()

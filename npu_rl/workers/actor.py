@@ -75,7 +75,7 @@ class LogprobModel:
             gradient_checkpointing=trainable and model_cfg.enable_gradient_checkpointing,
         )
         if lora_on:
-            model = apply_lora(model, lora, base_path=model_cfg.path)
+            model = apply_lora(model, lora, base_path=model_cfg.path, seed=config.trainer.seed)
         if not trainable:
             model.requires_grad_(False)
         self.runner = ModelRunner(model, fsdp_config, trainable, sp_size, model_cfg.use_remove_padding)
