@@ -1,3 +1,4 @@
-"""The gloo process pools of tests/parallel, for the distributed LoRA tests."""
+"""The gloo process pools of tests/parallel and the rollout test model, for the LoRA tests."""
 
 from tests.parallel.conftest import dist_pool2  # noqa: F401
+from tests.rollout.conftest import eos_model_dir  # noqa: F401
