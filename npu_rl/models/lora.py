@@ -7,8 +7,10 @@ continue training from).
 
 Precision: the base model is loaded in the compute dtype (``mixed_precision.param_dtype``, bf16 by default) and
 frozen; the adapter parameters (``lora_A`` / ``lora_B``) are fp32, and so are their gradients and AdamW states.
-On one device no fp32 master copy of the base is kept (it is never updated); under FSDP2 the base shards are bf16
-and the adapters fp32 in the same groups (FSDP2 casts the adapters to the compute dtype on all-gather).
+On one device no fp32 master copy of the base is kept (it is never updated): the compute module shares the base
+with the master module and holds bf16 copies of the adapters only (``workers.model_runner.shared_compute_copy``),
+so the adapter branch runs in bf16 too. Under FSDP2 the base shards are bf16 and the adapters fp32 in the same
+groups (FSDP2 casts the adapters to the compute dtype on all-gather).
 
 What else works through this module:
 

@@ -161,7 +161,7 @@ class ActorWorker:
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """With LoRA, the reference policy is this model with its adapter off: ``ref_logprobs`` [B, R] without a
         second copy of the weights."""
-        with adapter_disabled(self.model):
+        with adapter_disabled(self.engine.runner.compute_model):
             out = self.engine.logprobs(batch, self.config.actor_rollout_ref.rollout.temperature,
                                        compute_entropy=False)
         return Batch({"ref_logprobs": out["logprobs"]})

@@ -187,3 +187,32 @@ def test_merge_round_trip(tiny_model_dir, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(_logprobs(peft_model), _logprobs(AutoModelForCausalLM.from_pretrained(
             str(tmp_path / "merged"))), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_compute_shares_the_base_and_keeps_fp32_adapters(tiny_model_dir, tmp_path):
+    """One device, bf16 compute: the base exists once (bf16, shared by the master and the compute module); the
+    optimizer updates fp32 adapters, the forward runs bf16 copies of them, refreshed after every step."""
+    from npu_rl.workers.actor import ActorWorker
+
+    worker = ActorWorker(actor_config(tiny_model_dir, str(tmp_path), *LORA,
+                                      "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"))
+    worker.init_model(total_training_steps=2)
+    runner = worker.engine.runner
+    master, compute = dict(runner.model.named_parameters()), dict(runner.compute_model.named_parameters())
+    assert master.keys() == compute.keys()
+    for name, param in master.items():
+        if "lora_" in name:
+            assert param.dtype == torch.float32 and compute[name].dtype == torch.bfloat16, name
+        else:
+            assert compute[name] is param and param.dtype == torch.bfloat16, name
+    assert {id(p) for p in worker.optimizer.param_groups[0]["params"]} == {
+        id(p) for n, p in master.items() if "lora_" in n}
+    batch = actor_batch()
+    ref_before = worker.compute_ref_logprobs(batch)["ref_logprobs"]
+    lora_before = {n: p.detach().clone() for n, p in master.items() if "lora_" in n}
+    worker.update_policy(batch)
+    for name, before in lora_before.items():
+        assert master[name].dtype == torch.float32
+        torch.testing.assert_close(compute[name], master[name].detach().to(torch.bfloat16), rtol=0, atol=0)
+    assert any(not torch.equal(master[n], b) for n, b in lora_before.items())
+    torch.testing.assert_close(worker.compute_ref_logprobs(batch)["ref_logprobs"], ref_before, rtol=0, atol=0)
