@@ -141,6 +141,10 @@ class Batch:
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in batches[0].non_tensors}
         return Batch(tensors, non_tensors, dict(batches[0].meta))
 
+    def union(self, other: Batch) -> Batch:
+        """A new batch with this batch's fields and ``other``'s (``other`` wins on a clash); neither is changed."""
+        return Batch(dict(self.tensors), dict(self.non_tensors), dict(self.meta)).update(other)
+
     def update(self, other: Batch) -> Batch:
         """Add (or replace) ``other``'s fields and meta; in place, returns self."""
         if len(self) and len(other) and len(self) != len(other):
@@ -158,3 +162,14 @@ class Batch:
         fields = [f"{k}{tuple(v.shape)}:{str(v.dtype).removeprefix('torch.')}" for k, v in self.tensors.items()]
         fields += [f"{k}[obj]" for k in self.non_tensors]
         return f"Batch(len={len(self)}, {', '.join(fields)}, meta={sorted(self.meta)})"
+
+
+@dataclass
+class WorkerOutput:
+    """What a worker method returns when it has rows, metrics, or both: ``batch`` (None when it makes no rows) and
+    ``metrics`` (floats). ``DP_SPLIT`` gathers the ranks' outputs into one: batches concatenated in data-parallel
+    order, metrics reduced over the ranks (:func:`npu_rl.utils.metrics.reduce_over_ranks`: mean, or max for memory
+    and timings)."""
+
+    batch: Batch | None = None
+    metrics: dict[str, float] = field(default_factory=dict)

@@ -19,19 +19,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from npu_rl.config.errors import ConfigError
 from npu_rl.config.schema import PPOConfig
+
+__all__ = ["ConfigError", "all_keys", "check_key", "compose", "load_config", "suggest_key", "to_dataclass", "to_yaml"]
 
 SCHEMA_NAME = "npu_rl_schema"
 CONFIG_GROUPS = ("preset",)  # Hydra groups under configs/ selectable as group=name
-
-
-class ConfigError(ValueError):
-    """A user's config is wrong; the message lists every problem found and what to change."""
-
-    def __init__(self, problems: list[str] | str):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"invalid config ({len(self.problems)} problem{'s' if len(self.problems) > 1 else ''}):\n{lines}")
 
 
 def config_dir() -> str:

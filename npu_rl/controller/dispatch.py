@@ -13,7 +13,8 @@ Modes:
   data-parallel rank ``d`` gets piece ``d``; other arguments go to every rank unchanged. Ranks of one
   sequence-parallel group share a ``dp_rank`` and so receive the same piece; only the group's *collector* output
   is kept. Kept outputs are concatenated in ``dp_rank`` order: ``Batch.concat`` for batches, ``torch.cat`` for
-  tensors, ``None`` when all are ``None``, else a list (metrics dicts ...).
+  tensors, one :class:`~npu_rl.protocol.WorkerOutput` for worker outputs (rows concatenated, metrics reduced over
+  the ranks), ``None`` when all are ``None``, else a list.
 - ``RANK0``: only rank 0 runs the method (no collectives allowed inside); the driver gets its output.
 
 The data-parallel layout of a role comes from the worker's optional ``dispatch_layout()`` method
@@ -29,7 +30,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from npu_rl.protocol import Batch
+from npu_rl.protocol import Batch, WorkerOutput
+from npu_rl.utils.metrics import reduce_over_ranks
 
 _ATTR = "__npu_rl_dispatch__"
 
@@ -123,6 +125,9 @@ def _concat(outputs: list) -> Any:
         return None
     if all(isinstance(o, Batch) for o in outputs):
         return Batch.concat(outputs)
+    if all(isinstance(o, WorkerOutput) for o in outputs):
+        batches = [o.batch for o in outputs if o.batch is not None]
+        return WorkerOutput(Batch.concat(batches) if batches else None, reduce_over_ranks([o.metrics for o in outputs]))
     if all(isinstance(o, torch.Tensor) for o in outputs):
         return torch.cat(outputs)
     return outputs

@@ -125,7 +125,7 @@ class WorkerHost:
 
     def setup(self, master_addr: str, master_port: int, roles: dict[str, WorkerSpec], env: dict[str, str]) -> None:
         from npu_rl.device import get_backend
-        from npu_rl.parallel.mesh import init_distributed
+        from npu_rl.parallel.dist import init_distributed
 
         os.environ.update({k: str(v) for k, v in env.items()})
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),

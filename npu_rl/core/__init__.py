@@ -7,15 +7,24 @@ tensors in (including the global denominators of :mod:`npu_rl.core.aggregation`)
 Extension points, one registry and one signature each (a user's function plugs in by ``pkg.mod:fn`` or
 ``path/file.py:fn`` as the name):
 
-- ``ADV_ESTIMATORS`` (``algorithm.adv_estimator``): ``fn(inputs: AdvantageInputs) -> AdvantageOutput``
-- ``POLICY_LOSSES`` (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``fn(inputs: PolicyLossInputs) -> LossOutput``
+- ``ADV_ESTIMATORS`` (``algorithm.adv_estimator``): ``fn(inputs: AdvantageInputs) -> AdvantageOutput``; an
+  estimator declares the optional inputs it reads with ``@needs("values")`` (read by ``estimator_needs``)
+- ``POLICY_LOSSES`` (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``fn(inputs: PolicyLossInputs) -> LossOutput``;
+  a fused kernel registers as another implementation of a loss (``register_implementation``), not a new loss
 - ``KL_ESTIMATORS`` (``algorithm.kl_penalty``, ``actor.kl_loss_type``): ``fn(*, logprobs, ref_logprobs) -> [B, T]``
 
 Config validation calls ``ADV_ESTIMATORS.check(name)``, ``POLICY_LOSSES.check(name)``, ``check_kl_type(name)`` and
 ``check_loss_agg_mode(name)`` / ``LOSS_AGG_MODES``.
 """
 
-from npu_rl.core.advantages import ADV_ESTIMATORS, AdvantageInputs, AdvantageOutput, compute_advantages
+from npu_rl.core.advantages import (
+    ADV_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageOutput,
+    compute_advantages,
+    estimator_needs,
+    needs,
+)
 from npu_rl.core.aggregation import (
     LOSS_AGG_MODES,
     LossOutput,
@@ -40,7 +49,7 @@ from npu_rl.core.kl import (
     kl_penalty,
     make_kl_controller,
 )
-from npu_rl.core.policy_loss import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
+from npu_rl.core.policy_loss import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss, resolved_clip_ratios
 from npu_rl.core.value_loss import entropy_bonus, entropy_from_logits, value_loss
 
 __all__ = [
@@ -64,6 +73,7 @@ __all__ = [
     "compute_policy_loss",
     "entropy_bonus",
     "entropy_from_logits",
+    "estimator_needs",
     "group_stats",
     "kl_in_reward",
     "kl_loss",
@@ -74,5 +84,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "needs",
+    "resolved_clip_ratios",
     "value_loss",
 ]

@@ -81,6 +81,27 @@ ADV_ESTIMATORS = CheckedRegistry(
 )
 
 
+def needs(*fields: str):
+    """Declare the optional :class:`AdvantageInputs` fields an estimator reads, so the trainer knows what to produce
+    (``values``: a critic; ``reward_baselines``: a greedy rollout per prompt) without testing the estimator's name.
+    A plug-in declares them the same way, or with a ``needs`` attribute."""
+    known = {"values", "reward_baselines"}
+    unknown = set(fields) - known
+    if unknown:
+        raise ValueError(f"needs(): unknown AdvantageInputs fields {sorted(unknown)}; known: {sorted(known)}")
+
+    def decorate(fn):
+        fn.needs = frozenset(fields)
+        return fn
+
+    return decorate
+
+
+def estimator_needs(adv_estimator: str) -> frozenset[str]:
+    """The optional inputs the estimator named ``adv_estimator`` declared with :func:`needs`."""
+    return frozenset(getattr(ADV_ESTIMATORS.get(adv_estimator), "needs", ()))
+
+
 def compute_advantages(*, adv_estimator: str, inputs: AdvantageInputs) -> AdvantageOutput:
     """Run the estimator named ``adv_estimator`` (a registered name or a plug-in path) and check its output."""
     fn = ADV_ESTIMATORS.get(adv_estimator)
@@ -139,6 +160,7 @@ def _discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float)
 
 
 @ADV_ESTIMATORS.register("gae")
+@needs("values")
 def gae_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
     """GAE(gamma, lam) with a critic's ``values`` [B, T]; advantages whitened over the batch."""
     rewards = inputs.token_level_rewards  # [B, T]
@@ -244,6 +266,7 @@ def reinforce_plus_plus_baseline_advantages(inputs: AdvantageInputs) -> Advantag
 
 
 @ADV_ESTIMATORS.register("remax")
+@needs("reward_baselines")
 def remax_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
     """Reward-to-go minus the greedy response's reward ``reward_baselines`` [B]."""
     rewards = inputs.token_level_rewards

@@ -41,6 +41,9 @@ class LossOutput(NamedTuple):
 
     loss: torch.Tensor  # 0-d, this micro-batch's share of the global loss
     metrics: dict[str, torch.Tensor]
+    # [B, T] per-token KL(pi || pi_ref) when an implementation computed it in the same pass as the loss (a fused
+    # kernel given PolicyLossInputs.ref_logprobs); the KL loss term then uses it instead of recomputing it.
+    token_kl: torch.Tensor | None = None
 
 
 def check_loss_agg_mode(name: str) -> None:

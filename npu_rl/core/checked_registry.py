@@ -79,8 +79,8 @@ class CheckedRegistry(Registry):
 
         return decorator
 
-    def get(self, name: str) -> Any:
-        obj = super().get(name)
+    def get(self, name: str, implementation: str | None = None) -> Any:
+        obj = super().get(name, implementation)
         try:
             self.check_signature(name, obj)
         except TypeError:

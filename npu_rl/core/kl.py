@@ -145,10 +145,12 @@ def kl_loss(
     global_num_tokens: Denominator = None,
     global_num_seqs: Denominator = None,
     loss_scale_factor: Denominator = None,
+    token_kl: torch.Tensor | None = None,
 ) -> LossOutput:
     """``kl_loss_coef * agg(kl)``, the term to add to the actor's loss. Metrics: ``kl_loss``, the mean KL over this
-    micro-batch's valid tokens (without the coefficient)."""
-    kl = kl_penalty(logprobs=logprobs, ref_logprobs=ref_logprobs, kl_type=kl_type)  # [B, T]
+    micro-batch's valid tokens (without the coefficient). ``token_kl`` [B, T]: the per-token KL already computed
+    (by a fused policy-loss implementation, the same estimator); None computes it here."""
+    kl = token_kl if token_kl is not None else kl_penalty(logprobs=logprobs, ref_logprobs=ref_logprobs, kl_type=kl_type)
     aggregated = agg_loss(
         loss_mat=kl,
         loss_mask=response_mask,

@@ -68,6 +68,10 @@ class PolicyLossInputs:
     kl_cov_ratio: float = 0.0002  # actor.policy_loss.kl_cov_ratio
     ppo_kl_coef: float = 0.1  # actor.policy_loss.ppo_kl_coef
     rollout_is_weights: torch.Tensor | None = None  # [B, T] importance weights, no grad
+    # For implementations that compute the KL loss's per-token values in the same pass (a fused kernel): the
+    # reference's log-probs [B, T] and the estimator (actor.kl_loss_type). Plain implementations ignore them.
+    ref_logprobs: torch.Tensor | None = None
+    kl_loss_type: str = "low_var_kl"
 
     def aggregate(self, loss_mat: torch.Tensor, loss_agg_mode: str | None = None) -> torch.Tensor:
         """``agg_loss`` of ``loss_mat`` [B, T] with this batch's mask and denominators."""
@@ -89,11 +93,14 @@ POLICY_LOSSES = CheckedRegistry(
 )
 
 
-def compute_policy_loss(*, loss_mode: str, inputs: PolicyLossInputs) -> LossOutput:
-    """Run the loss named ``loss_mode`` (a registered name or a plug-in path) and check its output."""
-    fn = POLICY_LOSSES.get(loss_mode)
+def compute_policy_loss(*, loss_mode: str, inputs: PolicyLossInputs, implementation: str | None = None) -> LossOutput:
+    """Run the loss named ``loss_mode`` (a registered name or a plug-in path) and check its output.
+
+    ``implementation`` (e.g. ``"fused"``) picks another registered implementation of the same loss where one exists
+    (:meth:`~npu_rl.utils.registry.Registry.register_implementation`), else the plain one."""
+    fn = POLICY_LOSSES.get(loss_mode, implementation)
     result = fn(inputs)
-    ok = isinstance(result, tuple) and len(result) == 2
+    ok = isinstance(result, tuple) and len(result) in (2, 3)
     ok = ok and isinstance(result[0], torch.Tensor) and result[0].dim() == 0 and isinstance(result[1], dict)
     if not ok:
         raise TypeError(
@@ -101,6 +108,13 @@ def compute_policy_loss(*, loss_mode: str, inputs: PolicyLossInputs) -> LossOutp
             "LossOutput(loss: 0-d tensor, metrics: dict of tensors)"
         )
     return LossOutput(*result)
+
+
+def resolved_clip_ratios(clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None
+                         ) -> tuple[float, float]:
+    """``(low, high)``: ``actor.clip_ratio_low/high``, each falling back to ``actor.clip_ratio`` when unset."""
+    return (clip_ratio if clip_ratio_low is None else clip_ratio_low,
+            clip_ratio if clip_ratio_high is None else clip_ratio_high)
 
 
 # ------------------------------------------------------------------------------------------------------- helpers

@@ -193,6 +193,8 @@ def apply_lora(model: nn.Module, spec: LoraSpec, base_path: str | None = None, s
         check_adapter(spec.adapter_path, model, spec)
         peft_model = PeftModel.from_pretrained(model, os.path.expanduser(spec.adapter_path), is_trainable=True,
                                                autocast_adapter_dtype=False)
+        if base_path is not None:  # what a saved checkpoint's adapter records as its base
+            peft_model.peft_config[ADAPTER_NAME].base_model_name_or_path = base_path
     else:
         config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.target_modules,
                             exclude_modules=spec.exclude_modules, lora_dropout=0.0, bias="none",

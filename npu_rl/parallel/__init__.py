@@ -12,9 +12,11 @@ import importlib
 _EXPORTS = {
     "attention": ["VarlenLayout", "set_varlen_kernel", "use_varlen_attention", "varlen_attention"],
     "checkpoint": ["load_checkpoint", "merge_checkpoint", "save_checkpoint"],
+    "dist": ["all_gather_objects", "all_reduce_sum", "default_group", "init_distributed", "is_distributed", "rank",
+             "world_size"],
     "fsdp": ["FSDPSettings", "apply_fsdp2", "apply_fsdp2_from_config", "clip_grad_norm", "load_model",
              "load_optimizer", "offload_model", "offload_optimizer", "optimizer_on_device", "optimizer_step"],
-    "mesh": ["ParallelMesh", "build_mesh", "check_parallel_sizes", "init_distributed"],
+    "mesh": ["ParallelMesh", "build_mesh", "check_parallel_sizes"],
     "packing": ["PackedInputs", "PackedSequences", "pad_output", "prepare_packed_inputs", "unpad_input"],
     "seqlen": ["balance_batch", "karmarkar_karp", "partition_by_token_budget", "restore_order",
                "split_by_token_budget"],

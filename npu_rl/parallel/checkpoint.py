@@ -25,6 +25,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from npu_rl.parallel.dist import is_distributed
+from npu_rl.parallel.dist import rank as dist_rank
 from npu_rl.parallel.weights import hf_class_from_config, hf_model_class, save_hf_state_dict
 
 MODEL_OPTIM_DIR = "model_optim"
@@ -32,12 +34,8 @@ HF_DIR = "huggingface"
 EXTRA_DIR = "extra"
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def _barrier() -> None:
-    if dist.is_initialized():
+    if is_distributed():
         dist.barrier()
 
 
@@ -69,7 +67,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     if optimizer is not None:
         state["optimizer"] = optim_sd
     dcp.save(state, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR))
-    rank = _rank()
+    rank = dist_rank()
     if rank == 0:
         hf_dir = os.path.join(path, HF_DIR)
         os.makedirs(hf_dir, exist_ok=True)
@@ -108,7 +106,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
 
 
 def _load_extra(path: str) -> dict[str, Any] | None:
-    for name in (f"rank_{_rank()}.pt", "rank_0.pt"):
+    for name in (f"rank_{dist_rank()}.pt", "rank_0.pt"):
         file = os.path.join(path, EXTRA_DIR, name)
         if os.path.isfile(file):
             return torch.load(file, map_location="cpu", weights_only=False)

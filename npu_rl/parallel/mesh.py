@@ -13,8 +13,6 @@ node of 8 devices with sp=4, ranks 0-3 share one sequence and 4-7 another, and t
 
 from __future__ import annotations
 
-import datetime
-import os
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -22,35 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from npu_rl.controller.dispatch import DispatchLayout
 from npu_rl.device import Backend, get_backend
-
-
-def init_distributed(backend: Backend | None = None, *, device_index: int | None = None,
-                     timeout_s: float = 1800.0) -> tuple[int, int]:
-    """Initialise torch.distributed once per process with the device layer's backend (hccl | nccl | gloo) and
-    select this rank's device; return ``(rank, world_size)``. Idempotent.
-
-    Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``LOCAL_RANK`` (set by torchrun and by
-    :class:`~npu_rl.controller.RayWorkerGroup`). Without ``MASTER_ADDR`` (a plain single process) it makes a
-    one-rank group in memory, so the same FSDP2 / checkpoint code runs at world size 1. ``device_index`` defaults to
-    ``LOCAL_RANK`` modulo the number of visible devices (0 when the launcher made one device visible per process).
-    """
-    backend = backend or get_backend()
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if backend.is_accelerator:
-        if device_index is None:
-            device_index = int(os.environ.get("LOCAL_RANK", "0")) % max(backend.device_count(), 1)
-        backend.set_device(device_index)
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend.dist_backend, rank=rank, world_size=world_size, timeout=timeout)
-    elif world_size == 1:
-        dist.init_process_group(backend.dist_backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    else:
-        raise RuntimeError(f"WORLD_SIZE={world_size} but MASTER_ADDR is not set: launch with torchrun or Ray")
-    return rank, world_size
+from npu_rl.parallel.dist import init_distributed
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from npu_rl.parallel.dist import is_distributed
 from npu_rl.protocol import Batch
 
 
@@ -111,7 +112,7 @@ def split_by_token_budget(batch: Batch, max_token_len: int, *, dp_group: dist.Pr
                           min_num_micro_batches: int = 1) -> tuple[list[Batch], list[list[int]]]:
     """Micro-batches of ``batch`` within ``max_token_len`` valid tokens each, and their row indices. With
     ``dp_group`` (collective) every rank of the group gets the same number of micro-batches."""
-    sync = _dp_sync_max(dp_group) if dp_group is not None and dist.is_initialized() else None
+    sync = _dp_sync_max(dp_group) if dp_group is not None and is_distributed() else None
     parts = partition_by_token_budget(token_counts(batch, mask_key), max_token_len,
                                       min_num_parts=min_num_micro_batches, sync_max=sync)
     return [batch.index(p) for p in parts], parts

@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from npu_rl.device import get_backend
+from npu_rl.parallel.dist import is_distributed, rank
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -104,13 +105,13 @@ def save_hf_state_dict(config: Any, state_dict: dict[str, torch.Tensor], out_dir
 def export_hf_folder(model: nn.Module, out_dir: str, *, tokenizer: Any = None,
                      dtype: torch.dtype | None = None) -> str:
     """Save a (sharded) HF model as a ``from_pretrained``-loadable folder, written by rank 0. Collective."""
-    is_writer = not dist.is_initialized() or dist.get_rank() == 0
+    is_writer = rank() == 0
     state_dict = {}
     for name, tensor in iter_full_parameters(model, dtype=dtype):
         if is_writer:
             state_dict[name] = tensor.to("cpu")
     if is_writer:
         save_hf_state_dict(model.config, state_dict, out_dir, model_class=hf_model_class(model), tokenizer=tokenizer)
-    if dist.is_initialized():
+    if is_distributed():
         dist.barrier()
     return out_dir

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
+from npu_rl.config.schema import RolloutConfig
 from npu_rl.rollout.base import RolloutEngine, SamplingParams
-from npu_rl.rollout.utils import cfg_get, to_plain
+from npu_rl.rollout.utils import to_plain
 
 logger = logging.getLogger(__name__)
 
@@ -26,30 +27,27 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def sampling_params_from_config(rollout_config: Any, validate: bool, max_new_tokens: int,
+def sampling_params_from_config(rollout_config: RolloutConfig, validate: bool, max_new_tokens: int,
                                 stop_ids: Sequence[int]) -> SamplingParams:
     """Training settings (``rollout.{n,temperature,top_p,top_k,do_sample}``) or, for validation, ``val_kwargs``.
 
     ``rollout.ignore_eos=True`` drops the stop ids (every response runs to ``max_new_tokens``, for benchmarks).
     Log-probs are returned when ``rollout.calculate_log_probs`` is set (training only).
     """
-    source = cfg_get(rollout_config, "val_kwargs") if validate else rollout_config
-    if source is None:
-        raise ValueError("actor_rollout_ref.rollout.val_kwargs is missing")
-    top_k = int(cfg_get(source, "top_k", -1))
+    source = rollout_config.val_kwargs if validate else rollout_config
     return SamplingParams(
-        n=int(cfg_get(source, "n", 1)),
-        temperature=float(cfg_get(source, "temperature", 1.0)),
-        top_p=float(cfg_get(source, "top_p", 1.0)),
-        top_k=-1 if top_k <= 0 else top_k,
-        do_sample=bool(cfg_get(source, "do_sample", True)),
+        n=int(source.n),
+        temperature=float(source.temperature),
+        top_p=float(source.top_p),
+        top_k=-1 if source.top_k <= 0 else int(source.top_k),
+        do_sample=bool(source.do_sample),
         max_new_tokens=int(max_new_tokens),
-        stop_token_ids=[] if cfg_get(rollout_config, "ignore_eos", False) else [int(i) for i in stop_ids],
-        return_logprobs=(not validate) and bool(cfg_get(rollout_config, "calculate_log_probs", False)),
+        stop_token_ids=[] if rollout_config.ignore_eos else [int(i) for i in stop_ids],
+        return_logprobs=(not validate) and bool(rollout_config.calculate_log_probs),
     )
 
 
-def build_rollout_engine(rollout_config: Any, model_path: str, actor_module: torch.nn.Module | None,
+def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_module: torch.nn.Module | None,
                          tokenizer) -> RolloutEngine:
     """The engine ``rollout_config.name`` asks for.
 
@@ -59,7 +57,7 @@ def build_rollout_engine(rollout_config: Any, model_path: str, actor_module: tor
     """
     from npu_rl.models.loader import resolve_model_path
 
-    name = str(cfg_get(rollout_config, "name", "vllm")).lower()
+    name = str(rollout_config.name).lower()
     if name not in ROLLOUT_ENGINES:
         raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not a rollout engine; expected one of "
                          f"{', '.join(ROLLOUT_ENGINES)}")
@@ -76,11 +74,10 @@ def build_rollout_engine(rollout_config: Any, model_path: str, actor_module: tor
 
     from npu_rl.rollout.hf import HFRolloutEngine
 
-    engine_kwargs = cfg_get(rollout_config, "engine_kwargs")
-    hf_kwargs = to_plain(cfg_get(engine_kwargs, "hf", {}) if engine_kwargs is not None else {}) or {}
-    common = dict(generate_kwargs=hf_kwargs, sleep_level=int(cfg_get(rollout_config, "sleep_level", 1)),
-                  bucket_megabytes=float(cfg_get(rollout_config, "update_weights_bucket_megabytes", 512)))
+    hf_kwargs = to_plain(rollout_config.engine_kwargs.hf) or {}
+    common = dict(generate_kwargs=hf_kwargs, sleep_level=int(rollout_config.sleep_level),
+                  bucket_megabytes=float(rollout_config.update_weights_bucket_megabytes))
     if actor_module is not None:
         return HFRolloutEngine(actor_module, tokenizer.pad_token_id, shares_actor_module=True, **common)
     return HFRolloutEngine.from_pretrained(folder, tokenizer.pad_token_id,
-                                           dtype=str(cfg_get(rollout_config, "dtype", "bfloat16")), **common)
+                                           dtype=str(rollout_config.dtype), **common)

@@ -34,6 +34,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from npu_rl.device import get_backend
+from npu_rl.parallel.dist import world_size
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask
@@ -88,12 +89,6 @@ class SamplingProcessor(LogitsProcessor):
         logprobs = torch.stack(self._chosen, dim=1)
         self._previous, self._chosen = None, []
         return logprobs
-
-
-def _distributed_world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class HFRolloutEngine:
@@ -154,7 +149,7 @@ class HFRolloutEngine:
         attention_mask = prompts["attention_mask"].repeat_interleave(n, dim=0).to(device)
         processor = SamplingProcessor(sampling, record_logprobs=sampling.return_logprobs)
         # Several ranks generating on one FSDP-sharded module must run the same number of forward passes.
-        synced = self.shares_actor_module and _distributed_world_size() > 1
+        synced = self.shares_actor_module and world_size() > 1
         was_training = self.module.training
         self.module.eval()  # no dropout; gradient checkpointing (training only) would disable the KV cache
         try:

@@ -18,14 +18,6 @@ import torch
 from npu_rl.protocol import Batch
 
 
-def cfg_get(config: Any, key: str, default: Any = None) -> Any:
-    """``config.key`` for a dataclass, a DictConfig or a dict; unresolved ``${...}`` strings count as missing."""
-    value = config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
-    if isinstance(value, str) and value.startswith("${"):
-        return default
-    return value
-
-
 def to_plain(value: Any) -> Any:
     """DictConfig / ListConfig / nested dataclass-free mappings -> plain dicts and lists."""
     if hasattr(value, "items"):

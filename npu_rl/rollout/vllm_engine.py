@@ -47,10 +47,11 @@ import torch
 
 from npu_rl.device import get_backend
 from npu_rl.device.vllm_env import VllmDeviceCapabilities, prepare_vllm_environment, quiet_known_vllm_messages
+from npu_rl.parallel.dist import world_size
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
-from npu_rl.rollout.utils import (assemble_rollout_batch, cfg_get, device_memory_used_gb, first_stop_response_mask,
-                                  to_plain)
+from npu_rl.config.schema import RolloutConfig
+from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask, to_plain
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
 
 logger = logging.getLogger(__name__)
@@ -67,36 +68,36 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-def _world_size() -> int:
-    import torch.distributed as dist
+def _interpolated(value: Any) -> Any:
+    """A length from the schema's ``${data.max_prompt_length}``-style default: None when the config was built
+    outside Hydra and the interpolation was never resolved (a ``RolloutConfig(...)`` in a test or a benchmark)."""
+    return None if isinstance(value, str) and value.startswith("${") else value
 
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
-
-def build_llm_kwargs(rollout_config: Any, model_path: str, caps: VllmDeviceCapabilities,
+def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmDeviceCapabilities,
                      world_size: int = 1) -> dict[str, Any]:
     """The ``vllm.LLM(...)`` keyword arguments for ``actor_rollout_ref.rollout`` on a device (pure; testable)."""
-    tp = int(cfg_get(rollout_config, "tensor_model_parallel_size", 1))
+    cfg = rollout_config
+    tp = int(cfg.tensor_model_parallel_size)
     if tp > 1 and world_size == 1:
         raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} needs {tp} worker processes "
                          "sharing a torch.distributed group (torchrun or Ray workers); with one process use 1")
     if tp < 1 or world_size % tp:
         raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the world size "
                          f"{world_size}")
-    prompt_length = cfg_get(rollout_config, "prompt_length")
-    response_length = cfg_get(rollout_config, "response_length")
-    max_model_len = cfg_get(rollout_config, "max_model_len")
+    prompt_length, response_length = _interpolated(cfg.prompt_length), _interpolated(cfg.response_length)
+    max_model_len = cfg.max_model_len
     if max_model_len is None and prompt_length is not None and response_length is not None:
         max_model_len = int(prompt_length) + int(response_length)
-    max_num_batched_tokens = int(cfg_get(rollout_config, "max_num_batched_tokens", 8192))
-    chunked_prefill = bool(cfg_get(rollout_config, "enable_chunked_prefill", True))
+    max_num_batched_tokens = int(cfg.max_num_batched_tokens)
+    chunked_prefill = bool(cfg.enable_chunked_prefill)
     if not chunked_prefill and max_model_len is not None and max_num_batched_tokens < max_model_len:
         raise ValueError(
             f"actor_rollout_ref.rollout.max_num_batched_tokens={max_num_batched_tokens} is below the maximum sequence "
             f"length {max_model_len} while enable_chunked_prefill=False: a long prompt could never be scheduled. "
             "Raise max_num_batched_tokens or turn chunked prefill on")
-    max_num_seqs = int(cfg_get(rollout_config, "max_num_seqs", 1024))
-    enforce_eager = bool(cfg_get(rollout_config, "enforce_eager", False))
+    max_num_seqs = int(cfg.max_num_seqs)
+    enforce_eager = bool(cfg.enforce_eager)
     if not enforce_eager and not caps.graphs:
         logger.info("rollout: no CUDA/ACL graphs on %s; running vLLM eager (enforce_eager=True)", caps.device)
         enforce_eager = True
@@ -104,33 +105,32 @@ def build_llm_kwargs(rollout_config: Any, model_path: str, caps: VllmDeviceCapab
         model=model_path,
         tokenizer=model_path,
         skip_tokenizer_init=True,  # token ids in, token ids out
-        dtype=str(cfg_get(rollout_config, "dtype", "bfloat16")),
-        seed=int(cfg_get(rollout_config, "seed", 0)),
+        dtype=str(cfg.dtype),
+        seed=int(cfg.seed),
         tensor_parallel_size=tp,
         distributed_executor_backend="external_launcher" if world_size > 1 else "uni",
-        gpu_memory_utilization=float(cfg_get(rollout_config, "gpu_memory_utilization", 0.5)),
+        gpu_memory_utilization=float(cfg.gpu_memory_utilization),
         enforce_eager=enforce_eager,
         max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         enable_chunked_prefill=chunked_prefill,
-        enable_prefix_caching=bool(cfg_get(rollout_config, "enable_prefix_caching", True)),
-        disable_log_stats=bool(cfg_get(rollout_config, "disable_log_stats", True)),
-        load_format=str(cfg_get(rollout_config, "load_format", "dummy")),
-        enable_sleep_mode=caps.sleep_mode and bool(cfg_get(rollout_config, "free_cache_engine", True)),
+        enable_prefix_caching=bool(cfg.enable_prefix_caching),
+        disable_log_stats=bool(cfg.disable_log_stats),
+        load_format=str(cfg.load_format),
+        enable_sleep_mode=caps.sleep_mode and bool(cfg.free_cache_engine),
         logprobs_mode="processed_logprobs",
         generation_config="vllm",  # the model folder's sampling defaults must not leak into RL sampling
     )
-    if bool(cfg_get(rollout_config, "enable_expert_parallel", False)):
+    if cfg.enable_expert_parallel:
         kwargs["enable_expert_parallel"] = True  # MoE models: experts sharded over the TP ranks
     if caps.kv_block_size is not None:
         kwargs["block_size"] = caps.kv_block_size
     if not enforce_eager:
-        sizes = cfg_get(rollout_config, "cudagraph_capture_sizes") or default_capture_sizes(max_num_seqs)
+        sizes = cfg.cudagraph_capture_sizes or default_capture_sizes(max_num_seqs)
         kwargs["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY",
                                         "cudagraph_capture_sizes": sorted(int(s) for s in sizes)}
-    engine_kwargs = cfg_get(rollout_config, "engine_kwargs")
-    user = to_plain(cfg_get(engine_kwargs, "vllm", {}) if engine_kwargs is not None else {}) or {}
+    user = to_plain(cfg.engine_kwargs.vllm) or {}
     if "compilation_config" in user and isinstance(user["compilation_config"], dict):
         user["compilation_config"] = {**kwargs.get("compilation_config", {}), **user["compilation_config"]}
     kwargs.update(user)
@@ -167,14 +167,14 @@ class VllmRolloutEngine:
 
     needs_weight_sync = True
 
-    def __init__(self, rollout_config: Any, model_path: str, pad_token_id: int):
+    def __init__(self, rollout_config: RolloutConfig, model_path: str, pad_token_id: int):
         self.pad_token_id = int(pad_token_id)
-        self.bucket_megabytes = float(cfg_get(rollout_config, "update_weights_bucket_megabytes", 512))
-        self.sleep_level = int(cfg_get(rollout_config, "sleep_level", 1))
-        self.free_cache_engine = bool(cfg_get(rollout_config, "free_cache_engine", True))
-        enforce_eager = bool(cfg_get(rollout_config, "enforce_eager", False))
+        self.bucket_megabytes = float(rollout_config.update_weights_bucket_megabytes)
+        self.sleep_level = int(rollout_config.sleep_level)
+        self.free_cache_engine = bool(rollout_config.free_cache_engine)
+        enforce_eager = bool(rollout_config.enforce_eager)
         self.caps = prepare_vllm_environment(graph_mode=not enforce_eager)  # before vLLM reads its environment
-        self.world_size = _world_size()
+        self.world_size = world_size()
         self.llm_kwargs = build_llm_kwargs(rollout_config, model_path, self.caps, self.world_size)
         if self.llm_kwargs["distributed_executor_backend"] == "external_launcher":
             missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]

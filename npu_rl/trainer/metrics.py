@@ -61,16 +61,6 @@ def throughput_metrics(num_tokens: int, step_seconds: float, num_devices: int) -
     }
 
 
-def mean_of(metric_dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Average per-micro-batch metric tensors key by key (keys absent from a dict are averaged over the rest)."""
-    out: dict[str, list[torch.Tensor]] = {}
-    for d in metric_dicts:
-        for k, v in d.items():
-            out.setdefault(k, []).append(v.detach().float().reshape(()) if isinstance(v, torch.Tensor)
-                                         else torch.tensor(float(v)))
-    return {k: torch.stack(v).mean() for k, v in out.items()}
-
-
 def masked_mean_tensor(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.float()
     return (values.float() * mask).sum() / mask.sum().clamp(min=1.0)

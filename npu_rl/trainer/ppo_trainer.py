@@ -26,11 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
+from npu_rl.config.derived import RunPlan
 from npu_rl.config.schema import PPOConfig
-from npu_rl.config.validate import critic_enabled
 from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_kl_controller
 from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
@@ -66,9 +65,10 @@ class Roles:
 
 
 class PPOTrainer:
-    def __init__(self, config: PPOConfig, roles: Roles, prompts: PromptStream, val_loader, reward_fn, val_reward_fn,
-                 tracker, backend, model_config, tokenizer=None):
+    def __init__(self, config: PPOConfig, plan: RunPlan, roles: Roles, prompts: PromptStream, val_loader, reward_fn,
+                 val_reward_fn, tracker, backend, model_config, tokenizer=None):
         self.config = config
+        self.plan = plan
         self.roles = roles
         self.prompts = prompts
         self.val_loader = val_loader
@@ -79,8 +79,6 @@ class PPOTrainer:
         self.model_config = model_config  # HF config of the actor, for FLOPs
         self.tokenizer = tokenizer  # to write validation samples (trainer.log_val_generations)
         algo = config.algorithm
-        self.use_critic = critic_enabled(config)
-        self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
         self.kl_ctrl = make_kl_controller(type=algo.kl_ctrl.type, kl_coef=algo.kl_ctrl.kl_coef,
                                           target_kl=algo.kl_ctrl.target_kl, horizon=algo.kl_ctrl.horizon)
         self.checkpoints = CheckpointManager(config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep)
@@ -88,7 +86,6 @@ class PPOTrainer:
         self.global_step = 0
         self.consecutive_nan_steps = 0
         self.last_val_metrics: dict[str, float] = {}
-
 
     # ------------------------------------------------------------------------------------------------- the loop
     def fit(self) -> int:
@@ -124,19 +121,19 @@ class PPOTrainer:
     def train_step(self) -> dict[str, float]:
         timer = PhaseTimer(self.backend.synchronize)
         self.backend.reset_peak_memory_stats()  # perf/max_memory_*: this step's peak
-        metrics: dict[str, Any] = {}
         with timer("step"):
-            batch = self._generate_and_score(timer, metrics)
-            batch = self._make_experience(batch, timer, metrics)
-            self._update(batch, timer, metrics)
+            batch, gen_metrics = self._generate_and_score(timer)
+            batch, experience_metrics = self._make_experience(batch, timer)
+            update_metrics = self._update(batch, timer)
         if self.config.trainer.rollout_data_dir and self.tokenizer is not None:  # every rollout, one file per step
             from npu_rl.trainer.validation import dump_generations
 
             path = os.path.join(self.config.trainer.rollout_data_dir, f"{self.global_step}.jsonl")
             dump_generations(batch, self.tokenizer, path, self.global_step)
         num_tokens = int(batch["attention_mask"].sum())
-        metrics |= M.data_metrics(batch, self.config.data.max_prompt_length, self.config.data.max_response_length,
-                                  self.use_critic)
+        metrics: dict[str, Any] = {**gen_metrics, **experience_metrics, **update_metrics}
+        metrics |= M.data_metrics(batch, self.plan.max_prompt_length, self.plan.max_response_length,
+                                  self.plan.use_critic)
         metrics |= timer.metrics({"gen": int(batch["response_mask"].sum()), "update_actor": num_tokens})
         metrics |= M.throughput_metrics(num_tokens, timer.seconds["step"], self.roles.num_devices)
         metrics |= self._mfu(batch, timer)
@@ -146,106 +143,106 @@ class PPOTrainer:
         return out
 
     # ------------------------------------------------------------------------------------------------- phases
-    def _generate_and_score(self, timer: PhaseTimer, metrics: dict) -> Batch:
+    def _generate_and_score(self, timer: PhaseTimer) -> tuple[Batch, dict[str, Any]]:
         """Rollouts with scores; DAPO's dynamic sampling keeps generating until enough groups vary."""
-        cfg = self.config
-        fg = cfg.algorithm.filter_groups
+        fg = self.config.algorithm.filter_groups
+        train_batch_size = self.config.data.train_batch_size
         kept: list[Batch] = []
+        metrics: dict[str, Any] = {}
         num_gen_batches, num_prompts = 0, 0
         while True:
             prompts = self.prompts.next_batch()
             num_gen_batches += 1
             with timer("gen"):
                 rollout = self.roles.actor_rollout.generate_sequences(prompts)
-            metrics |= rollout.meta.pop("metrics", {})
-            if cfg.algorithm.adv_estimator == "remax":
+            batch, metrics = rollout.batch, metrics | rollout.metrics
+            if self.plan.use_greedy_baseline:
                 with timer("gen_max"):
-                    rollout["reward_baselines"] = self._greedy_baseline(prompts, timer)
+                    batch = batch.union(Batch({"reward_baselines": self._greedy_baseline(prompts)}))
             with timer("reward"):
-                metrics |= self._score(rollout)
+                batch, reward_metrics = self._score(batch)
+            metrics |= reward_metrics
             if not fg.enable:
-                batch = rollout
                 break
-            survivors, filter_metrics = filter_groups(rollout, fg.metric)
+            survivors, filter_metrics = filter_groups(batch, fg.metric)
             metrics |= filter_metrics
             kept.append(survivors)
             num_prompts += len(set(survivors["uid"]))
-            if num_prompts >= cfg.data.train_batch_size:
-                batch = Batch.concat(kept)
-                batch = batch.index(slice(0, cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n))
+            if num_prompts >= train_batch_size:
+                batch = Batch.concat(kept).index(slice(0, self.plan.train_rows))
                 break
             if 0 < fg.max_num_gen_batches <= num_gen_batches:
                 raise RuntimeError(
                     f"dynamic sampling: after {num_gen_batches} generation batches only {num_prompts} of "
-                    f"{cfg.data.train_batch_size} prompts have groups whose {fg.metric!r} varies; the data is too "
-                    "easy or too hard for the model. Raise algorithm.filter_groups.max_num_gen_batches (0: no "
-                    "limit), or lower data.train_batch_size")
+                    f"{train_batch_size} prompts have groups whose {fg.metric!r} varies; the data is too easy or too "
+                    "hard for the model. Raise algorithm.filter_groups.max_num_gen_batches (0: no limit), or lower "
+                    "data.train_batch_size")
         metrics["train/num_gen_batches"] = num_gen_batches
-        return batch
+        return batch, metrics
 
-    def _score(self, batch: Batch) -> dict[str, Any]:
-        """Token-level scores from the reward model when there is one, else from the rule-based reward manager."""
+    def _score(self, batch: Batch) -> tuple[Batch, dict[str, Any]]:
+        """``batch`` with token-level scores: from the reward model when there is one, else from the rule-based
+        reward manager."""
         if self.roles.reward_model is not None:
-            batch.update(self.roles.reward_model.compute_rm_scores(batch))
-            return {}
+            return batch.union(self.roles.reward_model.compute_rm_scores(batch)), {}
         return score_batch(batch, self.reward_fn)
 
-    def _greedy_baseline(self, prompts: Batch, timer: PhaseTimer) -> torch.Tensor:
-        """ReMax: the score of one greedy response per prompt, repeated over its n samples. [B*n]"""
-        greedy = self.roles.actor_rollout.generate_sequences(prompts, greedy=True)
-        greedy.meta.pop("metrics", None)
-        self._score(greedy)
-        baseline = greedy["token_level_scores"].sum(-1)  # [B]
-        return baseline.repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+    def _greedy_baseline(self, prompts: Batch) -> torch.Tensor:
+        """The score of one greedy response per prompt, repeated over its n samples (ReMax's baseline). [B*n]"""
+        greedy = self.roles.actor_rollout.generate_sequences(prompts, greedy=True).batch
+        scored, _ = self._score(greedy)
+        return scored["token_level_scores"].sum(-1).repeat_interleave(self.plan.rollout_n)
 
-    def _make_experience(self, batch: Batch, timer: PhaseTimer, metrics: dict) -> Batch:
-        cfg = self.config
-        if cfg.trainer.balance_batch:
+    def _make_experience(self, batch: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, Any]]:
+        """Old, reference and value forwards, then rewards and advantages: the batch the updates train on."""
+        algo = self.config.algorithm
+        metrics: dict[str, Any] = {}
+        if self.config.trainer.balance_batch:
             from npu_rl.parallel.seqlen import balance_batch
 
-            sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
-            batch, balance_metrics = balance_batch(batch, self.roles.num_devices // sp)
+            batch, balance_metrics = balance_batch(batch, self.plan.actor.dp_size)
             metrics |= balance_metrics
         with timer("old_log_prob"):
-            batch.update(self.roles.actor_rollout.compute_logprobs(batch))
-        metrics["actor/entropy"] = M.masked_mean_tensor(batch.pop("entropy"), batch["response_mask"])
+            old = self.roles.actor_rollout.compute_logprobs(batch)
+        metrics["actor/entropy"] = M.masked_mean_tensor(old["entropy"], batch["response_mask"])
+        batch = batch.union(old.select(["old_logprobs"]))
         if "rollout_logprobs" in batch:
             from npu_rl.rollout.utils import rollout_probs_diff_metrics
 
             metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
                                                   batch["response_mask"])
-        if self.use_ref:
+        if self.plan.use_ref:
             with timer("ref"):
-                batch.update(self.roles.ref.compute_ref_logprobs(batch))
-        if self.use_critic:
+                batch = batch.union(self.roles.ref.compute_ref_logprobs(batch))
+        if self.plan.use_critic:
             with timer("values"):
-                batch.update(self.roles.critic.compute_values(batch))
+                batch = batch.union(self.roles.critic.compute_values(batch))
         with timer("adv"):
-            if cfg.algorithm.use_kl_in_reward:
+            rewards = batch["token_level_scores"]
+            if algo.use_kl_in_reward:
                 rewards, kl_metrics = kl_in_reward(
-                    token_level_scores=batch["token_level_scores"], old_logprobs=batch["old_logprobs"],
+                    token_level_scores=rewards, old_logprobs=batch["old_logprobs"],
                     ref_logprobs=batch["ref_logprobs"], response_mask=batch["response_mask"],
-                    kl_coef=self.kl_ctrl.value, kl_type=cfg.algorithm.kl_penalty)
-                batch["token_level_rewards"] = rewards
+                    kl_coef=self.kl_ctrl.value, kl_type=algo.kl_penalty)
                 self.kl_ctrl.update(current_kl=float(kl_metrics["reward_kl_penalty"]), n_steps=len(batch))
                 metrics |= {f"actor/{k}": v for k, v in kl_metrics.items()}
-            else:
-                batch["token_level_rewards"] = batch["token_level_scores"]
-            out = compute_advantages(adv_estimator=cfg.algorithm.adv_estimator, inputs=AdvantageInputs(
-                token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
-                index=batch["uid"], values=batch.get("values"), reward_baselines=batch.get("reward_baselines"),
-                gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo))
-            batch["advantages"], batch["returns"] = out.advantages, out.returns
-        return batch
+            out = compute_advantages(adv_estimator=algo.adv_estimator, inputs=AdvantageInputs(
+                token_level_rewards=rewards, response_mask=batch["response_mask"], index=batch["uid"],
+                values=batch.get("values"), reward_baselines=batch.get("reward_baselines"), gamma=algo.gamma,
+                lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo))
+            batch = batch.union(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
+                                       "returns": out.returns}))
+        return batch, metrics
 
-    def _update(self, batch: Batch, timer: PhaseTimer, metrics: dict) -> None:
-        if self.use_critic:
+    def _update(self, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.plan.use_critic:
             with timer("update_critic"):
-                metrics |= _mean_over_ranks(self.roles.critic.update_critic(batch))
+                metrics |= self.roles.critic.update_critic(batch).metrics
         if self.global_step > self.config.trainer.critic_warmup:
             with timer("update_actor"):
-                metrics |= _mean_over_ranks(self.roles.actor_rollout.update_policy(batch))
+                metrics |= self.roles.actor_rollout.update_policy(batch).metrics
+        return metrics
 
     # ------------------------------------------------------------------------------------------------- helpers
     def _mfu(self, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
@@ -291,7 +288,7 @@ class PPOTrainer:
     def save_checkpoint(self) -> str:
         tmp = self.checkpoints.begin(self.global_step)
         self.roles.actor_rollout.save_checkpoint(f"{tmp}/actor")
-        if self.use_critic:
+        if self.plan.use_critic:
             self.roles.critic.save_checkpoint(f"{tmp}/critic")
         return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
 
@@ -302,7 +299,7 @@ class PPOTrainer:
             return
         state = load_trainer_state(path)
         self.roles.actor_rollout.load_checkpoint(f"{path}/actor")
-        if self.use_critic:
+        if self.plan.use_critic:
             self.roles.critic.load_checkpoint(f"{path}/critic")
         self.global_step = state["global_step"]
         self.prompts.load_state_dict(state["prompts"])
@@ -310,14 +307,6 @@ class PPOTrainer:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.consecutive_nan_steps = state["consecutive_nan_steps"]
         print(f"npu-rl: resumed from {path} (step {self.global_step}, epoch {self.prompts.epoch})")
-
-
-def _mean_over_ranks(outputs) -> dict[str, float]:
-    """DP_SPLIT returns one metrics dict per data-parallel rank; average them key by key."""
-    if isinstance(outputs, dict):
-        return outputs
-    keys = outputs[0].keys()
-    return {k: float(np.mean([o[k] for o in outputs])) for k in keys}
 
 
 def _progress_bar(enabled: bool, initial: int, total: int):

@@ -8,14 +8,10 @@ import os
 import sys
 import time
 
+from npu_rl.config.derived import RunPlan, as_list, build_plan, world_size
 from npu_rl.config.schema import PPOConfig
-from npu_rl.config.validate import as_list, critic_enabled
 
 logger = logging.getLogger(__name__)
-
-
-def world_size(config: PPOConfig) -> int:
-    return config.trainer.nnodes * config.trainer.n_gpus_per_node
 
 
 def use_ray(config: PPOConfig) -> bool:
@@ -24,27 +20,12 @@ def use_ray(config: PPOConfig) -> bool:
     return config.trainer.controller == "ray"
 
 
-def lora_actor(config: PPOConfig) -> bool:
-    from npu_rl.models.lora import LoraSpec
-
-    return LoraSpec.from_config(config.actor_rollout_ref.model).enabled
-
-
-def build_worker_group(config: PPOConfig):
+def build_worker_group(config: PPOConfig, plan: RunPlan):
     """Every role colocated on the same devices (hybrid engine): one group, one process per device."""
-    from npu_rl.controller.worker_group import LocalWorkerGroup, WorkerSpec
-    from npu_rl.workers.actor_rollout import ActorRolloutWorker
-    from npu_rl.workers.critic import CriticWorker
-    from npu_rl.workers.reference import ReferenceWorker
-    from npu_rl.workers.reward_model import RewardModelWorker
+    from npu_rl.controller.worker_group import LocalWorkerGroup
+    from npu_rl.workers.roles import worker_specs
 
-    roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (config,))}
-    if (config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward) and not lora_actor(config):
-        roles["ref"] = WorkerSpec(ReferenceWorker, (config,))  # with LoRA the actor is the reference (adapter off)
-    if critic_enabled(config):
-        roles["critic"] = WorkerSpec(CriticWorker, (config,))
-    if config.reward_model.enable:
-        roles["reward_model"] = WorkerSpec(RewardModelWorker, (config,))
+    roles = worker_specs(config, plan)
     if not use_ray(config):
         return LocalWorkerGroup(roles)
     import ray
@@ -86,14 +67,15 @@ def run(config: PPOConfig) -> int:
     reward_fn = build_reward_manager(config, tokenizer)
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
 
-    group = build_worker_group(config)
+    plan = build_plan(config)
+    group = build_worker_group(config, plan)
     total_steps = total_training_steps(config, prompts.batches_per_epoch)
     group.actor_rollout.init_model(total_steps)
     roles = Roles(actor_rollout=group.actor_rollout, num_devices=world_size(config))
     if "ref" in group.role_names():
         group.ref.init_model()
         roles.ref = group.ref
-    elif lora_actor(config):
+    elif plan.ref_in_actor:
         roles.ref = group.actor_rollout
     if "critic" in group.role_names():
         group.critic.init_model(total_steps)
@@ -107,7 +89,7 @@ def run(config: PPOConfig) -> int:
                       run_dir, OmegaConf.to_container(OmegaConf.structured(config), resolve=True))
     print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
           f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
-    trainer = PPOTrainer(config, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
+    trainer = PPOTrainer(config, plan, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
                          group.actor_rollout.model_config(), tokenizer)
     start = time.perf_counter()
     try:

@@ -46,14 +46,12 @@ class PromptStream:
         self._iter = None
 
 
-def score_batch(batch: Batch, reward_fn) -> dict[str, Any]:
-    """Put ``token_level_scores`` [B, R] and the scorer's per-row extras (``acc``, ``pred`` ...) into ``batch``;
-    return the reward metrics (``reward/errors`` ...)."""
+def score_batch(batch: Batch, reward_fn) -> tuple[Batch, dict[str, Any]]:
+    """``batch`` with ``token_level_scores`` [B, R] and the scorer's per-row extras (``acc``, ``pred`` ...) added
+    (a new batch; the argument is not changed), and the reward metrics (``reward/errors`` ...)."""
     result = reward_fn(batch)
-    batch["token_level_scores"] = result.token_level_scores.float()
-    for key, values in result.extra.items():
-        batch[key] = values
-    return dict(result.metrics)
+    scored = Batch({"token_level_scores": result.token_level_scores.float()}, dict(result.extra))
+    return batch.union(scored), dict(result.metrics)
 
 
 def _row_metric(batch: Batch, metric: str) -> np.ndarray:

@@ -54,9 +54,7 @@ def validate(config, actor_rollout, val_loader, val_reward_fn, run_dir: str, ste
              ) -> dict[str, float]:
     scored: list[Batch] = []
     for prompts in val_loader:
-        out = actor_rollout.generate_sequences(prompts, validate=True)
-        out.meta.pop("metrics", None)
-        score_batch(out, val_reward_fn)
+        out, _ = score_batch(actor_rollout.generate_sequences(prompts, validate=True).batch, val_reward_fn)
         keep = [k for k in out.keys() if k not in ("input_ids", "position_ids", "rollout_logprobs")]
         scored.append(out.select(keep, meta=False))
     rows = Batch.concat(scored)

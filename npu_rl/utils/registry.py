@@ -20,6 +20,7 @@ class Registry(Generic[T]):
         self.kind = kind  # e.g. "advantage estimator"
         self.config_key = config_key  # e.g. "algorithm.adv_estimator", named in errors
         self._entries: dict[str, T] = {}
+        self._implementations: dict[tuple[str, str], T] = {}
 
     def register(self, *names: str) -> Callable[[T], T]:
         """Decorator: ``@ADV_ESTIMATORS.register("grpo")``; several names register aliases."""
@@ -33,13 +34,29 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def register_implementation(self, name: str, implementation: str) -> Callable[[T], T]:
+        """Decorator: another implementation of the entry ``name`` (a fused kernel, say), with the same signature and
+        the same results; ``get(name, implementation=...)`` picks it, and falls back to the plain entry where ``name``
+        has no such implementation. The registry stays the only door: callers never branch on the name."""
+
+        def decorator(obj: T) -> T:
+            self._implementations[(name, implementation)] = obj
+            return obj
+
+        return decorator
+
+    def implementations(self, name: str) -> list[str]:
+        return sorted(impl for entry, impl in self._implementations if entry == name)
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
-    def get(self, name: str) -> T:
+    def get(self, name: str, implementation: str | None = None) -> T:
+        if implementation is not None and (name, implementation) in self._implementations:
+            return self._implementations[(name, implementation)]
         if name in self._entries:
             return self._entries[name]
         if looks_like_spec(name):

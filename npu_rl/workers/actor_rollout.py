@@ -2,39 +2,45 @@
 
 Before each generation: wake the engine, stream the actor's weights into it if they changed since the last sync
 (layer by layer from the FSDP2 shards), generate, then put the engine to sleep so the update has the memory.
-The timings and memory figures of those phases come back in ``batch.meta["metrics"]``.
+The timings and memory figures of those phases come back as the output's metrics.
 """
 
 from __future__ import annotations
 
 import time
 
-from npu_rl.config.schema import PPOConfig
+from npu_rl.config.derived import RunPlan
+from npu_rl.config.schema import ActorConfig, ModelConfig, RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.models.loader import load_tokenizer, stop_token_ids
-from npu_rl.protocol import Batch
+from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
 from npu_rl.workers.actor import ActorWorker
+from npu_rl.workers.model_runner import MicroBatching
 
 
 class ActorRolloutWorker:
     """One role for the driver (``group.actor_rollout``), two parts inside: ``self.actor`` and ``self.engine``."""
 
-    def __init__(self, config: PPOConfig):
-        self.config = config
-        self.actor = ActorWorker(config)
+    def __init__(self, model_cfg: ModelConfig, actor_cfg: ActorConfig, rollout_cfg: RolloutConfig, plan: RunPlan):
+        self.model_cfg = model_cfg
+        self.rollout_cfg = rollout_cfg
+        self.plan = plan
+        logprob_micro = MicroBatching(rollout_cfg.log_prob_micro_batch_size_per_gpu,
+                                      rollout_cfg.log_prob_use_dynamic_bsz, rollout_cfg.log_prob_max_token_len_per_gpu)
+        self.actor = ActorWorker(model_cfg, actor_cfg, logprob_micro, plan)
         self.engine = None
         self.weights_version = 0  # bumped by every policy update; the engine syncs when it lags behind
 
     @register(Dispatch.ALL)
     def init_model(self, total_training_steps: int) -> None:
         self.actor.init_model(total_training_steps)
-        model_cfg = self.config.actor_rollout_ref.model
+        model_cfg = self.model_cfg
         self.tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
-        self.engine = build_rollout_engine(self.config.actor_rollout_ref.rollout, model_cfg.path,
-                                           self.actor.generation_module, self.tokenizer)
-        if self.config.actor_rollout_ref.rollout.free_cache_engine:
+        self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
+                                           self.tokenizer)
+        if self.rollout_cfg.free_cache_engine:
             self.engine.sleep()
 
     @register(Dispatch.RANK0)
@@ -45,11 +51,12 @@ class ActorRolloutWorker:
         return self.actor.dispatch_layout()
 
     @register(Dispatch.DP_SPLIT)
-    def generate_sequences(self, prompts: Batch, validate: bool = False, greedy: bool = False) -> Batch:
-        rollout_cfg = self.config.actor_rollout_ref.rollout
-        sampling = sampling_params_from_config(rollout_cfg, validate, self.config.data.max_response_length,
-                                               self.stop_ids)
-        if greedy:  # ReMax's baseline: one greedy response per prompt
+    def generate_sequences(self, prompts: Batch, validate: bool = False, greedy: bool = False) -> WorkerOutput:
+        """Responses for ``prompts`` (``rollout.n`` samples each; one greedy sample with ``greedy``, ReMax's
+        baseline), and the phases' timings and memory figures."""
+        rollout_cfg = self.rollout_cfg
+        sampling = sampling_params_from_config(rollout_cfg, validate, self.plan.max_response_length, self.stop_ids)
+        if greedy:
             sampling.n, sampling.do_sample, sampling.temperature, sampling.return_logprobs = 1, False, 0.0, False
         metrics: dict[str, float] = {}
         if rollout_cfg.free_cache_engine:
@@ -61,8 +68,7 @@ class ActorRolloutWorker:
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
-        out.meta["metrics"] = metrics
-        return out
+        return WorkerOutput(out, metrics)
 
     @register(Dispatch.DP_SPLIT)
     def compute_logprobs(self, batch: Batch) -> Batch:
@@ -74,10 +80,10 @@ class ActorRolloutWorker:
         return self.actor.compute_ref_logprobs(batch)
 
     @register(Dispatch.DP_SPLIT)
-    def update_policy(self, batch: Batch) -> dict[str, float]:
-        metrics = self.actor.update_policy(batch)
+    def update_policy(self, batch: Batch) -> WorkerOutput:
+        out = self.actor.update_policy(batch)
         self.weights_version += 1
-        return metrics
+        return out
 
     @register(Dispatch.ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -99,3 +105,4 @@ class ActorRolloutWorker:
             export_merged_folder(self.actor.model, path, tokenizer=self.tokenizer)
             return
         export_hf_folder(self.actor.model, path, tokenizer=self.tokenizer)
+

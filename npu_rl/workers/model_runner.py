@@ -1,5 +1,5 @@
-"""Shared by the actor, reference and critic workers: build a model on this rank's device (sharded when the world
-is larger than one), split a batch into micro-batches (fixed size or a token budget), and run forwards with the
+"""Under the training engine (:mod:`npu_rl.workers.engine`): a model on this rank's device (sharded when the world
+is larger than one), a batch split into micro-batches (fixed size or a token budget), forward inputs with the
 padding trimmed.
 
 Trimming: prompts are left-padded to ``max_prompt_length`` and responses right-padded to ``max_response_length``,
@@ -32,10 +32,10 @@ def split_micro_batches(batch: Batch, how: MicroBatching) -> tuple[list[Batch], 
     With several ranks, every rank gets the same number of token-budget micro-batches: each forward of a sharded
     model is a collective, so the counts must agree."""
     if how.use_dynamic_bsz:
+        from npu_rl.parallel.dist import default_group
         from npu_rl.parallel.seqlen import split_by_token_budget
-        from npu_rl.workers import distributed
 
-        return split_by_token_budget(batch, how.max_token_len, dp_group=distributed.default_group())
+        return split_by_token_budget(batch, how.max_token_len, dp_group=default_group())
     size = how.micro_batch_size or len(batch)
     return batch.split(size), None
 
@@ -97,12 +97,12 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, fsdp_config, trainable: bool = True, sp_size: int = 1,
                  use_remove_padding: bool = False):
-        from npu_rl.workers import distributed
+        from npu_rl.parallel import dist
 
         self.backend = get_backend()
         self.device = self.backend.device()
         self.param_dtype = to_dtype(fsdp_config.mixed_precision.param_dtype)
-        self.world_size = distributed.world_size()
+        self.world_size = dist.world_size()
         from npu_rl.parallel.fsdp import FSDPSettings
 
         self.fsdp_settings = FSDPSettings.from_config(fsdp_config)

@@ -1,34 +1,43 @@
-"""The reference policy: frozen log-probs for the KL term (as a loss or in the reward)."""
+"""The reference policy: frozen log-probs for the KL term (as a loss or in the reward), on a forward-only engine."""
 
 from __future__ import annotations
 
-from npu_rl.config.schema import PPOConfig
+import torch
+
+from npu_rl.config.derived import RunPlan
+from npu_rl.config.schema import ModelConfig, RefConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.protocol import Batch
-from npu_rl.workers import distributed
-from npu_rl.workers.actor import LogprobModel
+from npu_rl.workers.actor import build_policy_engine, logprob_options
+from npu_rl.workers.engine import TrainingEngine
 from npu_rl.workers.model_runner import MicroBatching
 
 
 class ReferenceWorker:
-    def __init__(self, config: PPOConfig):
-        self.config = config
-        self.engine: LogprobModel | None = None
+    def __init__(self, model_cfg: ModelConfig, ref_cfg: RefConfig, plan: RunPlan):
+        self.model_cfg = model_cfg
+        self.cfg = ref_cfg
+        self.plan = plan
+        self.engine: TrainingEngine | None = None
 
     @register(Dispatch.ALL)
     def init_model(self) -> None:
-        ref = self.config.actor_rollout_ref.ref
-        distributed.init()
+        ref = self.cfg
         micro = MicroBatching(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
                               ref.log_prob_max_token_len_per_gpu)
-        self.engine = LogprobModel(self.config, ref.fsdp_config, micro, trainable=False,
-                                   sp_size=ref.ulysses_sequence_parallel_size)
+        self.engine = build_policy_engine(self.model_cfg, ref.fsdp_config, role="ref", plan=self.plan,
+                                          forward_micro=micro, sp_size=ref.ulysses_sequence_parallel_size,
+                                          trainable=False)
 
     def dispatch_layout(self):
-        return self.engine.runner.dispatch_layout() if self.engine is not None else None
+        return self.engine.dispatch_layout() if self.engine is not None else None
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """``ref_logprobs`` [B, R] at the rollout temperature (the same temperature the actor's log-probs use)."""
-        out = self.engine.logprobs(batch, self.config.actor_rollout_ref.rollout.temperature, compute_entropy=False)
-        return Batch({"ref_logprobs": out["logprobs"]})
+        options = logprob_options(self.model_cfg, compute_entropy=False)
+
+        def forward(mb: Batch) -> dict[str, torch.Tensor]:
+            return {"ref_logprobs": self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)[0]}
+
+        return self.engine.infer(batch, forward)

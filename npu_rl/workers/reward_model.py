@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from npu_rl.config.schema import PPOConfig
+from npu_rl.config.derived import RunPlan
+from npu_rl.config.schema import RewardModelConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.models.loader import load_tokenizer, resolve_model_path, to_dtype
 from npu_rl.protocol import Batch
-from npu_rl.workers import distributed
-from npu_rl.workers.model_runner import ModelRunner
+from npu_rl.workers.engine import TrainingEngine
+from npu_rl.workers.model_runner import MicroBatching
 
 
 def load_reward_model(path: str, dtype: str, trust_remote_code: bool = False):
@@ -39,22 +40,25 @@ def _score_head(model) -> torch.nn.Module:
 
 
 class RewardModelWorker:
-    def __init__(self, config: PPOConfig):
-        self.config = config
+    def __init__(self, rm_cfg: RewardModelConfig, plan: RunPlan):
+        self.cfg = rm_cfg
+        self.plan = plan
+        self.engine: TrainingEngine | None = None
 
     @register(Dispatch.ALL)
     def init_model(self) -> None:
-        rm = self.config.reward_model
-        distributed.init()
+        rm = self.cfg
         model = load_reward_model(rm.model.path, rm.model.fsdp_config.model_dtype, rm.model.trust_remote_code)
-        self.runner = ModelRunner(model, rm.model.fsdp_config, trainable=False)
+        micro = MicroBatching(rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
+        self.engine = TrainingEngine(model, rm.model.fsdp_config, role="reward_model",
+                                     response_length=self.plan.max_response_length, forward_micro=micro)
         self.tokenizer = load_tokenizer(rm.model.path, rm.model.trust_remote_code)
         self.tokenizer.padding_side = "right"  # the score is read at the last real token
-        policy_path = rm.model.input_tokenizer or self.config.actor_rollout_ref.model.path
-        self.policy_tokenizer = load_tokenizer(policy_path)
+        self.policy_tokenizer = load_tokenizer(rm.model.input_tokenizer or self.plan.policy_model_path)
         self.same_tokenizer = self.policy_tokenizer.get_vocab() == self.tokenizer.get_vocab()
-        self.micro_batch_size = rm.micro_batch_size_per_gpu or 8
-        self.max_length = rm.max_length
+
+    def dispatch_layout(self):
+        return self.engine.dispatch_layout() if self.engine is not None else None
 
     def _texts(self, batch: Batch) -> list[str]:
         texts = []
@@ -74,27 +78,26 @@ class RewardModelWorker:
             # Policy ids as they are; right-align is not needed: the model reads the last non-pad position from
             # the attention mask passed in.
             return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        return self.tokenizer(self._texts(batch), return_tensors="pt", padding=True, truncation=self.max_length is not
-                              None, max_length=self.max_length, add_special_tokens=False)
+        max_length = self.cfg.max_length
+        return self.tokenizer(self._texts(batch), return_tensors="pt", padding=True, truncation=max_length is not None,
+                              max_length=max_length, add_special_tokens=False)
+
+    def _scores(self, mb: Batch) -> torch.Tensor:
+        """Sequence scores [b]: the trunk, then the head at the last attended position (right for left- and
+        right-padded rows alike; the HF class finds "the last non-pad token" by pad id, which is wrong when pad is
+        the end-of-turn token)."""
+        model, device = self.engine.compute_model, self.engine.device
+        enc = self._encode(mb)
+        mask = enc["attention_mask"].to(device)
+        out = model.base_model(input_ids=enc["input_ids"].to(device), attention_mask=mask, use_cache=False)
+        last = mask.shape[1] - 1 - mask.flip(-1).float().argmax(-1)  # [b]
+        hidden = out.last_hidden_state[torch.arange(len(last), device=device), last]  # [b, H]
+        return _score_head(model)(hidden).squeeze(-1).float()
 
     @register(Dispatch.DP_SPLIT)
-    @torch.no_grad()
     def compute_rm_scores(self, batch: Batch) -> Batch:
         """``token_level_scores`` [B, R]: the reward model's score on each row's last valid response token."""
-        model = self.runner.compute_model
-        model.eval()
-        device = self.runner.device
-        scores = []
-        for mb in batch.split(self.micro_batch_size):
-            enc = self._encode(mb)
-            mask = enc["attention_mask"].to(device)
-            # The trunk, then the head at the last attended position: right for left- and right-padded rows alike
-            # (the HF class finds "the last non-pad token" by pad id, which is wrong when pad == end of turn).
-            out = model.base_model(input_ids=enc["input_ids"].to(device), attention_mask=mask, use_cache=False)
-            last = mask.shape[1] - 1 - mask.flip(-1).float().argmax(-1)  # [b]
-            hidden = out.last_hidden_state[torch.arange(len(last), device=device), last]  # [b, H]
-            scores.append(_score_head(model)(hidden).squeeze(-1).float().cpu())
-        seq_scores = torch.cat(scores)  # [B]
+        seq_scores = self.engine.infer(batch, lambda mb: {"rm_scores": self._scores(mb)})["rm_scores"]  # [B]
         response_mask = batch["response_mask"]
         last_response = (response_mask.sum(-1) - 1).clamp(min=0)
         token_level = torch.zeros(response_mask.shape, dtype=torch.float32)

@@ -19,7 +19,7 @@ from npu_rl.models.lora import (
     save_adapter,
 )
 from npu_rl.models.synthetic import random_causal_lm
-from tests.lora.common import LORA, actor_batch, actor_config
+from tests.lora.common import LORA, actor_batch, actor_config, actor_worker
 
 
 def _randomize_b(model, seed: int = 1) -> None:
@@ -126,9 +126,7 @@ def test_lora_on_lm_head_is_supported_by_both_logprob_kernels(fused):
 
 # ---------------------------------------------------------------------------------------------- the actor
 def test_actor_update_trains_only_the_adapter_and_ref_is_the_base(tiny_model_dir, tmp_path):
-    from npu_rl.workers.actor import ActorWorker
-
-    worker = ActorWorker(actor_config(tiny_model_dir, str(tmp_path), *LORA))
+    worker = actor_worker(actor_config(tiny_model_dir, str(tmp_path), *LORA))
     worker.init_model(total_training_steps=2)
     assert not worker.engine.runner.has_master_copy  # no fp32 copy of a frozen base
     batch = actor_batch()
@@ -149,12 +147,12 @@ def test_actor_update_trains_only_the_adapter_and_ref_is_the_base(tiny_model_dir
     model_keys = [k for k in keys if k.startswith("model.")]
     assert model_keys and all("lora_" in k for k in model_keys), [k for k in model_keys if "lora_" not in k]
     assert any(k.startswith("optimizer.state.") and "lora_" in k for k in keys)
-    fresh = ActorWorker(actor_config(tiny_model_dir, str(tmp_path), *LORA))
+    fresh = actor_worker(actor_config(tiny_model_dir, str(tmp_path), *LORA))
     fresh.init_model(total_training_steps=2)
     fresh.load_checkpoint(str(tmp_path / "ckpt"))
     for (name, a), (_, b) in zip(worker.model.state_dict().items(), fresh.model.state_dict().items()):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
-    for state_a, state_b in zip(worker.optimizer.state.values(), fresh.optimizer.state.values()):
+    for state_a, state_b in zip(worker.engine.optimizer.state.values(), fresh.engine.optimizer.state.values()):
         torch.testing.assert_close(state_b["exp_avg"], state_a["exp_avg"], rtol=0, atol=0)
 
 
@@ -165,9 +163,7 @@ def test_merge_round_trip(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from npu_rl.trainer.merge import main as merge_main
-    from npu_rl.workers.actor import ActorWorker
-
-    worker = ActorWorker(actor_config(tiny_model_dir, str(tmp_path), *LORA))
+    worker = actor_worker(actor_config(tiny_model_dir, str(tmp_path), *LORA))
     worker.init_model(total_training_steps=2)
     worker.update_policy(actor_batch())
     worker.save_checkpoint(str(tmp_path / "step" / "actor"))
@@ -178,7 +174,7 @@ def test_merge_round_trip(tiny_model_dir, tmp_path):
     assert merge_main([str(tmp_path / "step"), "--out", str(tmp_path / "adapter"), "--adapter-only"]) == 0
     assert sorted(os.listdir(tmp_path / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
 
-    merged = ActorWorker(actor_config(str(tmp_path / "merged"), str(tmp_path)))
+    merged = actor_worker(actor_config(str(tmp_path / "merged"), str(tmp_path)))
     merged.init_model(total_training_steps=2)
     torch.testing.assert_close(merged.compute_logprobs(batch)["old_logprobs"], expected, rtol=1e-5, atol=1e-5)
 
@@ -192,10 +188,8 @@ def test_merge_round_trip(tiny_model_dir, tmp_path):
 def test_bf16_compute_shares_the_base_and_keeps_fp32_adapters(tiny_model_dir, tmp_path):
     """One device, bf16 compute: the base exists once (bf16, shared by the master and the compute module); the
     optimizer updates fp32 adapters, the forward runs bf16 copies of them, refreshed after every step."""
-    from npu_rl.workers.actor import ActorWorker
-
-    worker = ActorWorker(actor_config(tiny_model_dir, str(tmp_path), *LORA,
-                                      "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"))
+    worker = actor_worker(actor_config(tiny_model_dir, str(tmp_path), *LORA,
+                                       "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"))
     worker.init_model(total_training_steps=2)
     runner = worker.engine.runner
     master, compute = dict(runner.model.named_parameters()), dict(runner.compute_model.named_parameters())
@@ -205,7 +199,7 @@ def test_bf16_compute_shares_the_base_and_keeps_fp32_adapters(tiny_model_dir, tm
             assert param.dtype == torch.float32 and compute[name].dtype == torch.bfloat16, name
         else:
             assert compute[name] is param and param.dtype == torch.bfloat16, name
-    assert {id(p) for p in worker.optimizer.param_groups[0]["params"]} == {
+    assert {id(p) for p in worker.engine.optimizer.param_groups[0]["params"]} == {
         id(p) for n, p in master.items() if "lora_" in n}
     batch = actor_batch()
     ref_before = worker.compute_ref_logprobs(batch)["ref_logprobs"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.lora.common import LORA, actor_batch, actor_config
+from tests.lora.common import LORA, actor_batch, actor_config, actor_worker
 
 pytestmark = pytest.mark.dist
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -19,9 +19,7 @@ def lora_actor_job(model_dir: str, out_dir: str, extra: list[str]) -> dict:
     import torch.distributed as dist
 
     from npu_rl.models.lora import adapter_tensors, merged_named_weights
-    from npu_rl.workers.actor import ActorWorker
-
-    worker = ActorWorker(actor_config(model_dir, out_dir, *SETUP, *extra))
+    worker = actor_worker(actor_config(model_dir, out_dir, *SETUP, *extra))
     worker.init_model(total_training_steps=2)
     batch = actor_batch()
     runner = worker.engine.runner

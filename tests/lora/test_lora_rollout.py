@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from npu_rl.rollout import vllm_available
-from npu_rl.workers.actor_rollout import ActorRolloutWorker
-from tests.lora.common import LORA, actor_batch, actor_config
+from tests.lora.common import LORA, actor_batch, actor_config, actor_rollout_worker
 from tests.rollout.conftest import make_prompts
 
 VLLM = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32",
@@ -23,13 +22,13 @@ def test_rollout_logprobs_equal_the_actor_after_a_lora_update(engine, eos_model_
     config = actor_config(eos_model_dir, str(tmp_path), *LORA, "actor_rollout_ref.rollout.calculate_log_probs=True",
                           "actor_rollout_ref.rollout.free_cache_engine=False", "data.max_response_length=8",
                           *(VLLM if engine == "vllm" else []))
-    worker = ActorRolloutWorker(config)
+    worker = actor_rollout_worker(config)
     worker.init_model(total_training_steps=2)
     prompts = make_prompts(worker.tokenizer, chat=True)
-    before = worker.generate_sequences(prompts)
+    before = worker.generate_sequences(prompts).batch
     batch = actor_batch(response=8)
     worker.update_policy(batch)
-    out = worker.generate_sequences(prompts)
+    out = worker.generate_sequences(prompts).batch
     mask = out["response_mask"].bool()
     actor = worker.compute_logprobs(out)["old_logprobs"]
     torch.testing.assert_close(out["rollout_logprobs"][mask], actor[mask], rtol=1e-5, atol=1e-5)

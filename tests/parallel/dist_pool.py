@@ -33,7 +33,7 @@ def _worker(rank: int, world_size: int, port: int, tasks, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), DEVICE="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     torch.set_num_threads(1)
-    from npu_rl.parallel.mesh import init_distributed
+    from npu_rl.parallel.dist import init_distributed
 
     init_distributed(timeout_s=90)
     while True:

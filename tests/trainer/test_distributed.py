@@ -11,15 +11,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from npu_rl.config.derived import build_plan
 from npu_rl.config.loader import load_config
-from npu_rl.controller.worker_group import LocalWorkerGroup, WorkerSpec
+from npu_rl.controller.worker_group import LocalWorkerGroup
 from npu_rl.core import AdvantageInputs, compute_advantages
 from npu_rl.data.loader import build_dataloader
 from npu_rl.models.loader import load_tokenizer
 from npu_rl.reward import build_reward_manager
+from npu_rl.protocol import Batch
 from npu_rl.trainer.sampling import score_batch
-from npu_rl.workers.actor_rollout import ActorRolloutWorker
-from npu_rl.trainer.ppo_trainer import _mean_over_ranks
+from npu_rl.workers.roles import worker_specs
 from tests.trainer.conftest import base_overrides
 
 pytestmark = [pytest.mark.ray, pytest.mark.dist]
@@ -40,22 +41,19 @@ def _ray_group(config, name):
     from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
 
     pool = ResourcePool([2], resource=None, name=name)
-    group = RayWorkerGroup(pool, {"actor_rollout": WorkerSpec(ActorRolloutWorker, (config,))},
-                           env={"OMP_NUM_THREADS": "1"}, name=name)
+    group = RayWorkerGroup(pool, worker_specs(config, build_plan(config)), env={"OMP_NUM_THREADS": "1"}, name=name)
     return pool, group
 
 
 def _experience(config, group, loader_iter, tokenizer):
     """One step's batch: rollouts from ``group``, rule scores, GRPO advantages (the trainer's driver math)."""
-    rollout = group.actor_rollout.generate_sequences(next(loader_iter))
-    rollout.meta.pop("metrics", None)
-    score_batch(rollout, build_reward_manager(config, tokenizer))
-    rollout["token_level_rewards"] = rollout["token_level_scores"]
+    rollout = group.actor_rollout.generate_sequences(next(loader_iter)).batch
+    rollout, _ = score_batch(rollout, build_reward_manager(config, tokenizer))
     out = compute_advantages(adv_estimator="grpo", inputs=AdvantageInputs(
-        token_level_rewards=rollout["token_level_rewards"], response_mask=rollout["response_mask"],
+        token_level_rewards=rollout["token_level_scores"], response_mask=rollout["response_mask"],
         index=rollout["uid"]))
-    rollout["advantages"], rollout["returns"] = out.advantages, out.returns
-    return rollout
+    return rollout.union(Batch({"token_level_rewards": rollout["token_level_scores"], "advantages": out.advantages,
+                                "returns": out.returns}))
 
 
 def _weights(group, path) -> dict[str, torch.Tensor]:
@@ -72,7 +70,7 @@ def test_two_ray_workers_match_one_process(layout, ray_session, tiny_model_dir, 
     if layout == "sp2":
         extra += ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]
     config = _config(tiny_model_dir, str(tmp_path / "b"), reward_file, extra + ["trainer.n_gpus_per_node=2"])
-    local, pool, ray_group = LocalWorkerGroup({"actor_rollout": WorkerSpec(ActorRolloutWorker, (single,))}), None, None
+    local, pool, ray_group = LocalWorkerGroup(worker_specs(single, build_plan(single))), None, None
     try:
         pool, ray_group = _ray_group(config, f"parity_{layout}")
         local.actor_rollout.init_model(STEPS)
@@ -84,9 +82,9 @@ def test_two_ray_workers_match_one_process(layout, ray_session, tiny_model_dir, 
             old_local = local.actor_rollout.compute_logprobs(batch)
             old_ray = ray_group.actor_rollout.compute_logprobs(batch)
             torch.testing.assert_close(old_ray["old_logprobs"], old_local["old_logprobs"], atol=2e-5, rtol=1e-5)
-            batch.update(old_local)
-            m_local = local.actor_rollout.update_policy(batch)
-            m_ray = _mean_over_ranks(ray_group.actor_rollout.update_policy(batch))
+            batch = batch.union(old_local.select(["old_logprobs"]))
+            m_local = local.actor_rollout.update_policy(batch).metrics
+            m_ray = ray_group.actor_rollout.update_policy(batch).metrics
             for key in ("actor/pg_loss", "actor/grad_norm", "actor/pg_clipfrac"):
                 assert m_ray[key] == pytest.approx(m_local[key], rel=1e-4, abs=1e-6), key
         w_local = _weights(local, str(tmp_path / "local_hf"))

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from npu_rl.config.derived import build_plan
 from npu_rl.config.loader import load_config
 from npu_rl.protocol import Batch
 from npu_rl.workers.actor import ActorWorker
+from npu_rl.workers.model_runner import MicroBatching
 from tests.trainer.conftest import base_overrides
 
 
@@ -38,9 +40,10 @@ def _update(model_dir, tmp_path, fused: bool) -> tuple[dict, dict]:
         "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.clip_ratio_high=0.28",
         f"actor_rollout_ref.model.use_fused_kernels={fused}",
         "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch"], validate=False)
-    worker = ActorWorker(config)
+    arr = config.actor_rollout_ref
+    worker = ActorWorker(arr.model, arr.actor, MicroBatching(), build_plan(config))
     worker.init_model(total_training_steps=1)
-    metrics = worker.update_policy(_batch())
+    metrics = worker.update_policy(_batch()).metrics
     return metrics, {k: v.detach().clone() for k, v in worker.model.state_dict().items()}
 
 

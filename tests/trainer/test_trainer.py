@@ -97,8 +97,8 @@ def test_repeated_nan_stops_the_run_with_a_clear_message(tiny_model_dir, tmp_pat
 
     real = actor.compute_policy_loss
 
-    def nan_loss(*, loss_mode, inputs):
-        out = real(loss_mode=loss_mode, inputs=inputs)
+    def nan_loss(*, loss_mode, inputs, **kwargs):
+        out = real(loss_mode=loss_mode, inputs=inputs, **kwargs)
         return LossOutput(out.loss * torch.tensor(float("nan")), out.metrics)
 
     monkeypatch.setattr(actor, "compute_policy_loss", nan_loss)

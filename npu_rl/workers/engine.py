@@ -1,0 +1,224 @@
+"""The training engine: one causal LM (or value model) on this rank's devices, trained or evaluated. Every role runs
+on one: the actor and the critic train with it, the reference and the reward model only run forwards.
+
+What it owns: the model runner (FSDP2 shards, or a master copy on one device), the optimizer and lr scheduler, the
+micro-batched forward (fixed size or token budget, padding trimmed), the update loop and the checkpoint state. What
+a role supplies: its forward (log-probs, values, scores) and, to train, a loss function of one micro-batch.
+
+The update, for one step's batch on this rank::
+
+    for epoch in ppo_epochs:
+        rows = shuffled (seeded by the seed and the update count) when shuffle, else in order
+        for mini-batch in rows (rows_per_mini_batch = ppo_mini_batch_size x n / dp):
+            denominators = valid tokens / sequences of the mini-batch on ALL dp ranks   # one all-reduce
+            for micro-batch in mini-batch (fixed size or token budget):
+                loss = loss_fn(micro-batch, denominators)          # its share of the mini-batch mean
+                (loss * dp).backward(); gradients into the fp32 master                  # FSDP averages over dp
+            clip grads; skip the step (and count it) when the grad norm is not finite; optimizer.step()
+    lr_scheduler.step(); update count += 1     (restored from the scheduler on load)
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+
+from npu_rl.core import loss_denominators
+from npu_rl.models.forward import (
+    LogprobOptions,
+    packed_response_logprobs,
+    packed_response_values,
+    response_logprobs,
+    response_values,
+)
+from npu_rl.parallel import dist
+from npu_rl.parallel.fsdp import clip_grad_norm
+from npu_rl.protocol import Batch
+from npu_rl.utils.lr_schedule import build_scheduler
+from npu_rl.utils.metrics import mean_of
+from npu_rl.workers.checkpointing import load_worker_state, save_worker_state
+from npu_rl.workers.model_runner import (
+    MicroBatching,
+    ModelRunner,
+    pad_right,
+    restore_order,
+    split_micro_batches,
+    trimmed_inputs,
+)
+
+
+class MicroLoss(NamedTuple):
+    """What a role's loss function returns for one micro-batch."""
+
+    loss: torch.Tensor  # 0-d: this micro-batch's share of the mini-batch loss (global denominators)
+    metrics: dict[str, torch.Tensor]  # averaged over the micro-batches of a mini-batch
+    # Shares of a mini-batch quantity (the loss value itself): summed over micro-batches and times dp, so each
+    # rank reports its estimate of the mini-batch mean and the ranks' mean is the mini-batch's value.
+    shares: dict[str, torch.Tensor]
+
+
+LossFn = Callable[[Batch, dict[str, torch.Tensor]], MicroLoss]
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How a trained role cuts and repeats its batch (from its config slice and the run plan)."""
+
+    rows_per_mini_batch: int  # per rank
+    micro: MicroBatching
+    epochs: int = 1
+    shuffle: bool = False
+    grad_clip: float = 1.0
+
+
+def build_optimizer(model: torch.nn.Module, optim_config) -> torch.optim.Optimizer:
+    """AdamW over the parameters that require gradients (``optim.lr``, ``betas``, ``eps``, ``weight_decay``)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=optim_config.lr, betas=tuple(optim_config.betas), eps=optim_config.eps,
+                             weight_decay=optim_config.weight_decay)
+
+
+class TrainingEngine:
+    """See the module docstring. ``role`` prefixes the update's metrics (``actor/grad_norm`` ...)."""
+
+    def __init__(self, model: torch.nn.Module, fsdp_config, *, role: str, response_length: int,
+                 forward_micro: MicroBatching, sp_size: int = 1, use_remove_padding: bool = False,
+                 optim_config=None, total_training_steps: int | None = None, update: UpdateSettings | None = None,
+                 seed: int = 0):
+        dist.init_distributed(single_process_group=False)
+        self.role = role
+        self.trainable = optim_config is not None
+        if not self.trainable:
+            model.requires_grad_(False)
+        self.runner = ModelRunner(model, fsdp_config, self.trainable, sp_size, use_remove_padding)
+        self.response_length = response_length
+        self.forward_micro = forward_micro
+        self.update_settings = update
+        self.seed = seed
+        self.num_updates = 0
+        self.optimizer = self.scheduler = None
+        if self.trainable:
+            if update is None or total_training_steps is None:
+                raise ValueError(f"{role}: a trained engine needs update settings and total_training_steps")
+            self.optimizer = build_optimizer(self.model, optim_config)
+            self.scheduler = build_scheduler(self.optimizer, optim_config, total_training_steps)
+
+    # --------------------------------------------------------------------------------------------- the model
+    @property
+    def model(self) -> torch.nn.Module:
+        """The weights the optimizer updates and checkpoints hold (fp32 master on one device, shards when sharded)."""
+        return self.runner.model
+
+    @property
+    def compute_model(self) -> torch.nn.Module:
+        """The module forwards run through (the compute-dtype copy on one device)."""
+        return self.runner.compute_model
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    def dispatch_layout(self):
+        return self.runner.dispatch_layout()
+
+    # --------------------------------------------------------------------------------------------- forwards
+    def _inputs(self, mb: Batch) -> tuple[tuple, int]:
+        inputs, kept = trimmed_inputs(mb, self.response_length)
+        device = self.device
+        return (self.compute_model, inputs["input_ids"].to(device), inputs["attention_mask"].to(device),
+                inputs["position_ids"].to(device), inputs["responses"].to(device)), kept
+
+    def forward_logprobs(self, mb: Batch, temperature: float, options: LogprobOptions
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Response log-probs [b, R] (and entropy [b, R] when ``options.compute_entropy``) of one micro-batch."""
+        args, _ = self._inputs(mb)
+        if self.runner.packed:
+            logprobs, entropy = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group)
+        else:
+            logprobs, entropy = response_logprobs(*args, temperature, options)
+        logprobs = pad_right(logprobs, self.response_length)
+        return logprobs, pad_right(entropy, self.response_length) if entropy is not None else None
+
+    def forward_values(self, mb: Batch) -> torch.Tensor:
+        """Values V(s_t) [b, R] of one micro-batch (a value model), zero outside the response mask."""
+        args, kept = self._inputs(mb)
+        args = (*args[:4], kept)
+        if self.runner.packed:
+            values = packed_response_values(*args, sp_group=self.runner.sp_group)
+        else:
+            values = response_values(*args)
+        return pad_right(values, self.response_length) * mb["response_mask"].to(self.device)
+
+    @torch.no_grad()
+    def infer(self, batch: Batch, forward: Callable[[Batch], dict[str, torch.Tensor]]) -> Batch:
+        """``forward`` over the micro-batches of ``batch`` in eval mode; its [b, ...] outputs, in row order, on the
+        host."""
+        self.runner.eval()
+        micro_batches, permutation = split_micro_batches(batch, self.forward_micro)
+        outputs: dict[str, list[torch.Tensor]] = {}
+        for mb in micro_batches:
+            for key, value in forward(mb).items():
+                outputs.setdefault(key, []).append(value.cpu())
+        return Batch({key: restore_order(values, permutation) for key, values in outputs.items()})
+
+    # --------------------------------------------------------------------------------------------- the update
+    def update(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """Optimizer steps over ``batch`` (this rank's rows); metrics averaged over mini-batches (module docstring)."""
+        settings = self.update_settings
+        self.runner.train()
+        metrics: list[dict[str, torch.Tensor]] = []
+        generator = torch.Generator().manual_seed(self.seed + self.num_updates)
+        for _ in range(settings.epochs):
+            order = torch.randperm(len(batch), generator=generator) if settings.shuffle else torch.arange(len(batch))
+            for mini in batch.index(order).split(settings.rows_per_mini_batch):
+                metrics.append(self._update_mini_batch(mini, loss_fn))
+        with warnings.catch_warnings():  # every update skipped (non-finite): the schedule still advances
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
+        self.num_updates += 1
+        skipped = torch.stack([m.pop(f"{self.role}/nan_skipped") for m in metrics]).sum()
+        out = mean_of(metrics)
+        out[f"{self.role}/lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
+        out[f"{self.role}/nan_skipped"] = skipped
+        return {k: float(v) for k, v in out.items()}
+
+    def _update_mini_batch(self, mini: Batch, loss_fn: LossFn) -> dict[str, torch.Tensor]:
+        runner, dp = self.runner, self.runner.dp_size
+        denominators = dist.all_reduce_sum(loss_denominators(mini["response_mask"]), runner.dp_group)
+        denominators = {k: v.to(self.device) for k, v in denominators.items()}
+        micro_batches, _ = split_micro_batches(mini, self.update_settings.micro)
+        self.optimizer.zero_grad(set_to_none=True)
+        results: list[MicroLoss] = []
+        for mb in micro_batches:
+            result = loss_fn(mb, denominators)
+            (result.loss * dp).backward()
+            runner.grads_to_master()
+            results.append(MicroLoss(result.loss.detach(), result.metrics, result.shares))
+        grad_norm = clip_grad_norm(self.model, self.update_settings.grad_clip)
+        finite = math.isfinite(float(grad_norm))  # one host sync per mini-batch, to decide on the step
+        if finite:
+            runner.optimizer_step(self.optimizer)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        out = mean_of([r.metrics for r in results])
+        for key in results[0].shares:
+            out[key] = torch.stack([r.shares[key].float() for r in results]).sum() * dp
+        out[f"{self.role}/grad_norm"] = grad_norm.detach().float()
+        out[f"{self.role}/nan_skipped"] = torch.tensor(0.0 if finite else 1.0)
+        return out
+
+    # --------------------------------------------------------------------------------------------- checkpoints
+    def save(self, path: str, contents, tokenizer=None) -> None:
+        save_worker_state(path, self.model, self.optimizer, self.scheduler, contents, tokenizer)
+
+    def load(self, path: str, contents) -> None:
+        """Weights, optimizer and scheduler (per ``contents``); the update count follows the scheduler, so the
+        shuffle order after a resume is the one an uninterrupted run would have used."""
+        load_worker_state(path, self.model, self.optimizer, self.scheduler, contents)
+        self.runner.master_to_compute()
+        if self.scheduler is not None and "extra" in contents:
+            self.num_updates = self.scheduler.last_epoch

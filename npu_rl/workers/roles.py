@@ -1,0 +1,25 @@
+"""The roles of a run, each given its own config slice and the run plan: the one place that slices the root config
+for the workers."""
+
+from __future__ import annotations
+
+from npu_rl.config.derived import RunPlan
+from npu_rl.config.schema import PPOConfig
+from npu_rl.controller.worker_group import WorkerSpec
+from npu_rl.workers.actor_rollout import ActorRolloutWorker
+from npu_rl.workers.critic import CriticWorker
+from npu_rl.workers.reference import ReferenceWorker
+from npu_rl.workers.reward_model import RewardModelWorker
+
+
+def worker_specs(config: PPOConfig, plan: RunPlan) -> dict[str, WorkerSpec]:
+    """``{role name: WorkerSpec}`` for every role the plan needs; all colocated on the same devices."""
+    arr = config.actor_rollout_ref
+    roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (arr.model, arr.actor, arr.rollout, plan))}
+    if plan.use_ref and not plan.ref_in_actor:  # with LoRA the actor serves the reference (adapter off)
+        roles["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.ref, plan))
+    if plan.use_critic:
+        roles["critic"] = WorkerSpec(CriticWorker, (config.critic, plan))
+    if plan.use_reward_model:
+        roles["reward_model"] = WorkerSpec(RewardModelWorker, (config.reward_model, plan))
+    return roles
