@@ -31,8 +31,9 @@ import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -159,7 +160,7 @@ def check_adapter(path: str, model: nn.Module, spec: LoraSpec) -> dict:
                               "set lora_rank to the adapter's rank")
     modules = dict(model.named_modules())
     with safe_open(weights_file, framework="pt") as f:
-        for tensor_key in f.keys():
+        for tensor_key in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
             match = re.fullmatch(r"(?:base_model\.model\.)?(.+)\.(lora_A|lora_B)(?:\.\w+)?\.weight", tensor_key)
             if match is None:
                 raise LoraConfigError(f"{where}: tensor {tensor_key!r} is not a LoRA A/B weight")

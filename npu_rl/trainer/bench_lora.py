@@ -137,7 +137,7 @@ def run_mode(mode: str, args) -> dict:
             result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     finally:
         objects.clear()
-        model = None  # noqa: F841
+        model = None
         gc.collect()
         if is_cuda:
             torch.cuda.empty_cache()

@@ -205,7 +205,7 @@ def test_bf16_compute_shares_the_base_and_keeps_fp32_adapters(tiny_model_dir, tm
     ref_before = worker.compute_ref_logprobs(batch)["ref_logprobs"]
     lora_before = {n: p.detach().clone() for n, p in master.items() if "lora_" in n}
     worker.update_policy(batch)
-    for name, before in lora_before.items():
+    for name in lora_before:
         assert master[name].dtype == torch.float32
         torch.testing.assert_close(compute[name], master[name].detach().to(torch.bfloat16), rtol=0, atol=0)
     assert any(not torch.equal(master[n], b) for n, b in lora_before.items())

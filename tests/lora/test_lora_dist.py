@@ -10,7 +10,7 @@ import torch
 from tests.lora.common import LORA, actor_batch, actor_config, actor_worker
 
 pytestmark = pytest.mark.dist
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = {"rtol": 1e-5, "atol": 1e-5}
 SETUP = [*LORA, "actor_rollout_ref.model.enable_gradient_checkpointing=True",
          "actor_rollout_ref.model.use_remove_padding=True"]
 
