@@ -174,3 +174,16 @@ class ActorWorker:
         if self.is_lora:  # an engine that takes plain weights gets W + scale * B @ A
             return merged_named_weights(self.model)
         return iter_full_parameters(self.model)
+
+    def named_base_weights(self):
+        """LoRA: the frozen base's (HF name, full tensor), for an engine that takes the adapter separately."""
+        with adapter_disabled(self.model):
+            yield from merged_named_weights(self.model)
+
+    def adapter_for_rollout(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """LoRA: the adapter's full tensors on the host (PEFT keys) and its PEFT config as a dict. Collective."""
+        from npu_rl.models.lora import ADAPTER_NAME, adapter_tensors
+        from npu_rl.rollout.vllm_lora import peft_config_dict
+
+        tensors = {key: tensor.clone() for key, tensor in adapter_tensors(self.model, device="cpu")}
+        return tensors, peft_config_dict(self.model.peft_config[ADAPTER_NAME])

@@ -39,7 +39,7 @@ class ActorRolloutWorker:
         self.tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
-                                           self.tokenizer)
+                                           self.tokenizer, lora_rank=model_cfg.lora_rank)
         if self.rollout_cfg.free_cache_engine:
             self.engine.sleep()
 
@@ -62,13 +62,25 @@ class ActorRolloutWorker:
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.wake_up()
         if self.engine.needs_weight_sync:
-            metrics |= self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
+            metrics |= self._sync_weights()
         start = time.perf_counter()
         out = self.engine.generate(prompts, sampling).to("cpu")  # the driver keeps batches in host memory
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
         return WorkerOutput(out, metrics)
+
+    def _sync_weights(self) -> dict[str, float]:
+        """The policy into the engine: full weights; with LoRA and an engine that takes adapters, the base once
+        (when the engine has none yet) and then the adapter alone after each update; with LoRA and an engine that
+        does not, the merged weights."""
+        if self.actor.is_lora and getattr(self.engine, "takes_lora_tensors", False):
+            metrics = {}
+            if not self.engine.has_weights:
+                metrics |= self.engine.update_weights(self.actor.named_base_weights(), version=None)
+            tensors, config = self.actor.adapter_for_rollout()
+            return metrics | self.engine.update_adapter(tensors, config, version=self.weights_version)
+        return self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
 
     @register(Dispatch.DP_SPLIT)
     def compute_logprobs(self, batch: Batch) -> Batch:
