@@ -35,6 +35,7 @@ class ActorRolloutWorker:
     @register(Dispatch.ALL)
     def init_model(self, total_training_steps: int) -> None:
         self.actor.init_model(total_training_steps)
+        self._check_lora_rollout()
         model_cfg = self.model_cfg
         self.tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
@@ -69,6 +70,16 @@ class ActorRolloutWorker:
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
         return WorkerOutput(out, metrics)
+
+    def _check_lora_rollout(self) -> None:
+        from npu_rl.models.lora import has_lora_output_layer
+
+        model = self.actor.model
+        if (self.actor.is_lora and str(self.rollout_cfg.name).lower() == "vllm" and has_lora_output_layer(model)
+                and getattr(model.config, "tie_word_embeddings", False)):
+            raise ValueError("actor_rollout_ref.model.target_modules adapts lm_head, whose weight this model ties to "
+                             "the input embeddings: the vllm rollout cannot take that adapter (it would change the "
+                             "embeddings too). Leave lm_head out of target_modules, or use rollout.name=hf")
 
     def _sync_weights(self) -> dict[str, float]:
         """The policy into the engine: full weights; with LoRA and an engine that takes adapters, the base once
