@@ -151,6 +151,22 @@ def test_lora_keys_checked():
     assert any("LoRA on the critic is not supported" in p for p in problems), problems
 
 
+def test_lora_targets_and_adapter_checked_against_the_model(tiny_model_dir, tmp_path):
+    """At validation, on a meta-device skeleton: targets that match nothing, an adapter for another model."""
+    from npu_rl.models.lora import LoraSpec, apply_lora, save_adapter
+    from npu_rl.models.synthetic import random_causal_lm
+
+    model = f"actor_rollout_ref.model.path={tiny_model_dir}"
+    problems = problems_of(small(model, "actor_rollout_ref.model.lora_rank=4",
+                                 "actor_rollout_ref.model.target_modules=[qkv]"), check_device=False)
+    assert any("target_modules=['qkv']" in p and "matches no linear layer" in p for p in problems), problems
+    wide = random_causal_lm("tiny", hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
+    save_adapter(apply_lora(wide, LoraSpec(rank=4)), str(tmp_path / "adapter"))
+    problems = problems_of(small(model, "actor_rollout_ref.model.lora_rank=4",
+                                 f"actor_rollout_ref.model.lora_adapter_path={tmp_path}/adapter"), check_device=False)
+    assert any("different base model" in p for p in problems), problems
+
+
 def test_kl_type_checked_only_when_used():
     assert problems_of(small("actor_rollout_ref.actor.kl_loss_type=k9"), check_paths=False, check_device=False) == []
     problems = problems_of(small("actor_rollout_ref.actor.kl_loss_type=k9", "actor_rollout_ref.actor.use_kl_loss=True"),

@@ -176,6 +176,10 @@ def _check_paths(c: _Checker, config: PPOConfig) -> None:
         for path in files:
             c.attempt(lambda: _require_data_file(key, str(path)))
     c.attempt(lambda: _check_model_path(config.actor_rollout_ref.model.path), "actor_rollout_ref.model.path: ")
+    if config.actor_rollout_ref.model.lora_rank > 0:
+        from npu_rl.models.lora import check_against_model
+
+        c.attempt(lambda: check_against_model(config.actor_rollout_ref.model))
     if _estimator_resolves(config) and critic_enabled(config):
         c.attempt(lambda: _check_model_path(config.critic.model.path), "critic.model.path: ")
     if config.reward_model.enable:

@@ -411,3 +411,29 @@ def _hf_class(model: nn.Module) -> type:
     from npu_rl.parallel.weights import hf_model_class
 
     return hf_model_class(model)
+
+
+def check_against_model(model_cfg: Any, key: str = "actor_rollout_ref.model") -> None:
+    """Validation-time check, no weights read: on a meta-device skeleton of the model, ``target_modules`` /
+    ``exclude_modules`` match some linear layer and the adapter at ``lora_adapter_path`` fits. A built-in model not
+    converted yet is skipped (converting it is not a validation's job); the workers check again when they build."""
+    spec = LoraSpec.from_config(model_cfg, key)
+    if not spec.enabled:
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from npu_rl.models.loader import cache_dir, is_builtin, resolve_model_path
+
+    path = str(model_cfg.path)
+    if is_builtin(path) and not os.path.isfile(os.path.join(cache_dir(), "models", path.lower(), "config.json")):
+        return
+    folder = resolve_model_path(path)
+    trust = bool(getattr(model_cfg, "trust_remote_code", False))
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust)
+    for name, value in dict(getattr(model_cfg, "override_config", None) or {}).items():
+        setattr(config, name, value)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
+    resolve_target_modules(skeleton, spec.target_modules, spec.exclude_modules, key)
+    if spec.adapter_path and os.path.isdir(os.path.expanduser(spec.adapter_path)):
+        check_adapter(spec.adapter_path, skeleton, spec)
