@@ -138,6 +138,14 @@ def test_semantic_errors_say_what_to_change(override, message):
     assert any(message in p for p in problems), problems
 
 
+def test_critic_loss_agg_mode_is_checked_at_validation_when_a_critic_runs():
+    """Not at the first critic update, minutes into the run (the interpolated default follows the actor's)."""
+    bad = "critic.loss_agg_mode=seq-mean"
+    problems = problems_of(small("algorithm.adv_estimator=gae", bad), check_paths=False, check_device=False)
+    assert any("critic.loss_agg_mode='seq-mean' is not one of" in p for p in problems), problems
+    assert not problems_of(small(bad), check_paths=False, check_device=False)  # grpo: no critic, nothing to check
+
+
 def test_lora_keys_checked():
     assert problems_of(small("actor_rollout_ref.model.lora_rank=8"), check_paths=False, check_device=False) == []
     problems = problems_of(small("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=0",

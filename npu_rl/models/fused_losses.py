@@ -3,7 +3,7 @@
 ``vanilla`` through :func:`npu_rl_kernels.policy_loss_and_kl`: one pass over the [B, T] tensors gives the per-token
 PPO losses, the clip flags and, given the reference's log-probs, the per-token KL of ``actor.kl_loss_type``. It is
 registered as vanilla's ``fused`` implementation: same signature, same metrics, same values as the plain loss (the
-core's aggregation does the sums; tests/trainer/test_fused_update.py compares whole updates), and its KL values go
+core's aggregation does the sums; tests/workers/test_fused_update.py compares whole updates), and its KL values go
 to the KL loss term through ``LossOutput.token_kl`` instead of being computed a second time. Losses without a fused
 implementation run their plain one.
 """
