@@ -331,6 +331,9 @@ class VllmRolloutEngine:
         """False while the engine holds no usable base weights (``load_format=dummy``, or discarded by sleep)."""
         return self._weights_valid
 
+    def adapter_is_current(self, version: int | None) -> bool:
+        return self._lora_request is not None and self._adapter_gate.is_current(version)
+
     def update_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict, version: int | None = None
                        ) -> dict[str, float]:
         """Load the actor's LoRA adapter (PEFT-named host tensors + its PEFT config dict) in place of the previous
@@ -339,7 +342,7 @@ class VllmRolloutEngine:
 
         if not self.takes_lora_tensors:
             raise RuntimeError("update_adapter: this vllm engine was started without LoRA (lora_rank=0)")
-        if self._lora_request is not None and self._adapter_gate.is_current(version):
+        if self.adapter_is_current(version):
             return {"rollout/update_adapter_skipped": 1.0}
         start = time.perf_counter()
         register_adapter(tensors, peft_config)

@@ -87,10 +87,14 @@ class ActorRolloutWorker:
         does not, the merged weights."""
         if self.actor.is_lora and getattr(self.engine, "takes_lora_tensors", False):
             metrics = {}
-            if not self.engine.has_weights:
+            fresh_base = not self.engine.has_weights  # dummy start, or weights discarded by sleep level 2
+            if fresh_base:
                 metrics |= self.engine.update_weights(self.actor.named_base_weights(), version=None)
+            elif self.engine.adapter_is_current(self.weights_version):
+                return {"rollout/update_adapter_skipped": 1.0}  # no gather: nothing changed since the last sync
             tensors, config = self.actor.adapter_for_rollout()
-            return metrics | self.engine.update_adapter(tensors, config, version=self.weights_version)
+            version = None if fresh_base else self.weights_version  # None: load even if the version matches
+            return metrics | self.engine.update_adapter(tensors, config, version=version)
         return self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
 
     @register(Dispatch.DP_SPLIT)

@@ -35,6 +35,8 @@ def test_rollout_logprobs_equal_the_actor_after_a_lora_update(engine, load_forma
         assert "timing_s/rollout_update_weights" in first.metrics and "timing_s/update_adapter" in first.metrics
         assert "timing_s/update_adapter" in second.metrics
         assert "timing_s/rollout_update_weights" not in second.metrics, second.metrics
+        again = worker.generate_sequences(prompts).metrics  # nothing changed: no gather, no reload
+        assert again.get("rollout/update_adapter_skipped") == 1.0 and "timing_s/update_adapter" not in again
     mask = out["response_mask"].bool()
     actor = worker.compute_logprobs(out)["old_logprobs"]
     torch.testing.assert_close(out["rollout_logprobs"][mask], actor[mask], rtol=1e-5, atol=1e-5)
