@@ -261,6 +261,8 @@ NO_EFFECT = {
     "reward_model.launch_reward_fn_async": "rewards are computed synchronously (a process pool with num_workers)",
     "trainer.default_hdfs_dir": "no HDFS copy; checkpoints stay in trainer.default_local_dir",
     "trainer.del_local_ckpt_after_load": "checkpoints are kept (use trainer.max_actor_ckpt_to_keep)",
+    "actor_rollout_ref.model.use_shm": "the model folder is read where it is (no copy to /dev/shm)",
+    "critic.model.use_shm": "the model folder is read where it is (no copy to /dev/shm)",
 }
 
 
