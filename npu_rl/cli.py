@@ -16,6 +16,7 @@ commands:
   eval        accuracy / pass@k of a model folder or checkpoint on gsm8k | math500 | aime24 | arith
   merge       turn a (sharded) checkpoint into a plain Hugging Face folder
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
+  migrate     read a verl run script (never run it): what each override becomes here, and the npu-rl command
   doctor      device, versions found and known-bad combinations
   bench       benchmarks: kernels | rollout | trainer
 
@@ -46,6 +47,12 @@ def _preprocess(argv: list[str]) -> int:
     return preprocess_main(argv)
 
 
+def _migrate(argv: list[str]) -> int:
+    from npu_rl.config.migrate import main
+
+    return main(argv)
+
+
 def _doctor(argv: list[str]) -> int:
     from npu_rl.device.doctor import main
 
@@ -71,6 +78,7 @@ COMMANDS = {
     "eval": _eval,
     "merge": _merge,
     "preprocess": _preprocess,
+    "migrate": _migrate,
     "doctor": _doctor,
     "bench": _bench,
 }
@@ -90,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         print(USAGE, file=sys.stderr)
         return 2
-    return int(COMMANDS[command](rest) or 0)
+    try:
+        return int(COMMANDS[command](rest) or 0)
+    except KeyboardInterrupt:  # a second Ctrl-C (training), or the first one elsewhere: no traceback
+        print("npu-rl: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

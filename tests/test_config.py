@@ -67,7 +67,6 @@ def test_preset_values():
     ("actor_rollout_ref.actor.lr=1e-6", "actor_rollout_ref.actor.optim.lr"),
     ("+actor_rollout_ref.actor.clip_ration_high=0.3", "actor_rollout_ref.actor.clip_ratio_high"),
     ("trainer.total_epoch=2", "trainer.total_epochs"),
-    ("critic.fsdp.param_offload=True", "critic.model.fsdp_config.param_offload"),
     ("actor_rollout_ref.rollout.val_kwargs.temp=0", "actor_rollout_ref.rollout.val_kwargs.temperature"),
 ])
 def test_misspelt_key_suggests_the_closest(override, suggestion):
@@ -122,11 +121,11 @@ def small(*overrides) -> PPOConfig:
     ("actor_rollout_ref.actor.clip_ratio_c=1.0", "clip_ratio_c=1.0 must be > 1"),
     ("algorithm.adv_estimator=grpoo", "unknown advantage estimator 'grpoo'"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=vanila", "unknown policy loss 'vanilla'"[:20]),
-    ("actor_rollout_ref.actor.loss_agg_mode=token-sum", "loss_agg_mode='token-sum' is not one of"),
+    ("actor_rollout_ref.actor.loss_agg_mode=token-max", "loss_agg_mode='token-max' is not one of"),
     ("reward_model.reward_manager=naiv", "naiv"),
     ("data.truncation=center", "data.truncation='center' is not one of error, left, right, middle"),
     ("actor_rollout_ref.actor.ppo_mini_batch_size=3", "must be a multiple of actor_rollout_ref.actor.ppo_mini_batch"),
-    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", "must be a multiple of the micro-batch size 3"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0 must be > 0"),
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "tensor_model_parallel_size=2 must divide the 1"),
     ("algorithm.filter_groups.enable=True", "filter_groups.metric"),
     ("actor_rollout_ref.model.lora_adapter_path=/nowhere", "lora_adapter_path='/nowhere' is set but"),

@@ -159,7 +159,9 @@ def _role_problems(config: PPOConfig, key: str, role, world: int) -> list[str]:
             problems.append(f"{key}.ppo_max_token_len_per_gpu={role.ppo_max_token_len_per_gpu} x ulysses_sequence_"
                             f"parallel_size={role_sp} is below one sequence's maximum length ({need} = "
                             "data.max_prompt_length + data.max_response_length)")
-    elif micro is not None and not (micro > 0 and per_rank % micro == 0):
-        problems.append(f"{key}: the {per_rank} rows per rank of a mini-batch (ppo_mini_batch_size x n / dp ranks) "
-                        f"must be a multiple of the micro-batch size {micro} (ppo_micro_batch_size_per_gpu)")
+    elif micro is not None and not micro > 0:
+        # a per-rank mini-batch that is not a multiple of micro runs with a smaller last micro-batch, as in verl
+        # (the note comes from config.compat)
+        problems.append(f"{key}.ppo_micro_batch_size_per_gpu={micro} must be > 0 (the {per_rank} rows per rank of a "
+                        "mini-batch are split into micro-batches of this many rows)")
     return problems

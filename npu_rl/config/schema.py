@@ -131,12 +131,14 @@ class CheckpointContentsConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | gpg | geo_mean | cispo | <plug-in path>
+    loss_mode: str = "vanilla"  # vanilla | gspo | sapo | clip_cov | kl_cov | gpg | geo_mean | cispo | dro | dppo_tv
+    # | dppo_kl | <plug-in path>
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+    dro_beta: Optional[float] = None  # dro: weight of the quadratic log-ratio penalty (required there, > 0)
 
 
 @dataclass
@@ -151,8 +153,12 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = None  # None: clip_ratio (verl sets 0.2, which left clip_ratio unused)
     clip_ratio_high: Optional[float] = None  # None: clip_ratio
     clip_ratio_c: float = 3.0  # dual-clip lower bound for negative advantages; must be > 1
+    tau_pos: float = 1.0  # sapo: gate temperature where the advantage is positive
+    tau_neg: float = 1.05  # sapo: gate temperature where the advantage is not positive
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = "token-mean"  # token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | ...-norm
+    loss_scale_factor: Optional[int] = None  # seq-mean-token-sum-norm divisor; None: data.max_response_length
+    calculate_sum_pi_squared: bool = False  # optimal_token_baseline estimators need sum_v pi_v^2 per token
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -300,6 +306,7 @@ class CriticConfig:
     grad_clip: float = 1.0
     cliprange_value: float = 0.5
     loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"
+    loss_scale_factor: Optional[int] = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
 
 
@@ -322,6 +329,7 @@ class OverlongBufferConfig:
     len: int = 0  # tokens before max_response_length over which the penalty grows linearly
     penalty_factor: float = 0.0
     log: bool = False
+    max_resp_len: Optional[int] = None  # the length the penalty counts back from; None: data.max_response_length
 
 
 @dataclass
@@ -339,12 +347,14 @@ class RewardModelConfig:
     launch_reward_fn_async: bool = False
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    # npu-rl additions: scoring runs in a process pool of num_workers (0: in the calling process); a scorer that
-    # takes longer than timeout_s is cut. With tolerate_errors, a failing or hung scorer scores 0 and is counted
-    # in reward/errors and reward/timeouts; without it, the run stops naming the row.
+    # npu-rl additions: scoring runs in a process pool of num_workers (0: in the calling process); a call that
+    # takes longer than timeout_s is cut, and a whole batch has one deadline, batch_timeout_s (N hung rows cost
+    # one deadline, not N x timeout_s). With tolerate_errors, a failing or hung scorer scores 0 and is counted
+    # in reward/errors and reward/timeouts; without it, the run stops at once naming the row.
     num_workers: int = 0
-    timeout_s: float = 30.0
+    timeout_s: float = 10.0
     tolerate_errors: bool = False
+    batch_timeout_s: float = 300.0
 
 
 @dataclass
@@ -382,6 +392,8 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # kl(k1) | abs | mse(k2) | low_var_kl(k3) | full, each with an optional '+'
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    gdpo_reward_keys: Optional[list[str]] = None  # gdpo: the reward components (keys of compute_score's dict)
+    gdpo_reward_weights: Optional[list[float]] = None  # gdpo: one weight per component (default: all 1)
 
 
 # -------------------------------------------------------------------------------------------------------- trainer
@@ -418,19 +430,23 @@ class TrainerConfig:
     controller: str = "auto"  # auto (ray when more than one device) | local | ray
     max_consecutive_nan_steps: int = 3  # non-finite loss/grad: skip the update; this many in a row stops the run
     progress_bar: bool = True
+    save_on_interrupt: bool = True  # SIGINT / SIGTERM: finish the step, save it, print the resume command, exit 130/143
+    # resume_mode=disable into a default_local_dir holding checkpoints is refused unless this is True (then the old
+    # global_step_* folders and the marker are removed first, so the folder never mixes two runs)
+    overwrite_checkpoints: bool = False
 
 
 @dataclass
 class RayInitConfig:
     num_cpus: Optional[int] = None
     address: Optional[str] = None
-    timeline_json_file: Optional[str] = None
-    runtime_env: dict[str, Any] = field(default_factory=dict)
+    runtime_env: dict[str, Any] = field(default_factory=dict)  # any key (py_executable, env_vars ...), no '+' needed
 
 
 @dataclass
 class RayKwargsConfig:
-    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)  # passed to ray.init()
+    timeline_json_file: Optional[str] = None  # after training, ray.timeline() is written here (as verl does)
 
 
 # ------------------------------------------------------------------------------------------------------------ root

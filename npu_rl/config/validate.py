@@ -53,6 +53,7 @@ def _check_choices(c: _Checker, config: PPOConfig) -> None:
               "supported (async / agent-loop rollout is not implemented)")
     c.choice("actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES)
     c.choice("critic.strategy", config.critic.strategy, STRATEGIES)
+    c.choice("reward_model.strategy", config.reward_model.strategy, STRATEGIES)
     c.choice("trainer.resume_mode", config.trainer.resume_mode, RESUME_MODES)
     c.choice("trainer.controller", config.trainer.controller, CONTROLLERS)
     c.choice("algorithm.kl_ctrl.type", config.algorithm.kl_ctrl.type, KL_CONTROLLERS)
@@ -152,6 +153,7 @@ def _check_registries(c: _Checker, config: PPOConfig) -> None:
     c.attempt(lambda: ADV_ESTIMATORS.check(config.algorithm.adv_estimator))
     c.attempt(lambda: POLICY_LOSSES.check(arr.actor.policy_loss.loss_mode))
     c.choice("actor_rollout_ref.actor.loss_agg_mode", arr.actor.loss_agg_mode, LOSS_AGG_MODES)
+    _check_estimator_inputs(c, config)
     if _estimator_resolves(config) and critic_enabled(config):
         c.choice("critic.loss_agg_mode", config.critic.loss_agg_mode, LOSS_AGG_MODES)
     for used, key, value in ((arr.actor.use_kl_loss, "actor_rollout_ref.actor.kl_loss_type", arr.actor.kl_loss_type),
@@ -165,6 +167,32 @@ def _check_registries(c: _Checker, config: PPOConfig) -> None:
     from npu_rl.reward import check_reward_config
 
     c.attempt(lambda: check_reward_config(config.reward_model, config.custom_reward_function, config.data))
+
+
+def _check_estimator_inputs(c: _Checker, config: PPOConfig) -> None:
+    """What the newer estimators / losses need that the trainer does not produce on its own."""
+    from npu_rl.core import estimator_needs
+
+    algo, actor = config.algorithm, config.actor_rollout_ref.actor
+    if _estimator_resolves(config) and "sum_pi_squared" in estimator_needs(algo.adv_estimator):
+        c.require(actor.calculate_sum_pi_squared, f"algorithm.adv_estimator={algo.adv_estimator!r} needs "
+                  "actor_rollout_ref.actor.calculate_sum_pi_squared=True (the actor then computes sum_v pi_v^2 per "
+                  "token with the old log-probs), as in verl")
+    if actor.calculate_sum_pi_squared:
+        c.require(not config.actor_rollout_ref.model.use_fused_kernels, "actor_rollout_ref.actor.calculate_sum_pi_"
+                  "squared=True is computed on the plain log-prob path; the fused kernels do not produce it: set "
+                  "actor_rollout_ref.model.use_fused_kernels=False")
+    if algo.adv_estimator == "gdpo":
+        keys, weights = as_list(algo.gdpo_reward_keys), algo.gdpo_reward_weights
+        c.require(bool(keys), "algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components "
+                  "(keys of the dict your compute_score returns), e.g. '[accuracy_reward,format_reward]'")
+        if weights is not None:
+            c.require(len(as_list(weights)) == len(keys), f"algorithm.gdpo_reward_weights has {len(as_list(weights))} "
+                      f"entries for {len(keys)} algorithm.gdpo_reward_keys")
+    if actor.policy_loss.loss_mode == "dro":
+        beta = actor.policy_loss.dro_beta
+        c.require(beta is not None and beta > 0, f"actor_rollout_ref.actor.policy_loss.loss_mode=dro needs "
+                  f"actor_rollout_ref.actor.policy_loss.dro_beta > 0 (got {beta})")
 
 
 def _check_paths(c: _Checker, config: PPOConfig) -> None:
@@ -191,6 +219,8 @@ def _require_data_file(key: str, path: str) -> None:
         ok = data_file_exists(path)
     except ValueError as exc:
         raise ValueError(f"data.{key}: {exc}") from exc
+    if not ok and os.path.isdir(os.path.expanduser(path)):
+        raise IsADirectoryError(f"data.{key}: {path!r} is a folder; give the parquet/jsonl file inside it")
     if not ok:
         raise FileNotFoundError(f"data.{key}: file {path!r} does not exist (run `npu-rl preprocess gsm8k` or point the "
                                 "key at a parquet/jsonl file)")
@@ -240,6 +270,9 @@ def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = T
     _check_registries(c, config)
     if check_paths:
         _check_paths(c, config)
+    from npu_rl.config.fault_checks import check_faults
+
+    c.problems += check_faults(config, check_paths)
     if check_device:
         _check_device(c, config)
     if c.problems:
@@ -263,6 +296,16 @@ NO_EFFECT = {
     "trainer.del_local_ckpt_after_load": "checkpoints are kept (use trainer.max_actor_ckpt_to_keep)",
     "actor_rollout_ref.model.use_shm": "the model folder is read where it is (no copy to /dev/shm)",
     "critic.model.use_shm": "the model folder is read where it is (no copy to /dev/shm)",
+    "reward_model.ulysses_sequence_parallel_size": "the reward model forward is data-parallel only",
+    "reward_model.use_dynamic_bsz": "the reward model scores fixed-size micro-batches (micro_batch_size_per_gpu)",
+    "reward_model.forward_max_token_len_per_gpu": "the reward model scores fixed-size micro-batches",
+    "reward_model.model.use_remove_padding": "the reward model runs on padded rows",
+    "data.tokenizer": "the tokenizer is actor_rollout_ref.model.path's",
+    "data.return_raw_input_ids": "the reward model re-tokenizes the decoded text with its own tokenizer",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "buffers keep the dtype they load with",
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision.buffer_dtype": "buffers keep the dtype they load with",
+    "critic.model.fsdp_config.mixed_precision.buffer_dtype": "buffers keep the dtype they load with",
+    "reward_model.model.fsdp_config.mixed_precision.buffer_dtype": "buffers keep the dtype they load with",
 }
 
 
@@ -280,4 +323,8 @@ def ignored_settings(config: PPOConfig) -> list[str]:
         default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
         if value != default:
             notes.append(f"{key}={value!r} has no effect in npu-rl: {why}")
+    tokenizer_path = config.critic.model.tokenizer_path
+    if tokenizer_path not in (None, config.actor_rollout_ref.model.path):
+        notes.append(f"critic.model.tokenizer_path={tokenizer_path!r} has no effect in npu-rl: the critic scores the "
+                     "actor's tokens with the actor's tokenizer")
     return notes

@@ -39,6 +39,24 @@ Estimators (s = sequence score, mu / sigma = group mean / unbiased std, n = grou
 - ``reinforce_plus_plus_baseline``: ``s - mu`` broadcast over tokens, then whitened over the batch (same paper).
 - ``remax``: ``G_t - b`` with ``G_t`` the undiscounted reward-to-go and ``b`` the greedy response's reward
   (``reward_baselines`` [B]) (ReMax, arXiv:2310.10505).
+- ``grpo_vectorized``: verl's second name for ``grpo`` (ours is vectorised already): the same function.
+- ``rloo_vectorized``: ``rloo``, except that a group of one sample gets advantage 0 (verl's vectorised RLOO does
+  that; its loop version, our ``rloo``, keeps the raw score).
+- ``gdpo``: group reward-decoupled normalisation (GDPO, arXiv:2601.05242): each reward component ``k``
+  (``reward_components``, [B] each, named by ``algorithm.gdpo_reward_keys``) is GRPO-normalised within its groups
+  on its own, the results are summed with weights ``w_k`` (``algorithm.gdpo_reward_weights``, default 1), and the sum
+  is whitened over the batch's valid tokens. Without components it is GRPO on the sequence score, then whitened.
+- ``optimal_token_baseline`` (OTB): a baseline per group AND per token position ``t``:
+  ``B_t = sum_i G_{i,t} W_{i,t} / (sum_i W_{i,t} + 1e-8)`` over the group's samples valid at ``t``, with ``G`` the
+  undiscounted reward-to-go and ``W_{i,t} = sum_{j <= t} (1 - 2 pi_j + sum_v pi_v^2) rho_j^2`` a cumulative
+  path-variance proxy (``pi_j = exp(old_logprobs)``, ``sum_v pi_v^2`` = ``sum_pi_squared`` from the actor, ``rho``
+  the rollout importance weights when given, else 1). ``A = G - B``. A group of one has baseline 0. When one sample
+  of a group is strictly the longest, its baseline is 0 past the second-longest length (nothing to compare with).
+  Positions are columns of the [B, T] layout (verl's choice). Returns are ``G`` on valid tokens (0 elsewhere; verl
+  leaves ``G`` on masked positions inside a response, which nothing reads).
+- ``tir_optimal_token_baseline``: the same, but position ``t`` is the ``t``-th VALID token of each sample, so
+  multi-turn responses (masked tool/observation tokens in between) line up by generated token; samples with no
+  valid token are left out of their group.
 """
 
 from __future__ import annotations
@@ -62,6 +80,11 @@ class AdvantageInputs:
     index: Any = None  # [B] group ids: int tensor, numpy array of ints or strings (uids), or a list
     values: torch.Tensor | None = None  # [B, T] critic values (gae)
     reward_baselines: torch.Tensor | None = None  # [B] reward of the greedy response (remax)
+    reward_components: tuple[torch.Tensor, ...] | None = None  # each [B]: one reward dimension (gdpo)
+    reward_weights: tuple[float, ...] | None = None  # one per component (gdpo); default all 1
+    old_logprobs: torch.Tensor | None = None  # [B, T] behaviour-policy log-probs (optimal token baseline)
+    sum_pi_squared: torch.Tensor | None = None  # [B, T] sum over the vocabulary of pi^2 (optimal token baseline)
+    rollout_is_weights: torch.Tensor | None = None  # [B, T] rollout importance weights (optimal token baseline)
     gamma: float = 1.0  # algorithm.gamma
     lam: float = 1.0  # algorithm.lam
     norm_adv_by_std_in_grpo: bool = True  # algorithm.norm_adv_by_std_in_grpo
@@ -85,7 +108,7 @@ def needs(*fields: str):
     """Declare the optional :class:`AdvantageInputs` fields an estimator reads, so the trainer knows what to produce
     (``values``: a critic; ``reward_baselines``: a greedy rollout per prompt) without testing the estimator's name.
     A plug-in declares them the same way, or with a ``needs`` attribute."""
-    known = {"values", "reward_baselines"}
+    known = {"values", "reward_baselines", "reward_components", "old_logprobs", "sum_pi_squared"}
     unknown = set(fields) - known
     if unknown:
         raise ValueError(f"needs(): unknown AdvantageInputs fields {sorted(unknown)}; known: {sorted(known)}")
@@ -274,3 +297,112 @@ def remax_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
     mask = inputs.response_mask.to(rewards.dtype)
     returns = (rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1]) * mask  # [B, T]
     return AdvantageOutput((returns - baselines.unsqueeze(-1)) * mask, returns)
+
+
+ADV_ESTIMATORS.register("grpo_vectorized")(grpo_advantages)
+
+
+@ADV_ESTIMATORS.register("rloo_vectorized")
+def rloo_vectorized_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
+    """Leave-one-out baseline ``n / (n - 1) * (s - mu)``; a group of one gets 0 (unlike ``rloo``)."""
+    scores, ids = _scores_and_groups(inputs, "rloo_vectorized")
+    stats = group_stats(scores, ids)
+    n = stats.count[ids]
+    leave_one_out = (scores - stats.mean[ids]) * n / (n - 1).clamp(min=1)
+    return _broadcast(torch.where(n > 1, leave_one_out, torch.zeros_like(scores)), inputs)
+
+
+def _grpo_scalars(scores: torch.Tensor, ids: torch.Tensor, inputs: AdvantageInputs) -> torch.Tensor:
+    stats = group_stats(scores, ids)
+    centered = scores - stats.mean[ids]
+    return centered / (stats.std[ids] + inputs.epsilon) if inputs.norm_adv_by_std_in_grpo else centered
+
+
+@ADV_ESTIMATORS.register("gdpo")
+@needs("reward_components")
+def gdpo_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
+    """Per-component GRPO normalisation, weighted sum, then whitening over the batch's valid tokens."""
+    scores, ids = _scores_and_groups(inputs, "gdpo")
+    components = [scores] if inputs.reward_components is None else [
+        torch.as_tensor(c, device=scores.device).to(scores.dtype).reshape(-1) for c in inputs.reward_components
+    ]
+    weights = inputs.reward_weights if inputs.reward_weights is not None else (1.0,) * len(components)
+    if len(weights) != len(components):
+        raise ValueError(f"gdpo: {len(weights)} reward weights for {len(components)} reward components")
+    combined = sum(w * _grpo_scalars(c, ids, inputs) for w, c in zip(weights, components, strict=True))
+    mask = inputs.response_mask
+    advantages = combined.unsqueeze(-1) * mask.to(scores.dtype)
+    advantages = masked_whiten(advantages, mask) * mask.to(scores.dtype)
+    return AdvantageOutput(advantages, advantages)
+
+
+def _otb_inputs(inputs: AdvantageInputs, estimator: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reward-to-go ``G`` [B, T], cumulative path variance ``W`` [B, T] and group ids [B]."""
+    rewards = inputs.token_level_rewards
+    mask = inputs.response_mask.to(rewards.dtype)
+    old_logprobs = _require(inputs, "old_logprobs", estimator).to(rewards.dtype)
+    sum_pi_squared = _require(inputs, "sum_pi_squared", estimator).to(rewards.dtype)
+    ids = as_group_ids(_require(inputs, "index", estimator), num_samples=rewards.shape[0], device=rewards.device)
+    returns = (rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    per_token = 1.0 - 2.0 * torch.exp(old_logprobs) + sum_pi_squared
+    if inputs.rollout_is_weights is not None:
+        per_token = per_token * inputs.rollout_is_weights.to(rewards.dtype) ** 2
+    return returns, (per_token * mask).cumsum(dim=-1), ids
+
+
+def _otb_baseline(
+    returns: torch.Tensor, path: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor, members: torch.Tensor
+) -> torch.Tensor:
+    """Per-position group baseline [B, T] over the rows in ``members`` (bool [B]); see the module docstring."""
+    valid = mask.to(returns.dtype) * members.to(returns.dtype).unsqueeze(-1)
+    numerator = torch.zeros_like(returns).index_add_(0, ids, returns * path * valid)  # [B (groups), T]
+    denominator = torch.zeros_like(returns).index_add_(0, ids, path * valid)
+    baseline = (numerator / (denominator + 1e-8))[ids]  # [B, T]
+    count = group_sum(members.to(returns.dtype), ids)[ids]  # [B] members of each row's group
+    lengths = torch.where(members, mask.to(returns.dtype).sum(dim=-1), torch.full_like(count, float("-inf")))
+    longest = torch.full_like(count, float("-inf")).scatter_reduce(0, ids, lengths, reduce="amax")[ids]
+    is_longest = members & (lengths == longest)
+    unique_longest = group_sum(is_longest.to(returns.dtype), ids)[ids] == 1
+    shorter = torch.where(is_longest, torch.full_like(lengths, float("-inf")), lengths)
+    second = torch.full_like(count, float("-inf")).scatter_reduce(0, ids, shorter, reduce="amax")[ids]
+    tail_row = is_longest & unique_longest & (count > 1)  # [B]
+    columns = torch.arange(returns.shape[1], device=returns.device, dtype=returns.dtype)
+    in_tail = tail_row.unsqueeze(-1) & (columns.unsqueeze(0) >= second.unsqueeze(-1))
+    keep = (count > 1).unsqueeze(-1) & ~in_tail
+    return torch.where(keep, baseline, torch.zeros_like(baseline))
+
+
+@ADV_ESTIMATORS.register("optimal_token_baseline")
+@needs("old_logprobs", "sum_pi_squared")
+def optimal_token_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
+    """``G_t - B_t`` with the path-variance-weighted group baseline per column ``t``."""
+    returns, path, ids = _otb_inputs(inputs, "optimal_token_baseline")
+    mask = inputs.response_mask
+    members = torch.ones_like(ids, dtype=torch.bool)
+    baseline = _otb_baseline(returns, path, mask, ids, members)
+    mask = mask.to(returns.dtype)
+    return AdvantageOutput((returns - baseline) * mask, returns * mask)
+
+
+@ADV_ESTIMATORS.register("tir_optimal_token_baseline")
+@needs("old_logprobs", "sum_pi_squared")
+def tir_optimal_token_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutput:
+    """Optimal token baseline with positions counted in valid tokens (multi-turn responses line up)."""
+    returns, path, ids = _otb_inputs(inputs, "tir_optimal_token_baseline")
+    valid = inputs.response_mask.bool()
+    position = (valid.long().cumsum(dim=-1) - 1).clamp(min=0)  # [B, T] k for the k-th valid token
+    rows = torch.arange(valid.shape[0], device=valid.device).unsqueeze(-1).expand_as(position)
+
+    def compact(values: torch.Tensor) -> torch.Tensor:
+        packed = torch.zeros_like(values)
+        packed[rows[valid], position[valid]] = values[valid]
+        return packed
+
+    lengths = valid.sum(dim=-1)  # [B]
+    packed_mask = torch.arange(valid.shape[1], device=valid.device).unsqueeze(0) < lengths.unsqueeze(-1)
+    packed_returns = compact(returns)
+    baseline = _otb_baseline(packed_returns, compact(path), packed_mask, ids, lengths > 0)
+    packed_advantages = packed_returns - baseline
+    advantages = torch.zeros_like(returns)
+    advantages[valid] = packed_advantages[rows[valid], position[valid]]
+    return AdvantageOutput(advantages, returns * valid.to(returns.dtype))

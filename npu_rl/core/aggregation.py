@@ -4,6 +4,7 @@ Aggregation modes (verl's names, config key ``actor_rollout_ref.actor.loss_agg_m
 ``critic.loss_agg_mode`` follows it), for a per-token loss ``l[b, t]`` and mask ``m[b, t]``::
 
     token-mean               sum_{b,t} m l / N_tok
+    token-sum                sum_{b,t} m l                            (no normalisation; verl >= 0.9)
     seq-mean-token-sum       sum_b ( sum_t m l ) / N_seq
     seq-mean-token-mean      sum_b ( sum_t m l / sum_t m ) / N_seq
     seq-mean-token-sum-norm  sum_b ( sum_t m l ) / N_seq / S         (Dr. GRPO, arXiv:2503.20783)
@@ -33,7 +34,13 @@ import torch
 
 Denominator = int | float | torch.Tensor | None
 
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
 
 
 class LossOutput(NamedTuple):
@@ -118,6 +125,8 @@ def agg_loss(
     mask = loss_mask.to(loss_mat.dtype)
     if loss_agg_mode == "token-mean":
         return masked_sum(loss_mat, loss_mask) / _safe(global_num_tokens, mask.sum())
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask)
     tokens_per_seq = mask.sum(dim=-1)  # [B]
     seq_losses = masked_sum(loss_mat, loss_mask, dim=-1)  # [B]
     if loss_agg_mode == "seq-mean-token-mean":

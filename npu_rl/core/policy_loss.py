@@ -18,18 +18,35 @@ garbage there cannot reach the gradient), ``A`` the advantage, ``eps_lo / eps_hi
   where the clipped term won, ``pg_clipfrac_lower`` those where the dual clip did.
 - ``gspo``: sequence-level ratio ``s_i = exp(mean_t log r_{i,t})`` (GSPO, arXiv:2507.18071), applied per token as
   ``sg[s_i] * pi / sg[pi]`` so every token gets the sequence ratio's value and its own gradient; log-ratio clamped
-  above at 10; PPO clip on ``s_i``. Aggregated as ``seq-mean-token-mean`` whatever ``loss_agg_mode`` is (verl does
-  the same: the objective is a mean over sequences).
+  above at 10; PPO clip on ``s_i``. Aggregated with ``loss_agg_mode`` like every other loss. The paper's objective
+  (a mean over sequences of the token mean) is ``loss_agg_mode=seq-mean-token-mean``, which verl's GSPO examples
+  set; verl's code at 1dda039 forces that mode inside the loss (see docs/algorithms.md).
 - ``clip_cov``: PPO clip, plus the gradient of a random ``clip_cov_ratio`` fraction of the tokens whose centered
   covariance ``(A - mean A)(logp - mean logp)`` lies in ``(clip_cov_lb, clip_cov_ub)`` (and not already clipped) is
   cut ("The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617). ``pg_clipfrac`` is the
-  fraction cut. Uses torch's global RNG. Statistics are over this micro-batch, as in verl.
+  fraction cut. Uses torch's global RNG. Statistics are over this micro-batch, as in verl. The token budget is
+  ``max(int(ratio * N), 1)`` for ``N`` valid tokens, computed in float64 as verl's Python float does
+  (``3e-4 * 10000`` is 2.9999999999999996 there, so 2 tokens; float32 would give 3).
 - ``kl_cov``: ``-A r``, plus ``ppo_kl_coef * |log r|`` on the ``kl_cov_ratio`` fraction of tokens with the largest
-  covariance (same paper). No ratio clip. Statistics over this micro-batch.
+  covariance (same paper). No ratio clip. Statistics over this micro-batch; same float64 token budget.
 - ``gpg``: ``-A logp`` (Group Policy Gradient, arXiv:2504.02546): plain policy gradient, no ratio.
 - ``geo_mean``: GMPO (arXiv:2507.20673): per token the log-ratio is clipped to ``[-eps_lo, eps_hi]`` in the
   direction of ``sign(A)``; the sequence ratio is the geometric mean ``exp(mean_t clipped log r)``, the sequence
   advantage ``mean_t A``; loss ``-A_seq r_seq`` averaged over sequences (``loss_agg_mode`` does not apply).
+- ``sapo``: soft-gated policy optimisation (arXiv:2511.20347): ``-f(r) A`` with the gate
+  ``f(r) = sigmoid(tau (r - 1)) * 4 / tau``, ``tau = tau_pos`` where ``A > 0`` else ``tau_neg`` (``actor.tau_pos`` 1.0,
+  ``actor.tau_neg`` 1.05). No hard clip: the gradient ``A r sigmoid' * 4`` fades smoothly off-policy. Always
+  aggregated as ``seq-mean-token-mean`` (as verl does).
+- ``dro``: Direct Reward Optimisation: ``-(A logp - beta / 2 (log r)^2)`` with ``beta = policy_loss.dro_beta`` (> 0,
+  required). Log-ratio not clamped (as verl).
+- ``dppo_tv`` / ``dppo_kl``: DPPO-Binary (arXiv:2602.04879): ``-A sg[min(r, c)] logp`` on the tokens where the
+  divergence between the new and old probability of the sampled token stays within the trust region, 0 elsewhere.
+  Here ``eps_lo / eps_hi`` are divergence thresholds, not ratio bounds: ``dppo_tv`` keeps a token with ``A > 0``
+  when ``p - p_old <= eps_hi`` and one with ``A <= 0`` when ``p - p_old >= -eps_lo``; ``dppo_kl`` uses the binary KL
+  ``p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))`` and keeps a token with ``A > 0``
+  when it is ``<= eps_hi`` or ``p <= p_old`` (``<= eps_lo`` or ``p >= p_old`` for ``A <= 0``). ``c = clip_ratio_c``
+  truncates the importance weight (TIS). ``pg_clipfrac`` is the fraction outside the region, ``pg_clipfrac_lower``
+  the fraction inside it whose ratio was truncated. Like cispo, only the gradient is meaningful.
 - ``cispo``: ``-sg[clip(r, 1 - eps_lo, 1 + eps_hi)] A logp`` (MiniMax-M1, arXiv:2506.13585): the clipped ratio
   only weights the gradient, every token keeps a gradient. Its value is not a PPO objective; only the gradient is.
 
@@ -67,6 +84,9 @@ class PolicyLossInputs:
     clip_cov_ub: float = 5.0  # actor.policy_loss.clip_cov_ub
     kl_cov_ratio: float = 0.0002  # actor.policy_loss.kl_cov_ratio
     ppo_kl_coef: float = 0.1  # actor.policy_loss.ppo_kl_coef
+    tau_pos: float = 1.0  # actor.tau_pos (sapo gate temperature where A > 0)
+    tau_neg: float = 1.05  # actor.tau_neg (sapo gate temperature where A <= 0)
+    dro_beta: float | None = None  # actor.policy_loss.dro_beta (dro; required there, > 0)
     rollout_is_weights: torch.Tensor | None = None  # [B, T] importance weights, no grad
     # For implementations that compute the KL loss's per-token values in the same pass (a fused kernel): the
     # reference's log-probs [B, T] and the estimator (actor.kl_loss_type). Plain implementations ignore them.
@@ -161,6 +181,15 @@ def _centered_covariance(inputs: PolicyLossInputs) -> torch.Tensor:
     return (advantages - masked_mean(advantages, mask)) * (logprobs - masked_mean(logprobs, mask))
 
 
+def token_budget(ratio: float, num_valid: torch.Tensor) -> torch.Tensor:
+    """``max(floor(ratio * N), 1)`` as a 0-d float64 tensor on ``num_valid``'s device, no host sync.
+
+    float64 because verl computes ``int(ratio * N)`` with Python floats: in float32 ``3e-4 * 10000`` rounds up to
+    3.0000001 (floor 3) where float64 gives 2.9999999999999996 (floor 2).
+    """
+    return (num_valid.to(torch.float64) * ratio).floor().clamp(min=1)
+
+
 def _top_fraction(keys: torch.Tensor, eligible: torch.Tensor, num_selected: torch.Tensor) -> torch.Tensor:
     """Bool mask [B, T]: the ``num_selected`` (0-d tensor) eligible entries with the largest ``keys``.
 
@@ -195,7 +224,7 @@ def vanilla_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
 
 @POLICY_LOSSES.register("gspo")
 def gspo_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
-    """Sequence-level ratio with per-token gradient; always ``seq-mean-token-mean``."""
+    """Sequence-level ratio with per-token gradient, aggregated with ``loss_agg_mode``."""
     mask = inputs.response_mask
     log_ratio = inputs.logprobs - inputs.old_logprobs  # [B, T]
     lengths = mask.to(log_ratio.dtype).sum(dim=-1).clamp(min=1)  # [B]
@@ -203,7 +232,7 @@ def gspo_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
     token_log_ratio = inputs.logprobs - inputs.logprobs.detach() + seq_log_ratio.unsqueeze(-1)  # [B, T]
     ratio = torch.exp(token_log_ratio.clamp(max=10.0))
     losses, clipped = _clipped_surrogate(inputs, ratio)
-    loss = inputs.aggregate(_weighted(inputs, losses), loss_agg_mode="seq-mean-token-mean")
+    loss = inputs.aggregate(_weighted(inputs, losses))
     return LossOutput(loss, _metrics(inputs, log_ratio, masked_mean(clipped, mask)))
 
 
@@ -216,7 +245,7 @@ def clip_cov_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
     losses, clipped = _clipped_surrogate(inputs, torch.exp(log_ratio))
     covariance = _centered_covariance(inputs)
     eligible = valid & (clipped == 0) & (covariance > inputs.clip_cov_lb) & (covariance < inputs.clip_cov_ub)
-    num_cut = (inputs.clip_cov_ratio * valid.sum()).floor().clamp(min=1)  # 0-d, stays on the device
+    num_cut = token_budget(inputs.clip_cov_ratio, valid.sum())  # 0-d, stays on the device
     random_keys = torch.rand(covariance.shape, device=covariance.device)
     cut = _top_fraction(random_keys, eligible, num_cut)
     losses = torch.where(cut, torch.zeros_like(losses), losses)
@@ -230,7 +259,7 @@ def kl_cov_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
     valid = inputs.response_mask.bool()
     log_ratio = _log_ratio(inputs)
     losses = -inputs.advantages * torch.exp(log_ratio)
-    num_penalised = (inputs.kl_cov_ratio * valid.sum()).floor().clamp(min=1)
+    num_penalised = token_budget(inputs.kl_cov_ratio, valid.sum())
     penalised = _top_fraction(_centered_covariance(inputs), valid, num_penalised)
     losses = torch.where(penalised, losses + inputs.ppo_kl_coef * log_ratio.abs(), losses)
     loss = inputs.aggregate(_weighted(inputs, losses))
@@ -285,3 +314,70 @@ def cispo_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
     clipfrac = masked_mean((ratio.detach() != weight).to(ratio.dtype), mask)
     loss = inputs.aggregate(_weighted(inputs, losses))
     return LossOutput(loss, _metrics(inputs, log_ratio, clipfrac))
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """``-f(r) A`` with the soft gate ``f(r) = sigmoid(tau (r - 1)) 4 / tau``; always ``seq-mean-token-mean``."""
+    advantages = inputs.advantages
+    log_ratio = _log_ratio(inputs)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(
+        advantages > 0,
+        torch.full_like(advantages, inputs.tau_pos),
+        torch.full_like(advantages, inputs.tau_neg),
+    )
+    gates = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    losses = -gates * advantages
+    loss = inputs.aggregate(_weighted(inputs, losses), loss_agg_mode="seq-mean-token-mean")
+    return LossOutput(loss, _metrics(inputs, log_ratio))
+
+
+@POLICY_LOSSES.register("dro")
+def dro_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """``-(A logp - beta / 2 (log r)^2)``: policy gradient with a quadratic penalty on the log-ratio."""
+    beta = inputs.dro_beta
+    if beta is None or not beta > 0:
+        raise ValueError(f"policy loss 'dro' needs actor.policy_loss.dro_beta > 0, got {beta}")
+    valid = inputs.response_mask.bool()
+    log_ratio = inputs.logprobs - inputs.old_logprobs
+    log_ratio = torch.where(valid, log_ratio, torch.zeros_like(log_ratio))
+    losses = -(inputs.advantages * inputs.logprobs - 0.5 * beta * log_ratio.square())
+    loss = inputs.aggregate(_weighted(inputs, losses))
+    return LossOutput(loss, _metrics(inputs, log_ratio))
+
+
+def _dppo(inputs: PolicyLossInputs, keep_positive: torch.Tensor, keep_negative: torch.Tensor) -> LossOutput:
+    """``-A sg[min(r, c)] logp`` on the tokens kept by the trust-region masks (one per sign of ``A``)."""
+    mask = inputs.response_mask
+    advantages = inputs.advantages
+    log_ratio = _log_ratio(inputs)
+    ratio = torch.exp(log_ratio)
+    truncated = ratio.clamp(max=inputs.clip_ratio_c).detach()
+    kept = torch.where(advantages > 0, keep_positive, keep_negative).to(ratio.dtype).detach()
+    losses = -advantages * truncated * inputs.logprobs * kept
+    loss = inputs.aggregate(_weighted(inputs, losses))
+    clipfrac = masked_mean(1.0 - kept, mask)
+    clipfrac_lower = masked_mean((ratio > inputs.clip_ratio_c).to(ratio.dtype) * kept, mask)
+    return LossOutput(loss, _metrics(inputs, log_ratio, clipfrac, clipfrac_lower))
+
+
+@POLICY_LOSSES.register("dppo_tv")
+def dppo_tv_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """DPPO-Binary-TV: trust region on ``p - p_old`` of the sampled token."""
+    prob, old_prob = torch.exp(inputs.logprobs.detach()), torch.exp(inputs.old_logprobs)
+    change = prob - old_prob
+    return _dppo(inputs, change <= inputs.clip_ratio_high, change >= -inputs.clip_ratio_low)
+
+
+@POLICY_LOSSES.register("dppo_kl")
+def dppo_kl_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """DPPO-Binary-KL: trust region on the KL between the Bernoulli(p_old) and Bernoulli(p) of the sampled token."""
+    logprobs, old_logprobs = inputs.logprobs.detach(), inputs.old_logprobs
+    prob, old_prob = torch.exp(logprobs), torch.exp(old_logprobs)
+    binary_kl = old_prob * (old_logprobs - logprobs) + (1.0 - old_prob) * torch.log(
+        (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+    )
+    keep_positive = (binary_kl <= inputs.clip_ratio_high) | (prob <= old_prob)
+    keep_negative = (binary_kl <= inputs.clip_ratio_low) | (prob >= old_prob)
+    return _dppo(inputs, keep_positive, keep_negative)

@@ -5,8 +5,9 @@ one user message) and, unless told otherwise, a ground truth (``reward_model.gro
 ``ground_truth``). The prompt is rendered with the tokenizer's chat template (generation prompt added,
 ``data.apply_chat_template_kwargs`` passed through); a tokenizer without a template gets the message contents
 joined by newlines. Prompts longer than ``max_prompt_length`` tokens are dropped when ``filter_overlong_prompts``
-(counted in ``num_filtered`` and logged), else handled by ``truncation``: ``error`` (fail naming file and row),
-``left`` (keep the end), ``right`` (keep the start) or ``middle`` (keep both ends, as verl).
+(counted in ``num_filtered``, a WARNING with the count), else handled by ``truncation``: ``error`` (fail naming file
+and row), ``left`` (keep the end), ``right`` (keep the start; this cuts the assistant header off, said in the
+warning) or ``middle`` (keep both ends, as verl); truncated rows are counted in ``num_truncated`` and warned about.
 
 All prompts are rendered and tokenized once, when the data set is built, so a bad row fails before training starts.
 """
@@ -109,8 +110,10 @@ class PromptDataset:
             else list(range(len(rows)))
         self.num_filtered = len(rows) - len(keep)
         if self.num_filtered:
-            logger.info("filter_overlong_prompts: dropped %d of %d prompts longer than max_prompt_length=%d (%s)",
-                        self.num_filtered, len(rows), max_prompt_length, ", ".join(self.files))
+            logger.warning("data.filter_overlong_prompts: dropped %d of %d prompts longer than "
+                           "max_prompt_length=%d tokens (%s; first: %s)", self.num_filtered, len(rows),
+                           max_prompt_length, ", ".join(self.files),
+                           next(sources[i] for i, ids in enumerate(token_ids) if len(ids) > max_prompt_length))
         if not keep:
             raise ValueError(f"no prompts left in {self.files} (all {len(rows)} are longer than "
                              f"max_prompt_length={max_prompt_length} tokens)")
@@ -119,6 +122,14 @@ class PromptDataset:
         self.messages = [messages[i] for i in keep]
         self.texts = [texts[i] for i in keep]
         self.token_ids = [self._truncate(token_ids[i], sources[i]) for i in keep]
+        cut = [sources[i] for i in keep if len(token_ids[i]) > max_prompt_length]
+        self.num_truncated = len(cut)
+        if cut:
+            lost = (" Their ends are gone, with the assistant header the chat template puts last: the model continues "
+                    "the user's text instead of answering. Prefer data.truncation=left|middle, or "
+                    "data.filter_overlong_prompts=True." if truncation == "right" else "")
+            logger.warning("data.truncation=%s cut %d of %d prompts to data.max_prompt_length=%d tokens (first: %s).%s",
+                           truncation, len(cut), len(keep), max_prompt_length, cut[0], lost)
 
     # ------------------------------------------------------------------ building
     def _load(self, require_ground_truth: bool):

@@ -160,7 +160,11 @@ def _parser() -> argparse.ArgumentParser:
 def preprocess_main(argv: list[str]) -> int:
     """The body of ``npu-rl preprocess``; returns the exit status."""
     args = _parser().parse_args(argv)
+    from npu_rl.utils.paths import check_output_dir
+
     try:
+        output_dir = expand_path(args.output_dir or os.path.join("~", "data", args.dataset))
+        check_output_dir(output_dir, "--output-dir")  # before the conversion, not after it
         if args.dataset == "arith":
             spec = ArithSpec(num_operands=args.num_operands, operators=args.operators, min_digits=args.min_digits,
                              max_digits=args.max_digits, num_train=args.num_train, num_test=args.num_test,
@@ -168,11 +172,10 @@ def preprocess_main(argv: list[str]) -> int:
             splits = generate_arith(spec)
         else:
             splits = convert(args.dataset, args.data_dir)
-        output_dir = expand_path(args.output_dir or os.path.join("~", "data", args.dataset))
         for split, rows in splits.items():
             path = write_parquet(rows, os.path.join(output_dir, f"{split}.parquet"))
             print(f"{args.dataset} {split}: {len(rows)} rows -> {path}")
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:
         print(f"npu-rl preprocess: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -27,6 +27,9 @@ class LogprobOptions:
     use_fused_kernels: bool = False
     fused_backend: str = "torch"  # torch | triton (npu_rl_kernels)
     chunk_rows: int = 4096  # rows of [rows x vocab] logits at a time on the plain path
+    # sum_v pi_v^2 of the tempered distribution per token (the optimal-token-baseline estimators; verl's
+    # actor.calculate_sum_pi_squared). Plain path only: the fused kernels do not produce it.
+    compute_sum_pi_squared: bool = False
 
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, compute_entropy: bool):
@@ -57,6 +60,18 @@ def plain_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torc
     return logprobs, (torch.cat(out_ent) if compute_entropy else None)
 
 
+def plain_linear_sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                temperature: torch.Tensor | float, chunk_rows: int) -> torch.Tensor:
+    """``sum_v softmax(logits / T)_v^2`` [N] for hidden [N, H], weight [V, H], in float32, ``chunk_rows`` at a time."""
+    out = []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        logits = F.linear(hidden[rows], weight, bias).float()
+        temp = temperature[rows].unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
+        out.append(torch.softmax(logits / temp, dim=-1).square().sum(-1))
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
 def _output_weight_and_bias(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The output layer's weight and bias; a LoRA on the output layer (a PEFT layer around it) contributes its
     ``scale * B @ A`` while its adapter is on, so both kernels see the effective weight."""
@@ -69,7 +84,8 @@ def _output_weight_and_bias(module: torch.nn.Module) -> tuple[torch.Tensor, torc
 
 def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
              rows: torch.Tensor | None = None) -> Callable:
-    """What the swapped lm_head computes: [B, S, H] -> [B, S, 2] = (logprob, entropy) of ``targets`` [B, S].
+    """What the swapped lm_head computes: [B, S, H] -> [B, S, 2] = (logprob, entropy) of ``targets`` [B, S], or
+    [B, S, 3] with sum_v pi_v^2 last when ``options.compute_sum_pi_squared``.
     ``rows`` [B, S] (bool): compute only there (zeros elsewhere): the packed path keeps prompt tokens off the
     vocabulary projection."""
 
@@ -82,6 +98,9 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
             keep = rows.reshape(-1).nonzero().squeeze(-1)
             flat_hidden, flat_targets = flat_hidden[keep], flat_targets[keep]
             temp = temp[keep] if isinstance(temp, torch.Tensor) else temp
+        if options.use_fused_kernels and options.compute_sum_pi_squared:
+            raise ValueError("sum_pi_squared (actor.calculate_sum_pi_squared) is computed on the plain path only; "
+                             "set actor_rollout_ref.model.use_fused_kernels=False")
         weight, bias = _output_weight_and_bias(module)
         if options.use_fused_kernels:
             import npu_rl_kernels
@@ -96,10 +115,13 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
                                                       options.chunk_rows)
         if entropy is None:
             entropy = torch.zeros_like(logprobs)
-        out = torch.stack([logprobs, entropy], dim=-1)
+        channels = [logprobs, entropy]
+        if options.compute_sum_pi_squared:
+            channels.append(plain_linear_sum_pi_squared(flat_hidden, weight, bias, temp, options.chunk_rows))
+        out = torch.stack(channels, dim=-1)
         if rows is not None:
-            out = out.new_zeros(batch * seq, 2).index_put((keep,), out)
-        return out.view(batch, seq, 2)
+            out = out.new_zeros(batch * seq, len(channels)).index_put((keep,), out)
+        return out.view(batch, seq, len(channels))
 
     return head
 
@@ -126,8 +148,10 @@ def response_logprobs(
     responses: torch.Tensor,  # [B, R]
     temperature: torch.Tensor | float = 1.0,  # float, or per-token [B, R]
     options: LogprobOptions | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logprobs [B, R], entropy [B, R] or None) of ``responses`` under ``model``; entropy at ``temperature``."""
+    return_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """(logprobs [B, R], entropy [B, R] or None) of ``responses`` under ``model``; entropy at ``temperature``.
+    With ``return_sum_pi_squared`` (needs ``options.compute_sum_pi_squared``) a third item, sum_v pi_v^2 [B, R]."""
     options = options or LogprobOptions()
     response_length = responses.shape[1]
     # Targets for the R+1 kept positions: the R response tokens, plus a dummy for the last position (dropped).
@@ -137,10 +161,18 @@ def response_logprobs(
     with swapped_lm_head(model, _head_fn(targets, temperature, options)):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     use_cache=False, logits_to_keep=response_length + 1)
-    packed = out.logits[:, :-1]  # [B, R, 2]
+    packed = out.logits[:, :-1]  # [B, R, 2 or 3]
+    return _split_channels(packed, options, return_sum_pi_squared)
+
+
+def _split_channels(packed: torch.Tensor, options: LogprobOptions, return_sum_pi_squared: bool) -> tuple:
     logprobs = packed[..., 0]
     entropy = packed[..., 1] if options.compute_entropy else None
-    return logprobs, entropy
+    if not return_sum_pi_squared:
+        return logprobs, entropy
+    if not options.compute_sum_pi_squared:
+        raise ValueError("return_sum_pi_squared needs LogprobOptions(compute_sum_pi_squared=True)")
+    return logprobs, entropy, packed[..., 2]
 
 
 def packed_response_logprobs(
@@ -152,7 +184,8 @@ def packed_response_logprobs(
     temperature: torch.Tensor | float = 1.0,
     options: LogprobOptions | None = None,
     sp_group=None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """:func:`response_logprobs` without padding (``model.use_remove_padding``) and, with ``sp_group``, with the
     packed sequence split over the Ulysses group. The model must use ``npu_rl.parallel.use_varlen_attention``.
 
@@ -176,9 +209,9 @@ def packed_response_logprobs(
     with inputs.attention() as layout, swapped_lm_head(model, _head_fn(targets, temperature, options, rows)):
         out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False,
                     npu_rl_varlen_layout=layout)
-    full = inputs.restore(out.logits)  # [B, T, 2], gathered over the sp group
+    full = inputs.restore(out.logits)  # [B, T, 2 or 3], gathered over the sp group
     packed = full[:, width - response_length - 1: width - 1]
-    return packed[..., 0], (packed[..., 1] if options.compute_entropy else None)
+    return _split_channels(packed, options, return_sum_pi_squared)
 
 
 def packed_response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -105,7 +105,11 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, custom_chat_templ
     """The tokenizer of a model folder; left padding (generation), a pad token always set."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
+    folder = resolve_model_path(path)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if not tokenizer("1 + 1 = 2", add_special_tokens=False)["input_ids"]:
+        raise ValueError(f"the tokenizer loaded from {folder} turns text into no tokens (no tokenizer files there?); "
+                         "copy the tokenizer files of the base model into the folder")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if custom_chat_template:

@@ -4,17 +4,23 @@ Layout of one checkpoint folder (e.g. ``.../global_step_10/actor``)::
 
     model_optim/     DCP files: {"model": ..., "optimizer": ...}, each rank writing its own shards
     huggingface/     config.json (+ generation config, tokenizer when given): what the merger needs
-    extra/rank_<r>.pt  per-rank Python state (lr scheduler, RNG, data loader position ...), torch.save
+    extra/rank_<r>.pt  per-rank Python state (lr scheduler, RNG, data loader position ...), safe_load.save_state
+    manifest.json    size and SHA-256 of every file above, written by rank 0 when the save completed
 
 DCP stores every tensor with its global shape, so a checkpoint saved by N ranks loads on M ranks (any mesh, FSDP2
 or a plain unsharded model) and :func:`merge_checkpoint` reads it without any process group. The optimizer state
 dict is keyed by parameter name (``get_state_dict``), so it reshards too.
+
+Loading runs no code from the folder: the manifest is checked first (a missing or truncated file is named), DCP's
+``.metadata`` pickle goes through an allow-list unpickler, its non-tensor items load with ``weights_only=True``, and
+the per-rank extra is plain containers + tensors (``npu_rl.utils.safe_load``).
 """
 
 from __future__ import annotations
 
 import copy
 import glob
+import io
 import os
 import warnings
 from typing import Any
@@ -23,11 +29,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from npu_rl.parallel.dist import is_distributed
 from npu_rl.parallel.dist import rank as dist_rank
+from npu_rl.parallel.manifest import verify_manifest, write_manifest
 from npu_rl.parallel.weights import hf_class_from_config, hf_model_class, save_hf_state_dict
+from npu_rl.utils.safe_load import CorruptFileError, UnsafeFileError, load_state, restricted_unpickle, save_state
 
 MODEL_OPTIM_DIR = "model_optim"
 HF_DIR = "huggingface"
@@ -37,6 +46,60 @@ EXTRA_DIR = "extra"
 def _barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    """DCP's reader with ``.metadata`` loaded by an allow-list unpickler (DCP's own uses ``pickle.load``)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        rank = kwargs.get("rank")
+        name = ".metadata" if rank is None else f"__{rank}.metadata"
+        metadata = restricted_unpickle(os.path.join(str(self.path), name))
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(dcp.DefaultLoadPlanner):
+    """DCP's planner with non-tensor items loaded by ``torch.load(weights_only=True)`` (DCP's own: False)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
+        try:
+            obj = torch.load(value, weights_only=True)
+        except Exception as exc:
+            raise UnsafeFileError(f"checkpoint item {fqn!r} was not loaded: it needs more than plain values and "
+                                  f"tensors to load ({str(exc).split('.')[0]}); a crafted or foreign file") from None
+        clean = io.BytesIO()  # what is left is plain data: hand it to DCP's own placement
+        torch.save(obj, clean)
+        clean.seek(0)
+        super().load_bytes(read_item, clean)
+
+
+def _dcp_load(state: dict[str, Any], dcp_dir: str, **kwargs: Any) -> None:
+    restricted_unpickle(os.path.join(dcp_dir, ".metadata"))  # refused or corrupt: said plainly, before DCP wraps it
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(dcp_dir), planner=SafeLoadPlanner(), **kwargs)
+    except CorruptFileError:
+        raise
+    except (Exception, CheckpointException) as exc:  # DCP's own is a BaseException
+        cause = _root_cause(exc)
+        if isinstance(cause, CorruptFileError):
+            raise cause from None
+        raise CorruptFileError(f"{dcp_dir}: loading the sharded checkpoint failed ({type(cause).__name__}: "
+                               f"{cause})") from exc
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """DCP wraps a rank's error in CheckpointException({rank: (exc, traceback)}): the first underlying one."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        return _root_cause(first[0] if isinstance(first, tuple) else first)
+    return exc
 
 
 def _options(trainable_only: bool) -> StateDictOptions:
@@ -81,7 +144,10 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
             tokenizer.save_pretrained(hf_dir)
     if extra is not None:
         os.makedirs(os.path.join(path, EXTRA_DIR), exist_ok=True)
-        torch.save(extra, os.path.join(path, EXTRA_DIR, f"rank_{rank}.pt"))
+        save_state(extra, os.path.join(path, EXTRA_DIR, f"rank_{rank}.pt"))
+    _barrier()
+    if rank == 0:  # every rank's files are written: record them
+        write_manifest(path)
     _barrier()
     return path
 
@@ -92,6 +158,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     when the checkpoint had fewer ranks), or None. Collective."""
     if not os.path.isdir(os.path.join(path, MODEL_OPTIM_DIR)):
         raise FileNotFoundError(f"{path!r} is not a checkpoint folder (no {MODEL_OPTIM_DIR}/ inside)")
+    verify_manifest(path, deep=False)  # present and whole (sizes); the driver checked the hashes before resuming
     with_optim = optimizer is not None and load_optimizer
     optimizers = [optimizer] if with_optim else []
     options = _options(trainable_only)
@@ -99,7 +166,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     state = {"model": model_sd}
     if with_optim:
         state["optimizer"] = optim_sd
-    dcp.load(state, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR))
+    _dcp_load(state, os.path.join(path, MODEL_OPTIM_DIR))
     set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}),
                    options=options)
     return _load_extra(path)
@@ -109,7 +176,7 @@ def _load_extra(path: str) -> dict[str, Any] | None:
     for name in (f"rank_{dist_rank()}.pt", "rank_0.pt"):
         file = os.path.join(path, EXTRA_DIR, name)
         if os.path.isfile(file):
-            return torch.load(file, map_location="cpu", weights_only=False)
+            return load_state(file)
     return None
 
 
@@ -121,6 +188,7 @@ def merge_checkpoint(path: str, out_dir: str, *, dtype: torch.dtype | None = Non
     hf_dir = os.path.join(path, HF_DIR)
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise FileNotFoundError(f"{path!r}: no {HF_DIR}/config.json: not a checkpoint written by save_checkpoint")
+    verify_manifest(path)  # every file whole before any is read
     config = AutoConfig.from_pretrained(hf_dir)
     model_class = hf_class_from_config(config)
     with torch.device("meta"):
@@ -128,7 +196,7 @@ def merge_checkpoint(path: str, out_dir: str, *, dtype: torch.dtype | None = Non
     state_dict = _state_dict_from_metadata(os.path.join(path, MODEL_OPTIM_DIR), skeleton)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": state_dict}, checkpoint_id=os.path.join(path, MODEL_OPTIM_DIR), no_dist=True)
+        _dcp_load({"model": state_dict}, os.path.join(path, MODEL_OPTIM_DIR), no_dist=True)
     if dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     tokenizer = AutoTokenizer.from_pretrained(hf_dir) if glob.glob(os.path.join(hf_dir, "tokenizer*")) else None
@@ -142,7 +210,7 @@ def merge_checkpoint(path: str, out_dir: str, *, dtype: torch.dtype | None = Non
 
 def _state_dict_from_metadata(dcp_dir: str, skeleton: nn.Module) -> dict[str, torch.Tensor]:
     """Empty host tensors of the saved global shapes for the model keys the skeleton has (tied copies once)."""
-    metadata = dcp.FileSystemReader(dcp_dir).read_metadata()
+    metadata = restricted_unpickle(os.path.join(dcp_dir, ".metadata"))
     wanted = set(skeleton.state_dict())
     out = {}
     for key, meta in metadata.state_dict_metadata.items():

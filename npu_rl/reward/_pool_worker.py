@@ -13,6 +13,11 @@ from multiprocessing.connection import Connection
 
 
 def main(argv: list[str]) -> int:
+    import signal
+
+    # Ctrl-C reaches the whole foreground process group: the trainer finishes its step (and this row) before it
+    # stops, then closes the pipe, which ends this worker. So SIGINT is not for us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from npu_rl.reward.pool import Outcome, execute
 
     inbox = Connection(int(argv[0]), writable=False)

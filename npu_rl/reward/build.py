@@ -1,6 +1,6 @@
 """From the config to a reward manager, and the checks the config validator runs before anything heavy starts.
 
-Keys read: ``reward_model.{reward_manager, overlong_buffer, num_workers, timeout_s, tolerate_errors}``,
+Keys read: ``reward_model.{reward_manager, overlong_buffer, num_workers, timeout_s, batch_timeout_s, tolerate_errors}``,
 ``custom_reward_function.{path, name, reward_kwargs}``, ``data.{reward_fn_key, max_response_length}``.
 ``custom_reward_function.reward_kwargs`` go to the reward function, the default rule scorers included (e.g.
 ``{method: flexible}`` for GSM8K). verl passes ``reward_model.reward_kwargs`` to its manager's constructor; here
@@ -50,11 +50,13 @@ def reward_settings(config, validation: bool = False) -> RewardSettings:
     return RewardSettings(
         score_fn=score_fn_spec(config.custom_reward_function, getattr(manager_cls, "batched", False)),
         reward_fn_key=str(config.data.reward_fn_key),
-        max_response_length=int(config.data.max_response_length),
+        max_response_length=int(buffer.max_resp_len if getattr(buffer, "max_resp_len", None) is not None
+                                else config.data.max_response_length),
         overlong_buffer=OverlongBuffer(bool(buffer.enable), int(buffer.len), float(buffer.penalty_factor),
                                        bool(getattr(buffer, "log", False))),
         num_workers=int(rm.num_workers),
         timeout_s=float(rm.timeout_s),
+        batch_timeout_s=float(rm.batch_timeout_s),
         tolerate_errors=bool(rm.tolerate_errors),
         num_examine=1 if validation else 0,
     )
@@ -81,12 +83,16 @@ def check_reward_config(reward_model_cfg, custom_reward_cfg, data_cfg=None) -> N
         raise ValueError(f"reward_model.num_workers must be >= 0, got {reward_model_cfg.num_workers}")
     if float(reward_model_cfg.timeout_s) <= 0:
         raise ValueError(f"reward_model.timeout_s must be > 0, got {reward_model_cfg.timeout_s}")
+    if float(getattr(reward_model_cfg, "batch_timeout_s", 1.0)) <= 0:
+        raise ValueError(f"reward_model.batch_timeout_s must be > 0, got {reward_model_cfg.batch_timeout_s}")
     buffer = reward_model_cfg.overlong_buffer
     dapo = REWARD_MANAGERS.get("dapo")
     if buffer.enable and not (isinstance(manager_cls, type) and issubclass(manager_cls, dapo)):
         raise ValueError(f"reward_model.overlong_buffer.enable=True needs reward_model.reward_manager=dapo "
                          f"(it is {name!r}, which would ignore the buffer)")
     max_len = int(data_cfg.max_response_length) if data_cfg is not None else None
+    if getattr(buffer, "max_resp_len", None) is not None:  # verl's dapo manager's own max_resp_len
+        max_len = int(buffer.max_resp_len)
     if buffer.enable:
         check_overlong_buffer(buffer, max_len if max_len is not None else int(buffer.len))
     if _plain(getattr(reward_model_cfg, "reward_kwargs", None)):

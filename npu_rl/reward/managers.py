@@ -13,13 +13,17 @@ Managers:
     naive   one call per row of verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``
     batch   one call per chunk with lists: ``compute_score(data_sources, solution_strs, ground_truths,
             extra_infos)`` (a chunk per pool worker; the whole batch in-process)
+    gdpo    naive (verl's name for it in GDPO scripts; dict results' entries are kept as extras, as everywhere)
     dapo    naive + DAPO's overlong buffer. With L the valid response length, Lmax = data.max_response_length and
             the buffer ``len`` b, ``factor`` f:  penalty = min(0, -(L - (Lmax - b)) / b * f), added to the score.
             So 0 up to Lmax - b tokens, then linearly down to -f at Lmax (verl's DAPORewardManager).
 
 A failing scorer (an exception, NaN, a wrong type) or one that runs past ``reward_model.timeout_s`` stops the run
-with an error naming the function and the row, unless ``reward_model.tolerate_errors``: then the row scores 0 and
-is counted in the metrics ``reward/errors`` / ``reward/timeouts``, its message kept in the extra ``reward_error``.
+at once (the rest of the batch is not waited for: busy pool workers are killed) with an error naming the function,
+the first failing row and how many rows failed, timed out or were left unscored, unless
+``reward_model.tolerate_errors``: then such a row scores 0 and is counted in the metrics ``reward/errors`` /
+``reward/timeouts``. The whole batch has one deadline, ``reward_model.batch_timeout_s``: rows not scored by then
+are counted as timeouts (and stop the run unless tolerated), so N hung rows never cost N x ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
 from npu_rl.reward.pool import InProcessRunner, Outcome, ProcessPoolRunner
 from npu_rl.reward.score_fn import RewardFunctionError, ScoreFnSpec
+from npu_rl.utils.deadline import Deadline
 from npu_rl.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -55,7 +60,8 @@ class RewardSettings:
     max_response_length: Optional[int] = None
     overlong_buffer: OverlongBuffer = field(default_factory=OverlongBuffer)
     num_workers: int = 0
-    timeout_s: float = 30.0
+    timeout_s: float = 10.0  # one call (one row; one chunk for ``batch``)
+    batch_timeout_s: float = 300.0  # the whole batch: one deadline, whatever the number of hung rows
     tolerate_errors: bool = False
     num_examine: int = 0  # decoded samples per data source logged (INFO) per call
 
@@ -157,6 +163,8 @@ class RuleRewardManager:
 
     # ------------------------------------------------------------------ scoring
     def _score(self, rows: list[dict[str, Any]], batch: Batch) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        deadline = Deadline(self.settings.batch_timeout_s)
+        stop = not self.settings.tolerate_errors  # a failure stops the run: do not wait for the rest of the batch
         if self.batched:
             chunks = np.array_split(np.arange(len(rows)), max(1, min(self.settings.num_workers, len(rows))))
             chunks = [c.tolist() for c in chunks if len(c)]
@@ -164,37 +172,47 @@ class RuleRewardManager:
                          "solution_strs": [rows[i]["solution_str"] for i in c],
                          "ground_truths": [rows[i]["ground_truth"] for i in c],
                          "extra_infos": [rows[i]["extra_info"] for i in c]} for c in chunks]
-            outcomes = self.runner.run(payloads)
+            outcomes = self.runner.run(payloads, deadline, stop)
             per_row: list[Optional[Outcome]] = [None] * len(rows)
             for chunk, outcome in zip(chunks, outcomes):
                 for j, i in enumerate(chunk):
                     per_row[i] = Outcome("ok", outcome.value[j]) if outcome.status == "ok" else outcome
         else:
-            per_row = self.runner.run(rows)
-        results, num_errors, num_timeouts, first_problem = [], 0, 0, ""
-        for i, outcome in enumerate(per_row):
-            if outcome.status == "ok":
-                results.append(outcome.value)
-                continue
-            num_errors += outcome.status == "error"
-            num_timeouts += outcome.status == "timeout"
-            where = _row_name(i, rows[i], batch)
-            if not self.settings.tolerate_errors:
-                self._raise(outcome, where)
-            first_problem = first_problem or f"{where}: {outcome.error or 'timed out'}"
-            results.append({"score": 0.0, "acc": 0.0})
-        if num_errors or num_timeouts:
-            logger.warning("reward: %d scorer errors and %d timeouts in a batch of %d, scored 0 (first: %s)",
-                           num_errors, num_timeouts, len(rows), first_problem)
-        return results, {"reward/errors": float(num_errors), "reward/timeouts": float(num_timeouts)}
+            per_row = self.runner.run(rows, deadline, stop)
+        counts = {status: sum(o.status == status for o in per_row) for status in ("error", "timeout", "skipped")}
+        problems = [(i, o) for i, o in enumerate(per_row) if o.status != "ok"]
+        if problems and not self.settings.tolerate_errors:
+            self._raise(problems, counts, rows, batch)
+        results = [o.value if o.status == "ok" else {"score": 0.0, "acc": 0.0} for o in per_row]
+        num_timeouts = counts["timeout"] + counts["skipped"]  # skipped here: the batch deadline passed first
+        if problems:
+            i, first = problems[0]
+            logger.warning("reward: %d scorer errors and %d timeouts (%d of them never started before the batch "
+                           "deadline of %g s) in a batch of %d, scored 0 (first: %s: %s)", counts["error"],
+                           num_timeouts, counts["skipped"], self.settings.batch_timeout_s, len(rows),
+                           _row_name(i, rows[i], batch), first.error or "timed out")
+        return results, {"reward/errors": float(counts["error"]), "reward/timeouts": float(num_timeouts)}
 
-    def _raise(self, outcome: Outcome, where: str) -> None:
-        what = self.settings.score_fn.describe()
-        hint = "; set reward_model.tolerate_errors=True to score such rows 0 and count them in reward/errors"
-        if outcome.status == "timeout":
-            raise TimeoutScoringError(f"{what} took longer than reward_model.timeout_s={self.settings.timeout_s} "
-                                      f"s on {where}{hint}, or raise the timeout.")
-        raise RewardFunctionError(f"{what} failed on {where}: {outcome.error}{hint}.\n{outcome.traceback}")
+    def _raise(self, problems: list[tuple[int, Outcome]], counts: dict[str, int], rows: list[dict[str, Any]],
+               batch: Batch) -> None:
+        """Stop the run: the first failed or timed-out row named, every row that did not score counted."""
+        s = self.settings
+        what = s.score_fn.describe()
+        failed = [(i, o) for i, o in problems if o.status != "skipped"] or problems
+        i, outcome = failed[0]
+        where = _row_name(i, rows[i], batch)
+        timed_out = [j for j, o in problems if o.status == "timeout"]
+        tally = (f"{counts['timeout']} of {len(rows)} rows timed out"
+                 + (f" (rows {_short_list(timed_out)})" if timed_out else "")
+                 + f", {counts['error']} failed, {counts['skipped']} not scored (stopped at once)")
+        hint = ("; set reward_model.tolerate_errors=True to score such rows 0 and count them in reward/errors and "
+                "reward/timeouts")
+        if outcome.status in ("timeout", "skipped"):
+            limit = f"reward_model.timeout_s={s.timeout_s:g} s" if "per-call" in outcome.error else \
+                f"the batch's deadline reward_model.batch_timeout_s={s.batch_timeout_s:g} s"
+            raise TimeoutScoringError(f"{what} took longer than {limit} on {where}; {tally}{hint}, or raise "
+                                      "reward_model.timeout_s / reward_model.batch_timeout_s.")
+        raise RewardFunctionError(f"{what} failed on {where}: {outcome.error}; {tally}{hint}.\n{outcome.traceback}")
 
     def _examine(self, rows: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
         if self.settings.num_examine <= 0 or not logger.isEnabledFor(logging.INFO):
@@ -208,6 +226,11 @@ class RuleRewardManager:
                             row["ground_truth"], result)
 
 
+def _short_list(items: list[int], limit: int = 10) -> str:
+    shown = ", ".join(str(i) for i in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
 def _row_name(i: int, row: dict[str, Any], batch: Batch) -> str:
     index = batch["index"][i] if "index" in batch else row["extra_info"].get("index")
     return f"row {i} of the batch (data_source={row['data_source']!r}, index={index})"
@@ -216,6 +239,12 @@ def _row_name(i: int, row: dict[str, Any], batch: Batch) -> str:
 @REWARD_MANAGERS.register("naive")
 class NaiveRewardManager(RuleRewardManager):
     """One scoring call per row (verl's ``naive``)."""
+
+
+@REWARD_MANAGERS.register("gdpo")
+class GDPORewardManager(RuleRewardManager):
+    """verl's ``gdpo``: naive scoring; a dict result's entries (the GDPO reward components) become per-row extras,
+    which the ``gdpo`` estimator reads by ``algorithm.gdpo_reward_keys`` (every manager here keeps them)."""
 
 
 @REWARD_MANAGERS.register("batch")

@@ -1,27 +1,31 @@
 """Running a reward function over many rows: in this process, or in a pool of worker processes with a timeout.
 
-Both runners take a list of payloads (keyword arguments of one call) and return one ``Outcome`` per payload:
-``ok`` with the checked result, ``error`` with the exception's text, or ``timeout``. The manager decides what an
-error or a timeout means (stop the run, or score 0 and count it).
+Both runners take a list of payloads (keyword arguments of one call) and a ``Deadline`` for the whole list, and
+return one ``Outcome`` per payload: ``ok`` with the checked result, ``error`` with the exception's text, ``timeout``
+(the call ran past ``timeout_s`` or past the batch's deadline), or ``skipped`` (never finished: the deadline passed
+first, or ``stop_on_problem`` stopped the batch at another row's failure). So a hung function costs one deadline per
+batch, not ``timeout_s`` per row. The manager decides what an error or a timeout means (stop the run, or score 0 and
+count it).
 
 ``ProcessPoolRunner`` starts ``num_workers`` processes with ``python -m npu_rl.reward._pool_worker`` (not fork,
 not multiprocessing's spawn: nothing of the trainer's state, threads or ``__main__`` module is inherited or
 re-imported), sends each the ``ScoreFnSpec`` (a few strings), and each worker loads the function itself. A call
-that runs past ``timeout_s`` has its worker killed and replaced: a hung sympy simplification or a user function
-stuck in a loop costs one row, not the run. A worker whose parent dies sees its pipe close and exits.
+that runs past its limit has its worker killed at once (replaced when the batch goes on): a hung sympy
+simplification or a user function stuck in a loop costs one row, not the run. A worker whose parent dies sees its
+pipe close and exits.
 
-``InProcessRunner`` (``num_workers: 0``) cuts a call with ``SIGALRM`` when it runs on the main thread; C code that
-never returns to the interpreter (a catastrophic regex) cannot be interrupted that way: use workers for a hard bound.
+``InProcessRunner`` (``num_workers: 0``) cuts a call with ``SIGALRM`` (``npu_rl.utils.deadline.alarm``) when it runs
+on the main thread; C code that never returns to the interpreter (a catastrophic regex) cannot be interrupted that
+way: use workers for a hard bound.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 import weakref
@@ -32,6 +36,7 @@ from typing import Any, Callable, Optional
 
 from npu_rl.reward.math_utils import outer_alarm_active
 from npu_rl.reward.score_fn import ScoreFnSpec, run_score_fn
+from npu_rl.utils.deadline import AlarmTimeout, Deadline, alarm, can_alarm
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ WORKER_START_TIMEOUT_S = 120.0
 
 @dataclass
 class Outcome:
-    status: str  # ok | error | timeout
+    status: str  # ok | error | timeout | skipped (never run: the batch stopped or its deadline passed first)
     value: Any = None
     error: str = ""
     traceback: str = ""
@@ -51,10 +56,19 @@ def execute(fn: Callable[..., Any], spec: ScoreFnSpec, payload: dict[str, Any]) 
         return Outcome("ok", run_score_fn(fn, spec, payload))
     except Exception as exc:  # the user's function may raise anything; the manager reports it with the row
         return Outcome("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    except SystemExit as exc:  # sys.exit() in a reward function is a failure of that row, not the end of the run
+        return Outcome("error", error=f"the reward function called sys.exit({exc.code!r})",
+                       traceback=traceback.format_exc())
 
 
-class _ScoreTimeout(BaseException):
-    """Raised by the alarm handler; a BaseException so that a user's ``except Exception`` does not swallow it."""
+def _timed_out(per_call_s: float, cut_by_deadline: bool, deadline: Deadline) -> Outcome:
+    if cut_by_deadline:
+        return Outcome("timeout", error=f"the batch's deadline ({deadline.seconds:g} s) passed while it ran")
+    return Outcome("timeout", error=f"ran past the per-call limit of {per_call_s:g} s")
+
+
+def _skipped(reason: str) -> Outcome:
+    return Outcome("skipped", error=reason)
 
 
 class InProcessRunner:
@@ -64,35 +78,35 @@ class InProcessRunner:
         self._fn: Optional[Callable[..., Any]] = None
         self._warned = False
 
-    def run(self, payloads: list[dict[str, Any]]) -> list[Outcome]:
+    def run(self, payloads: list[dict[str, Any]], deadline: Optional[Deadline] = None,
+            stop_on_problem: bool = False) -> list[Outcome]:
+        """One outcome per payload. Each call gets ``timeout_s`` or what is left of ``deadline``, whichever is
+        less; once the deadline passed the rest are ``skipped``. ``stop_on_problem``: after the first error or
+        timeout, the rest are ``skipped`` (the caller is about to stop anyway)."""
         if self._fn is None:
             self._fn = self.spec.load()
-        use_alarm = self.timeout_s > 0 and hasattr(signal, "setitimer") \
-            and threading.current_thread() is threading.main_thread()
-        if self.timeout_s > 0 and not use_alarm and not self._warned:
+        deadline = deadline or Deadline(None)
+        use_alarm = can_alarm()
+        if not use_alarm and not self._warned:
             self._warned = True
             logger.warning("reward_model.timeout_s cannot be enforced in-process off the main thread; "
                            "set reward_model.num_workers > 0 for a hard time limit")
-        if not use_alarm:
-            return [execute(self._fn, self.spec, p) for p in payloads]
-        return [self._with_alarm(p) for p in payloads]
-
-    def _with_alarm(self, payload: dict[str, Any]) -> Outcome:
-        def on_alarm(signum, frame):
-            raise _ScoreTimeout()
-
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        try:
-            signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
-            try:
-                with outer_alarm_active():
-                    return execute(self._fn, self.spec, payload)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _ScoreTimeout:
-            return Outcome("timeout")
-        finally:
-            signal.signal(signal.SIGALRM, previous)
+        outcomes: list[Outcome] = []
+        for payload in payloads:
+            if stop_on_problem and outcomes and outcomes[-1].status in ("error", "timeout", "skipped"):
+                outcomes.append(_skipped("not scored: the batch stopped at an earlier row's failure"))
+            elif deadline.expired:
+                outcomes.append(_skipped(f"not scored: the batch's deadline ({deadline.seconds:g} s) passed"))
+            elif not use_alarm:
+                outcomes.append(execute(self._fn, self.spec, payload))
+            else:
+                limit = deadline.cap(self.timeout_s)
+                try:
+                    with alarm(limit), outer_alarm_active():
+                        outcomes.append(execute(self._fn, self.spec, payload))
+                except AlarmTimeout:
+                    outcomes.append(_timed_out(self.timeout_s, limit < self.timeout_s, deadline))
+        return outcomes
 
     def close(self) -> None:
         pass
@@ -186,13 +200,27 @@ class ProcessPoolRunner:
             raise
         return workers
 
-    def run(self, payloads: list[dict[str, Any]]) -> list[Outcome]:
+    def run(self, payloads: list[dict[str, Any]], deadline: Optional[Deadline] = None,
+            stop_on_problem: bool = False) -> list[Outcome]:
+        """One outcome per payload, like ``InProcessRunner.run``; a call past its limit or past ``deadline`` has its
+        worker killed at once. ``stop_on_problem``: at the first error or timeout, every busy worker is killed and
+        whatever did not finish is ``skipped``."""
+        deadline = deadline or Deadline(None)
         outcomes: list[Optional[Outcome]] = [None] * len(payloads)
         pending = deque(range(len(payloads)))
         missing = min(self.num_workers, max(len(payloads), 1)) - len(self._workers)
         if missing > 0:
             self._workers.extend(self._start(missing))
         while pending or any(w.task for w in self._workers):
+            stop = stop_on_problem and any(o is not None and o.status in ("error", "timeout") for o in outcomes)
+            if stop or deadline.expired:
+                reason = ("not scored: the batch stopped at an earlier row's failure" if stop else
+                          f"not scored: the batch's deadline ({deadline.seconds:g} s) passed before it started")
+                self._abandon(outcomes, deadline, stopped=stop)
+                for index in pending:
+                    outcomes[index] = _skipped(reason)
+                pending.clear()
+                break
             for slot, worker in enumerate(self._workers):
                 if worker.task is None and pending:
                     if worker.process.poll() is not None:  # died between batches
@@ -207,15 +235,27 @@ class ProcessPoolRunner:
                         self._workers[slot] = self._start()[0]
                         continue
                     worker.task = (index, time.monotonic())
-            self._collect(outcomes)
+            self._collect(outcomes, deadline, restart=not stop_on_problem)
         return [o if o is not None else Outcome("error", error="internal: no outcome") for o in outcomes]
 
-    def _collect(self, outcomes: list[Optional[Outcome]]) -> None:
+    def _abandon(self, outcomes: list[Optional[Outcome]], deadline: Deadline, stopped: bool) -> None:
+        """Kill every busy worker now (replaced at the next batch); their rows are counted, not waited for."""
+        for worker in [w for w in self._workers if w.task is not None]:
+            index, _ = worker.task
+            outcomes[index] = _skipped("killed in flight: the batch stopped at another row's failure") if stopped \
+                else _timed_out(self.timeout_s, True, deadline)
+            worker.kill()
+            self._workers.remove(worker)
+
+    def _collect(self, outcomes: list[Optional[Outcome]], deadline: Deadline, restart: bool = True) -> None:
         busy = [w for w in self._workers if w.task is not None]
-        now = time.monotonic()
-        deadline = min(start + self.timeout_s for _, start in (w.task for w in busy)) if self.timeout_s > 0 else None
-        ready = wait([w.recv_conn for w in busy], timeout=None if deadline is None else max(0.0, deadline - now))
-        for worker in busy:
+        if not busy:
+            return
+        own = self.timeout_s if self.timeout_s > 0 else math.inf
+        ends = [min(start + own, deadline.at) for _, start in (w.task for w in busy)]
+        wait_s = min(ends) - time.monotonic()
+        ready = wait([w.recv_conn for w in busy], timeout=None if math.isinf(wait_s) else max(0.0, wait_s))
+        for worker, end in zip(busy, ends):
             index, start = worker.task
             if worker.recv_conn in ready:
                 try:
@@ -226,12 +266,15 @@ class ProcessPoolRunner:
                 except EOFError:
                     code = worker.process.wait()
                     outcomes[index] = Outcome("error", error=f"the reward worker died while scoring (exit code {code})")
-            elif self.timeout_s > 0 and time.monotonic() - start >= self.timeout_s:
-                outcomes[index] = Outcome("timeout")
+            elif time.monotonic() >= end:
+                outcomes[index] = _timed_out(self.timeout_s, end < start + own, deadline)
             else:
                 continue
-            worker.kill()  # hung or dead: replace it
-            self._workers[self._workers.index(worker)] = self._start()[0]
+            worker.kill()  # hung or dead: replace it (or leave the slot empty when the batch is about to stop)
+            if restart and not deadline.expired:
+                self._workers[self._workers.index(worker)] = self._start()[0]
+            else:
+                self._workers.remove(worker)
 
     def close(self) -> None:
         self._finalizer()

@@ -59,6 +59,9 @@ class ScoreFnSpec:
                                       f"(looking for function {self.name!r})")
         try:
             module = load_module_from_file(path)
+        except SystemExit as exc:  # else `npu-rl train` would exit with this code having trained nothing
+            raise RewardFunctionError(f"custom_reward_function.path: importing {path} called sys.exit({exc.code!r}); "
+                                      "a reward module must not exit the process") from None
         except Exception as exc:
             raise RewardFunctionError(f"custom_reward_function.path: cannot import {path}: {exc}") from exc
         fn = getattr(module, self.name, None)

@@ -5,12 +5,17 @@ Layout under ``trainer.default_local_dir``::
     global_step_40/
         actor/            model + optimizer + lr scheduler (torch.distributed.checkpoint: any number of ranks)
         critic/           the same, when there is a critic
-        trainer_state.pt  step, epoch, dataloader position, RNG states, KL controller, NaN counter
+        trainer_state.pt  step, epoch, dataloader position, RNG states, KL controller, NaN counter (safe_load format)
+        manifest.json     SHA-256 of trainer_state.pt and of each role's own manifest.json (which hashes its files)
     latest_checkpointed_iteration.txt   "40", verl's marker name, written last
 
 A step's folder is written as ``global_step_40.tmp`` and renamed when complete; the marker is replaced atomically
 after the rename. A kill before the rename leaves the previous checkpoint as the latest; a ``.tmp`` left behind is
 removed by the next save. ``max_actor_ckpt_to_keep`` prunes the oldest folders after a save.
+
+Before a resume every file of the step is checked against the manifests (``verify_step``); a missing, truncated or
+altered file is named. ``resume_mode=auto`` then falls back to the newest step that verifies, saying which file
+failed; nothing in the folder is loaded in a way that could run code (``npu_rl.utils.safe_load``).
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+from npu_rl.parallel.manifest import MANIFEST, verify_manifest, write_manifest
+from npu_rl.utils.safe_load import CorruptFileError, load_state, save_state
 
+STATE_FILE = "trainer_state.pt"
 MARKER = "latest_checkpointed_iteration.txt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -49,7 +57,7 @@ def latest_step(root: str) -> int | None:
     if not text.isdigit():
         raise ValueError(f"{marker} should hold a step number, found {text!r}")
     step = int(text)
-    if not os.path.isfile(os.path.join(step_dir(root, step), "trainer_state.pt")):
+    if not os.path.isfile(os.path.join(step_dir(root, step), STATE_FILE)):
         raise FileNotFoundError(f"{marker} names step {step} but {step_dir(root, step)} is missing or incomplete")
     return step
 
@@ -76,8 +84,10 @@ class CheckpointManager:
         return tmp
 
     def commit(self, step: int, tmp: str, trainer_state: dict[str, Any]) -> str:
-        """Write the trainer state, rename the folder into place, then move the marker."""
-        torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+        """Write the trainer state and the step's manifest, rename the folder into place, then move the marker."""
+        save_state(trainer_state, os.path.join(tmp, STATE_FILE))
+        roles = sorted(name for name in os.listdir(tmp) if os.path.isfile(os.path.join(tmp, name, MANIFEST)))
+        write_manifest(tmp, [STATE_FILE] + [os.path.join(role, MANIFEST) for role in roles])
         final = step_dir(self.root, step)
         if os.path.exists(final):  # re-saving a step (a run restarted without resume): replace it whole
             shutil.rmtree(final)
@@ -99,13 +109,51 @@ class CheckpointManager:
             return None
         if mode == "resume_path":
             path = os.path.expanduser(resume_from_path or "")
-            if not os.path.isfile(os.path.join(path, "trainer_state.pt")):
+            if not os.path.isfile(os.path.join(path, STATE_FILE)):
                 raise FileNotFoundError(f"trainer.resume_from_path={resume_from_path!r} is not a checkpoint folder "
                                         "(no trainer_state.pt); give a .../global_step_N folder")
+            verify_step(path)
             return path
-        step = latest_step(self.root)
-        return step_dir(self.root, step) if step is not None else None
+        return self.newest_verified()
+
+    def newest_verified(self) -> str | None:
+        """The marker's step if it verifies, else the newest step that does (saying which file failed); None when
+        there is no checkpoint at all; an error listing every failure when none verifies."""
+        try:
+            marked = latest_step(self.root)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"npu-rl: warning: {exc}", file=sys.stderr)
+            marked = None
+        candidates = ([marked] if marked is not None else []) + \
+            [s for s in reversed(saved_steps(self.root)) if s != marked]
+        failures = []
+        for step in candidates:
+            path = step_dir(self.root, step)
+            try:
+                verify_step(path)
+            except CorruptFileError as exc:
+                failures.append(f"step {step}: {exc}")
+                print(f"npu-rl: warning: checkpoint {path} does not verify: {exc}", file=sys.stderr)
+                continue
+            if failures:
+                print(f"npu-rl: resuming from the newest checkpoint that verifies, {path}, instead", file=sys.stderr)
+            return path
+        if failures:
+            raise CorruptFileError(f"no checkpoint under {self.root} verifies, so there is nothing safe to resume:\n  "
+                                   + "\n  ".join(failures) + "\nMove the folder away (or set trainer.resume_mode="
+                                   "disable with another trainer.default_local_dir) to start over.")
+        return None
+
+
+def verify_step(path: str) -> None:
+    """Every file of a ``global_step_N`` folder against its manifests (hashes); ``CorruptFileError`` names a bad one."""
+    listed = verify_manifest(path)
+    if STATE_FILE not in listed:
+        raise CorruptFileError(f"{os.path.join(path, MANIFEST)} does not list {STATE_FILE}")
+    for rel in listed:
+        if os.path.basename(rel) == MANIFEST:
+            verify_manifest(os.path.join(path, os.path.dirname(rel)))
 
 
 def load_trainer_state(path: str) -> dict[str, Any]:
-    return torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+    return load_state(os.path.join(path, STATE_FILE))

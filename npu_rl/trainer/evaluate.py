@@ -132,17 +132,40 @@ def _eval_config(args, model: str, data_file: str, temperature: float):
     ])
 
 
+def check_args(args) -> None:
+    """Arguments that would silently change what is measured, or fail only after the whole eval: refused now."""
+    from npu_rl.utils.paths import check_output_file
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit}: give a positive number of problems (leave it out for all)")
+    if args.n < 1:
+        raise ValueError(f"--n {args.n}: give at least one sample per problem")
+    if args.k:
+        try:
+            ks = [int(k) for k in args.k.split(",")]
+        except ValueError:
+            raise ValueError(f"--k {args.k!r}: give comma-separated positive integers, e.g. 1,5") from None
+        too_big = [k for k in ks if k > args.n]
+        if too_big or any(k < 1 for k in ks):
+            raise ValueError(f"--k {args.k}: pass@k needs 1 <= k <= --n (={args.n}); raise --n to {max(ks)} or drop "
+                             f"{too_big or [k for k in ks if k < 1]}")
+    if args.out:
+        check_output_file(args.out, "--out")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from npu_rl.config.loader import ConfigError
 
     try:
+        check_args(args)
         results = evaluate(args)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, OSError, ValueError) as exc:
         print(f"npu-rl eval: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(results, indent=2))
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)
     return 0

@@ -29,29 +29,41 @@ def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace
 
 
 def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
-    args, unknown = parse_args(list(sys.argv[1:] if argv is None else argv), default_config)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from npu_rl.trainer.interrupt import set_command
+
+    prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", "npu_rl.trainer.main_ppo"]
+    set_command(prog + argv)
+    args, unknown = parse_args(argv, default_config)
     flags = [u for u in unknown if u.startswith("-")]
     if flags:
         print(f"npu-rl: unknown option(s) {' '.join(flags)} (see --help)", file=sys.stderr)
         return 2
     overrides = args.overrides + unknown
     try:
+        notes: list[str] = []
         if args.cfg:
-            config = load_config(overrides, args.config_name, args.config_path, validate=False)
+            config = load_config(overrides, args.config_name, args.config_path, validate=False, notes=notes)
             print(to_yaml(config))
             from npu_rl.config.validate import validate
 
             validate(config)
+            from npu_rl.trainer.preflight import check_run_folder
+
+            check_run_folder(config)
             from npu_rl.config.validate import ignored_settings
 
-            for note in ignored_settings(config):
+            for note in notes + ignored_settings(config):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
-        config = load_config(overrides, args.config_name, args.config_path)
+        config = load_config(overrides, args.config_name, args.config_path, notes=notes)
+        from npu_rl.trainer.preflight import check_run_folder
+
+        check_run_folder(config)
         from npu_rl.config.validate import ignored_settings
 
-        for note in ignored_settings(config):
+        for note in notes + ignored_settings(config):
             print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
         print(f"npu-rl: {exc}", file=sys.stderr)
@@ -60,8 +72,18 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
 
     print(f"npu-rl: config {args.config_name!r}" + (" (the embedded default; --config-name ppo_trainer gives verl's "
           "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
-    return run(config)
+    from npu_rl.utils.safe_load import CorruptFileError
+
+    try:
+        return run(config)
+    except CorruptFileError as exc:  # a checkpoint that does not verify, or asks to run code: said plainly
+        print(f"npu-rl: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("npu-rl: interrupted", file=sys.stderr)
+        sys.exit(130)

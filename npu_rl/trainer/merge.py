@@ -45,16 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", default=None, help="merge this PEFT adapter folder into the model CHECKPOINT")
     args = parser.parse_args(argv)
     from npu_rl.models.loader import to_dtype
+    from npu_rl.utils.paths import check_output_dir
+    from npu_rl.utils.safe_load import CorruptFileError
 
     dtype = to_dtype(args.dtype) if args.dtype else None
     try:
+        check_output_dir(args.out, "--out")
         if args.adapter:
             source = args.checkpoint
             out = merge_lora(args.checkpoint, args.adapter, args.out, dtype)
         else:
             source = resolve_checkpoint(args.checkpoint, args.role)
             out = merge_source(source, args.out, dtype, adapter_only=args.adapter_only, base=args.base)
-    except (FileNotFoundError, ValueError) as exc:
+    except (CorruptFileError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"npu-rl merge: {exc}", file=sys.stderr)
         return 2
     print(f"npu-rl merge: {source} -> {out}")

@@ -34,6 +34,7 @@ from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_
 from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
 from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
+from npu_rl.trainer.estimator_inputs import estimator_extras
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
 from npu_rl.trainer.validation import validate
 from npu_rl.utils.flops import step_flops
@@ -81,7 +82,9 @@ class PPOTrainer:
         algo = config.algorithm
         self.kl_ctrl = make_kl_controller(type=algo.kl_ctrl.type, kl_coef=algo.kl_ctrl.kl_coef,
                                           target_kl=algo.kl_ctrl.target_kl, horizon=algo.kl_ctrl.horizon)
-        self.checkpoints = CheckpointManager(config.trainer.default_local_dir, config.trainer.max_actor_ckpt_to_keep)
+        keep = [n for n in (config.trainer.max_actor_ckpt_to_keep, config.trainer.max_critic_ckpt_to_keep) if n]
+        # one folder per step holds actor and critic: the smaller of the two limits prunes it
+        self.checkpoints = CheckpointManager(config.trainer.default_local_dir, min(keep) if keep else None)
         self.total_steps = total_training_steps(config, prompts.batches_per_epoch)
         self.global_step = 0
         self.consecutive_nan_steps = 0
@@ -89,7 +92,14 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------------- the loop
     def fit(self) -> int:
-        """Train to ``total_steps``; returns the process exit code."""
+        """Train to ``total_steps``; returns the process exit code (130 / 143 after SIGINT / SIGTERM: the step in
+        progress finishes and is saved, see ``trainer/interrupt.py``)."""
+        from npu_rl.trainer.interrupt import InterruptGuard
+
+        with InterruptGuard() as self.interrupt:
+            return self._fit()
+
+    def _fit(self) -> int:
         self._resume()
         trainer = self.config.trainer
         if self.global_step >= self.total_steps:
@@ -102,20 +112,30 @@ class PPOTrainer:
             if trainer.val_only:
                 return 0
         progress = _progress_bar(trainer.progress_bar, self.global_step, self.total_steps)
-        while self.global_step < self.total_steps:
+        while self.global_step < self.total_steps and not self.interrupt.requested:
             self.global_step += 1
             step_metrics = self.train_step()
             is_last = self.global_step == self.total_steps
             if trainer.test_freq > 0 and (self.global_step % trainer.test_freq == 0 or is_last):
                 step_metrics |= self._validate()
-            if trainer.save_freq > 0 and (self.global_step % trainer.save_freq == 0 or is_last):
+            saved = trainer.save_freq > 0 and (self.global_step % trainer.save_freq == 0 or is_last)
+            if saved:
                 start = time.perf_counter()
                 self.save_checkpoint()
                 step_metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             self._log(step_metrics, self.global_step)
             progress.update(1)
             progress.set_postfix(_postfix(step_metrics, self.last_val_metrics))
+            if self.interrupt.requested:
+                progress.close()
+                from npu_rl.trainer.interrupt import stop_after_interrupt
+
+                return stop_after_interrupt(self, self.interrupt, saved)
         progress.close()
+        if self.interrupt.requested:  # during validation before the first step
+            from npu_rl.trainer.interrupt import stop_after_interrupt
+
+            return stop_after_interrupt(self, self.interrupt, True)
         return 0
 
     def train_step(self) -> dict[str, float]:
@@ -205,7 +225,7 @@ class PPOTrainer:
         with timer("old_log_prob"):
             old = self.roles.actor_rollout.compute_logprobs(batch)
         metrics["actor/entropy"] = M.masked_mean_tensor(old["entropy"], batch["response_mask"])
-        batch = batch.union(old.select(["old_logprobs"]))
+        batch = batch.union(old.select(["old_logprobs", *(["sum_pi_squared"] if "sum_pi_squared" in old else [])]))
         if "rollout_logprobs" in batch:
             from npu_rl.rollout.utils import rollout_probs_diff_metrics
 
@@ -229,7 +249,7 @@ class PPOTrainer:
             out = compute_advantages(adv_estimator=algo.adv_estimator, inputs=AdvantageInputs(
                 token_level_rewards=rewards, response_mask=batch["response_mask"], index=batch["uid"],
                 values=batch.get("values"), reward_baselines=batch.get("reward_baselines"), gamma=algo.gamma,
-                lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo))
+                lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, **estimator_extras(algo, batch)))
             batch = batch.union(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
                                        "returns": out.returns}))
         return batch, metrics

@@ -40,6 +40,25 @@ def build_worker_group(config: PPOConfig, plan: RunPlan):
     return RayWorkerGroup(pool, roles)
 
 
+def write_ray_timeline(config: PPOConfig) -> str | None:
+    """``ray_kwargs.timeline_json_file``: write Ray's task timeline (``ray.timeline()``) there, as verl does after
+    training; nothing when unset or when Ray is not running (the local controller). Returns the path written."""
+    path = config.ray_kwargs.timeline_json_file
+    if not path:
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        logging.getLogger(__name__).warning("ray_kwargs.timeline_json_file=%s: Ray is not running (local "
+                                            "controller), so there is no timeline to write", path)
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ray.timeline(filename=path)
+    print(f"npu-rl: Ray timeline -> {path}", file=sys.stderr)
+    return path
+
+
 def run_dir_for(config: PPOConfig) -> str:
     return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
 
@@ -54,8 +73,10 @@ def run(config: PPOConfig) -> int:
     from npu_rl.reward import build_reward_manager
     from npu_rl.tracking import Tracker
     from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
+    from npu_rl.trainer.preflight import prepare_run_folder
     from npu_rl.trainer.sampling import PromptStream
 
+    prepare_run_folder(config)  # before anything loads: a folder in the way or another run's checkpoints
     logging.basicConfig(level=os.environ.get("NPU_RL_LOG_LEVEL", "WARNING"), stream=sys.stderr)
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
     backend.manual_seed(config.trainer.seed)
@@ -98,6 +119,7 @@ def run(config: PPOConfig) -> int:
         tracker.close()
         group.shutdown()
     _summary(trainer, tracker.jsonl_path, time.perf_counter() - start)
+    write_ray_timeline(config)
     return code
 
 

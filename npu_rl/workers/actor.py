@@ -95,12 +95,17 @@ class ActorWorker:
     # ------------------------------------------------------------------------------------------- log-probs
     @register(Dispatch.DP_SPLIT)
     def compute_logprobs(self, batch: Batch) -> Batch:
-        """``old_logprobs`` [B, R] and ``entropy`` [B, R] at the rollout temperature."""
+        """``old_logprobs`` [B, R] and ``entropy`` [B, R] at the rollout temperature (and ``sum_pi_squared`` [B, R]
+        with ``actor.calculate_sum_pi_squared``)."""
         options = logprob_options(self.model_cfg, compute_entropy=True)
+        options.compute_sum_pi_squared = self.cfg.calculate_sum_pi_squared  # optimal-token-baseline estimators
 
         def forward(mb: Batch) -> dict[str, torch.Tensor]:
-            logprobs, entropy = self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)
-            return {"old_logprobs": logprobs, "entropy": entropy}
+            stats = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options)
+            out = {"old_logprobs": stats["logprobs"], "entropy": stats["entropy"]}
+            if "sum_pi_squared" in stats:
+                out["sum_pi_squared"] = stats["sum_pi_squared"]
+            return out
 
         return self.engine.infer(batch, forward)
 
@@ -129,7 +134,8 @@ class ActorWorker:
         logprobs, entropy = self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)
         response_mask = mb["response_mask"].to(device)
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=denominators["global_num_tokens"],
-                   global_num_seqs=denominators["global_num_seqs"], loss_scale_factor=self.plan.max_response_length)
+                   global_num_seqs=denominators["global_num_seqs"],
+                   loss_scale_factor=cfg.loss_scale_factor or self.plan.max_response_length)
         ref = mb["ref_logprobs"].to(device) if cfg.use_kl_loss else None
         low, high = resolved_clip_ratios(cfg.clip_ratio, cfg.clip_ratio_low, cfg.clip_ratio_high)
         pl = cfg.policy_loss
@@ -139,7 +145,8 @@ class ActorWorker:
             response_mask=response_mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=cfg.clip_ratio_c,
             clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
             kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, rollout_is_weights=weights,
-            ref_logprobs=ref, kl_loss_type=cfg.kl_loss_type, **agg)
+            ref_logprobs=ref, kl_loss_type=cfg.kl_loss_type, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg,
+            dro_beta=pl.dro_beta, **agg)
         policy = compute_policy_loss(loss_mode=pl.loss_mode, inputs=inputs, implementation=self.loss_implementation)
         loss = policy.loss
         metrics = {f"actor/{k}": v for k, v in policy.metrics.items()}

@@ -58,7 +58,7 @@ class CriticWorker:
                          cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,
                          global_num_tokens=denominators["global_num_tokens"],
                          global_num_seqs=denominators["global_num_seqs"],
-                         loss_scale_factor=self.plan.max_response_length)
+                         loss_scale_factor=self.cfg.loss_scale_factor or self.plan.max_response_length)
         return MicroLoss(out.loss, {"critic/vf_clipfrac": out.metrics["vf_clipfrac"]},
                          {"critic/vf_loss": out.loss.detach()})
 

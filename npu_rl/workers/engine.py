@@ -135,13 +135,21 @@ class TrainingEngine:
     def forward_logprobs(self, mb: Batch, temperature: float, options: LogprobOptions
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs [b, R] (and entropy [b, R] when ``options.compute_entropy``) of one micro-batch."""
+        stats = self.forward_logprob_stats(mb, temperature, options)
+        return stats["logprobs"], stats.get("entropy")
+
+    def forward_logprob_stats(self, mb: Batch, temperature: float, options: LogprobOptions) -> dict[str, torch.Tensor]:
+        """``logprobs`` [b, R], ``entropy`` (``options.compute_entropy``) and ``sum_pi_squared``
+        (``options.compute_sum_pi_squared``) of one micro-batch, from one forward."""
         args, _ = self._inputs(mb)
+        want_spi = options.compute_sum_pi_squared
         if self.runner.packed:
-            logprobs, entropy = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group)
+            out = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group,
+                                           return_sum_pi_squared=want_spi)
         else:
-            logprobs, entropy = response_logprobs(*args, temperature, options)
-        logprobs = pad_right(logprobs, self.response_length)
-        return logprobs, pad_right(entropy, self.response_length) if entropy is not None else None
+            out = response_logprobs(*args, temperature, options, return_sum_pi_squared=want_spi)
+        names = ("logprobs", "entropy", "sum_pi_squared")
+        return {name: pad_right(t, self.response_length) for name, t in zip(names, out) if t is not None}
 
     def forward_values(self, mb: Batch) -> torch.Tensor:
         """Values V(s_t) [b, R] of one micro-batch (a value model), zero outside the response mask."""

@@ -16,8 +16,14 @@ LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
 
 
-def test_modes_are_verls_four():
-    assert LOSS_AGG_MODES == ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+def test_modes_are_verls_five():
+    assert LOSS_AGG_MODES == (
+        "token-mean",
+        "token-sum",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    )
 
 
 def test_masked_mean_sum_and_nan_outside_the_mask():
@@ -54,6 +60,7 @@ def test_masked_whiten_by_hand():
     "mode, expected",
     [
         ("token-mean", 7.0 / 3.0),  # (1 + 2 + 4) / 3 tokens
+        ("token-sum", 7.0),  # 1 + 2 + 4, no denominator
         ("seq-mean-token-sum", 3.5),  # ((1 + 2) + 4) / 2 sequences (the empty row does not count)
         ("seq-mean-token-mean", 2.75),  # ((1 + 2) / 2 + 4 / 1) / 2
         ("seq-mean-token-sum-norm", 3.5 / 3.0),  # seq-mean-token-sum / T, T = 3
@@ -67,6 +74,7 @@ def test_agg_loss_local_denominators(mode, expected):
     "mode, expected",
     [
         ("token-mean", 7.0 / 6.0),  # numerator 7 over a global 6 tokens
+        ("token-sum", 7.0),  # denominators do not apply
         ("seq-mean-token-sum", 7.0 / 4.0),  # 7 over a global 4 sequences
         ("seq-mean-token-mean", 5.5 / 4.0),  # (1.5 + 4) / 4
         ("seq-mean-token-sum-norm", 7.0 / 4.0 / 7.0),  # loss_scale_factor 7
@@ -111,4 +119,4 @@ def test_unknown_mode_lists_known():
     with pytest.raises(ValueError, match="seq-mean-token-sum-norm"):
         check_loss_agg_mode("seq-mean")
     with pytest.raises(ValueError, match="token-mean"):
-        agg_loss(loss_mat=LOSS, loss_mask=MASK, loss_agg_mode="token-sum")
+        agg_loss(loss_mat=LOSS, loss_mask=MASK, loss_agg_mode="token-max")

@@ -19,7 +19,7 @@ from npu_rl.core import (
 
 BATCH, WIDTH = 8, 6
 # clip_cov and kl_cov pick tokens by statistics of the micro-batch (as verl does), so they are split-dependent.
-SPLIT_INDEPENDENT = ("vanilla", "gspo", "gpg", "geo_mean", "cispo")
+SPLIT_INDEPENDENT = ("vanilla", "gspo", "gpg", "geo_mean", "cispo", "sapo", "dro", "dppo_tv", "dppo_kl")
 
 
 def make_batch(seed=0):
@@ -57,6 +57,7 @@ def test_policy_loss_gradient_is_split_invariant(name, mode):
             response_mask=mask[rows],
             loss_agg_mode=mode,
             clip_ratio_high=0.28,
+            dro_beta=0.1,
             **denominators,
         )
         return compute_policy_loss(loss_mode=name, inputs=inputs).loss
@@ -112,3 +113,23 @@ def test_local_denominators_would_depend_on_the_split():
 
     whole_grad, _ = gradient(loss_fn, new, 1, mask)
     assert not torch.allclose(gradient(loss_fn, new, 4, mask)[0], whole_grad)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_uneven_micro_batches_give_the_same_gradient(mode):
+    """8 rows in micro-batches of 3 (3 + 3 + 2), as when the per-rank mini-batch is not a multiple of the micro-batch
+    size (verl runs that; so does npu-rl): the gradient equals the whole batch's."""
+    old, new, adv, mask, _ = make_batch(2)
+    denominators = loss_denominators(mask)
+
+    def total_grad(chunks):
+        params = new.clone().requires_grad_(True)
+        total = sum(
+            compute_policy_loss(loss_mode="vanilla", inputs=PolicyLossInputs(
+                old_logprobs=old[rows], logprobs=params[rows], advantages=adv[rows], response_mask=mask[rows],
+                loss_agg_mode=mode, loss_scale_factor=WIDTH, **denominators)).loss
+            for rows in chunks)
+        return torch.autograd.grad(total, params)[0]
+
+    whole = total_grad([torch.arange(BATCH)])
+    assert_close(total_grad(list(torch.arange(BATCH).split(3))), whole)

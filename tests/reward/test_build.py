@@ -23,7 +23,7 @@ def _check(cfg: PPOConfig):
 
 
 def test_registered_managers():
-    assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive"]
+    assert REWARD_MANAGERS.names() == ["batch", "dapo", "gdpo", "naive"]
     tok = make_tiny_tokenizer()
     for name, cls in (("naive", NaiveRewardManager), ("batch", BatchRewardManager), ("dapo", DAPORewardManager)):
         _check(config(name))
@@ -44,7 +44,7 @@ def test_omegaconf_config_works_too(custom):
 
 def test_unknown_manager_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown reward manager 'navie' \(config key reward_model.reward_manager\)"
-                                         r"\. Did you mean 'naive'\? Known: batch, dapo, naive"):
+                                         r"\. Did you mean 'naive'\? Known: batch, dapo, gdpo, naive"):
         _check(config("navie"))
 
 

@@ -240,7 +240,7 @@ def test_extra_columns_stay_the_same_across_calls(tok, custom):
     first = manager(make_batch(tok, ["1"], ["1"]))
     assert set(first.extra) == {"score", "acc", "pred"}
     batch = make_batch(tok, ["1"], ["1"])
-    manager._runner = type("Failing", (), {"run": lambda self, rows: [
+    manager._runner = type("Failing", (), {"run": lambda self, rows, *deadline_and_stop: [
         __import__("npu_rl.reward.pool", fromlist=["Outcome"]).Outcome("error", error="x")] * len(rows)})()
     second = manager(batch)  # every row failed: still the columns of the first call, for Batch.concat
     assert set(second.extra) == {"score", "acc", "pred"} and list(second.extra["pred"]) == [None]

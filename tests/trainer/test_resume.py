@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from npu_rl.trainer.checkpoint import load_trainer_state
 from tests.conftest import REPO_ROOT
 from tests.trainer.conftest import base_overrides, final_weights, run_training, step_rows
 
@@ -65,7 +66,7 @@ def test_resume_at_an_epoch_boundary_continues_into_the_next_epoch(tiny_model_di
     assert run_training(overrides + ["trainer.total_epochs=2"]) == 0
     assert "(step 2, epoch 1)" in capsys.readouterr().out
     assert sorted(step_rows(resumed)) == [1, 2, 3, 4]
-    state = torch.load(os.path.join(resumed, "global_step_4", "trainer_state.pt"), weights_only=False)
+    state = load_trainer_state(os.path.join(resumed, "global_step_4"))
     assert (state["prompts"]["epoch"], state["prompts"]["batches_done"]) == (2, 0)
     _assert_same_weights(final_weights(resumed, 4), final_weights(straight, 4))
 

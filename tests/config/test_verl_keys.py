@@ -1,0 +1,306 @@
+"""verl's config tree is accounted for key by key, and real verl scripts pass the config check unchanged (only the
+model and data paths supplied). Test data: tests/config/data/ (key names and override lists, with their commits)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+
+from npu_rl.config import verl_keys
+from npu_rl.config.loader import ConfigError, check_key, load_config
+from npu_rl.config.validate import validate
+from tests.conftest import REPO_ROOT
+
+DATA = os.path.join(REPO_ROOT, "tests", "config", "data")
+SCRIPTS = os.path.join(DATA, "verl_scripts")
+KINDS = {"implemented", "alias", "no_effect", "refused", "being_built"}
+
+
+def read_lines(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.strip() and not line.startswith("#")]
+
+
+# ------------------------------------------------------------------------------------------ the whole tree
+
+
+@pytest.mark.parametrize("name", ["verl_ppo_trainer_keys.txt", "verl_v0.4.1_ppo_trainer_keys.txt"])
+def test_every_verl_leaf_key_is_accounted_for(name):
+    keys = read_lines(os.path.join(DATA, name))
+    assert len(keys) > 250
+    statuses = {key: verl_keys.classify(key) for key in keys}
+    unknown = [key for key, status in statuses.items() if status.kind == "unknown"]
+    assert unknown == [], f"{len(unknown)} of verl's keys are unknown: {unknown[:20]}"
+    assert {s.kind for s in statuses.values()} <= KINDS
+    for status in statuses.values():
+        if status.kind in ("no_effect", "refused", "being_built"):
+            assert status.why, status
+        if status.kind == "alias":
+            assert check_key(status.target) is not None  # lands on a key of ours
+
+
+def test_generated_tree_counts():
+    # the current tree (1dda039): most keys are ours or aliases of ours; report the split so a change shows up
+    keys = read_lines(os.path.join(DATA, "verl_ppo_trainer_keys.txt"))
+    kinds = [verl_keys.classify(key).kind for key in keys]
+    assert len(keys) == 897
+    assert kinds.count("implemented") + kinds.count("alias") >= 260
+
+
+def test_table_entries_are_not_our_keys():
+    """A table entry for a key the schema has would never be consulted (classify checks the schema first).
+    BEING_BUILT entries are exempt: when the feature lands, its keys join the schema and win over the table."""
+    for key in verl_keys.NO_EFFECT | verl_keys.REFUSED:
+        assert not verl_keys._implemented(key), key
+
+
+def test_aliases_land_on_our_keys():
+    for source in verl_keys.ALIASES:
+        status = verl_keys.classify(source)
+        assert status.kind in ("alias", "no_effect"), (source, status)
+
+
+def test_target_keys_are_without_effect():
+    assert verl_keys.classify("critic.optim._target_").kind == "no_effect"
+
+
+@pytest.mark.parametrize("value, off", [(None, True), (False, True), (0, True), ("", True), ([], True),
+                                        (True, False), ("sequence", False)])
+def test_refused_keys_are_accepted_when_off(value, off):
+    assert verl_keys.is_off("algorithm.rollout_correction.rollout_is", value) is off
+
+
+# --------------------------------------------------------------------------------------- loader behaviour
+
+
+def load(*overrides, notes=None, **kwargs):
+    return load_config(list(overrides), "ppo_trainer", validate=False, notes=notes, **kwargs)
+
+
+def test_aliases_map_both_ways():
+    for key in ("critic.fsdp.param_offload", "critic.model.fsdp_config.param_offload"):
+        assert load(f"{key}=True").critic.model.fsdp_config.param_offload is True
+    for key in ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+                "actor_rollout_ref.rollout.update_weights_bucket_megabytes"):
+        assert load(f"{key}=4096").actor_rollout_ref.rollout.update_weights_bucket_megabytes == 4096
+    for role in ("actor", "ref"):
+        for key in (f"actor_rollout_ref.{role}.fsdp_config.ulysses_sequence_parallel_size",
+                    f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size"):
+            config = load(f"{key}=4")
+            assert getattr(config.actor_rollout_ref, role).ulysses_sequence_parallel_size == 4
+    notes = []
+    load("+critic.fsdp.optimizer_offload=True", notes=notes)  # a '+' in front works too
+    assert notes == ["critic.fsdp.optimizer_offload is verl's name for critic.model.fsdp_config.optimizer_offload"]
+
+
+def test_free_form_dict_keys_need_no_plus():
+    config = load("ray_kwargs.ray_init.runtime_env.py_executable=uv run python3",
+                  "+ray_kwargs.ray_init.runtime_env.env_vars.FOO=1")
+    assert config.ray_kwargs.ray_init.runtime_env == {"py_executable": "uv run python3", "env_vars": {"FOO": 1}}
+
+
+def test_no_effect_and_refused_keys():
+    notes = []
+    config = load("data.image_key=images", "actor_rollout_ref.nccl_timeout=600",
+                  "actor_rollout_ref.actor.use_prefix_grouper=False", notes=notes)
+    assert config.data.prompt_key == "prompt"
+    assert any(n.startswith("data.image_key=images accepted (the feature stays off)") for n in notes), notes
+    assert any(n.startswith("actor_rollout_ref.nccl_timeout=600 has no effect in npu-rl") for n in notes), notes
+    with pytest.raises(ConfigError, match="data.image_key=image: multi-modal .* not supported"):
+        load("data.image_key=image")
+    assert any(n.startswith("actor_rollout_ref.actor.use_prefix_grouper=False accepted") for n in notes), notes
+    with pytest.raises(ConfigError, match="use_prefix_grouper=True: shared-prompt forward .* instead: "):
+        load("actor_rollout_ref.actor.use_prefix_grouper=True")
+    if verl_keys.classify("algorithm.rollout_correction.rollout_is").kind == "being_built":  # until issue 16 lands
+        with pytest.raises(ConfigError, match=r"rollout_correction.rollout_is=token: .*issue 16\) is being built"):
+            load("algorithm.rollout_correction.rollout_is=token")
+    with pytest.raises(ConfigError, match="unknown config key 'data.imagekey'"):
+        load("data.imagekey=x")  # a key verl does not have is still unknown
+
+
+def test_ray_timeline_key(monkeypatch, tmp_path):
+    notes = []
+    old = load("ray_kwargs.ray_init.timeline_json_file=/tmp/t.json", notes=notes)  # the old place: aliased
+    assert old.ray_kwargs.timeline_json_file == "/tmp/t.json" and "timeline_json_file" not in vars(
+        old.ray_kwargs.ray_init)
+    target = tmp_path / "out" / "timeline.json"
+    config = load(f"ray_kwargs.timeline_json_file={target}")
+    written = []
+    fake_ray = types.SimpleNamespace(is_initialized=lambda: True, timeline=lambda filename: written.append(filename))
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    from npu_rl.trainer.run import write_ray_timeline
+
+    assert write_ray_timeline(config) == str(target) and written == [str(target)]
+    assert write_ray_timeline(load()) is None
+
+
+def test_dapo_reward_kwargs_overlong_buffer_cfg():
+    from npu_rl.reward.build import reward_settings
+    from npu_rl.reward.managers import overlong_penalty
+
+    config = load("reward_model.reward_manager=dapo", "data.max_response_length=20480",
+                  "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                  "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4096",
+                  "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+                  "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False",
+                  "+reward_model.reward_kwargs.max_resp_len=20480")
+    assert config.reward_model.reward_kwargs == {}
+    settings = reward_settings(config)
+    assert settings.overlong_buffer.enable and settings.overlong_buffer.len == 4096
+    assert settings.max_response_length == 20480
+    # verl's DAPO manager: expected = 20480 - 4096 = 16384; a 18432-token answer exceeds it by 2048: -0.5
+    penalty = overlong_penalty(__import__("torch").tensor([16000, 18432, 20480]), 20480, 4096, 1.0)
+    assert penalty.tolist() == [0.0, -0.5, -1.0]
+
+
+def test_global_micro_batch_keys_are_divided_by_the_data_parallel_ranks():
+    notes = []
+    config = load("trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.ppo_micro_batch_size=64",
+                  "actor_rollout_ref.ref.log_prob_micro_batch_size=128",
+                  "actor_rollout_ref.rollout.log_prob_micro_batch_size=128", "critic.ppo_micro_batch_size=32",
+                  "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "reward_model.micro_batch_size=16",
+                  notes=notes)
+    arr = config.actor_rollout_ref
+    assert arr.actor.ppo_micro_batch_size_per_gpu == 16  # 64 over 8 / sp 2 = 4 data-parallel ranks
+    assert arr.actor.ppo_micro_batch_size is None
+    assert arr.ref.log_prob_micro_batch_size_per_gpu == 32  # the ref's sp (follows the actor's, 2): 4 ranks
+    assert arr.rollout.log_prob_micro_batch_size_per_gpu == 32  # computed by the actor: the actor's sp
+    assert config.critic.ppo_micro_batch_size_per_gpu == 4
+    assert config.critic.forward_micro_batch_size_per_gpu == 4  # follows critic.ppo_micro_batch_size
+    assert config.reward_model.micro_batch_size_per_gpu == 2
+    assert any("ppo_micro_batch_size=64 is global" in n for n in notes), notes
+
+
+def test_uneven_micro_batches_run_with_a_note():
+    notes = []
+    config = load("trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=1",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                  "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "algorithm.adv_estimator=grpo", notes=notes)
+    validate(config, check_paths=False, check_device=False)
+    assert any("not a multiple of ppo_micro_batch_size_per_gpu=3" in n and "holds 2" in n for n in notes), notes
+
+
+def test_new_algorithm_keys():
+    config = load("actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.tau_pos=2.0",
+                  "actor_rollout_ref.actor.loss_agg_mode=token-sum", "algorithm.adv_estimator=gdpo",
+                  "+algorithm.gdpo_reward_keys=[accuracy_reward,format_reward]", "trainer.n_gpus_per_node=1",
+                  "actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    with pytest.raises(ConfigError, match="dro_beta > 0"):
+        validate(config, check_paths=False, check_device=False)
+    config.actor_rollout_ref.actor.policy_loss.dro_beta = 0.1
+    validate(config, check_paths=False, check_device=False)
+    assert config.algorithm.gdpo_reward_keys == ["accuracy_reward", "format_reward"]
+
+
+# ------------------------------------------------------------------------------------------- real scripts
+
+# Problems a script may stop on besides its refused keys (each names what to change; never "unknown config key").
+# An override of a refused / being-built key may stop a script too, with the reason: the test allows that by kind,
+# so a feature landing later (its keys join the schema) does not break this test.
+EXPECTED_OTHER = {
+    "grpo_trainer_run_gpt_oss_20b_fsdp": ["actor_rollout_ref.rollout.name='sglang' is not one of"],
+    "grpo_trainer_run_qwen3_5_27b_fsdp_turbo": ["actor_rollout_ref.actor.strategy='fsdp_turbo' is not one of"],
+    "grpo_trainer_run_qwen3_5_35b_fsdp_turbo": ["actor_rollout_ref.actor.strategy='fsdp_turbo' is not one of"],
+    "tuning_lora_run_qwen3_8b_fsdp": ["lora_rank > 0: LoRA is not supported"],
+}
+# scripts that must pass the check as they are (model and data paths supplied)
+MUST_PASS = {"docs_gsm8k_example_ppo", "docs_quickstart_ppo_gsm8k", "recipe_dapo_run_dapo_qwen2.5_32b_npu",
+             "ppo_trainer_run_qwen3_8b_fsdp", "grpo_trainer_run_qwen3_8b_fsdp", "gspo_trainer_run_qwen3_8b_fsdp",
+             "sapo_trainer_run_qwen3_8b_fsdp", "otb_trainer_run_qwen3_8b_fsdp", "gdpo_trainer_run_qwen3_8b_fsdp",
+             "ascend_extras_ppo_trainer_run_qwen3_8b_fsdp", "ascend_extras_grpo_trainer_run_qwen3_32b_fsdp",
+             "ascend_extras_gspo_trainer_run_qwen3_32b_fsdp", "grpo_trainer_run_qwen2_5_32b_fsdp"}
+
+
+def refused_override(problem: str, overrides: list[str]) -> bool:
+    """Whether ``problem`` is the refusal of one of ``overrides`` whose key is refused or being built."""
+    for text in overrides:
+        body = text.lstrip("+~")
+        if problem.startswith(body + ": "):
+            return verl_keys.classify(body.split("=", 1)[0]).kind in ("refused", "being_built")
+    return False
+
+
+PATH_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path",
+             "reward_model.model.path", "reward.reward_model.model_path", "reward.custom_reward_function.path",
+             "custom_reward_function.path")
+
+
+def supply_paths(overrides: list[str], files: dict[str, str]) -> list[str]:
+    """The script's overrides with only the model and data paths replaced by local ones."""
+    out = []
+    for text in overrides:
+        key = text.lstrip("+").split("=", 1)[0]
+        out.append(f"{key}={files[key]}" if key in PATH_KEYS else text)
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_files(tmp_path_factory, tiny_model_dir):
+    folder = tmp_path_factory.mktemp("verl_script_data")
+    for name in ("train.parquet", "test.parquet"):
+        (folder / name).write_bytes(b"")
+    reward = folder / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return {'score': 0.0, 'accuracy_reward': 0.0, 'format_reward': 0.0}\n")
+    return {"data.train_files": str(folder / "train.parquet"), "data.val_files": str(folder / "test.parquet"),
+            "actor_rollout_ref.model.path": tiny_model_dir, "critic.model.path": tiny_model_dir,
+            "reward_model.model.path": tiny_model_dir, "reward.reward_model.model_path": tiny_model_dir,
+            "reward.custom_reward_function.path": str(reward), "custom_reward_function.path": str(reward)}
+
+
+SCRIPT_NAMES = sorted(f[:-4] for f in os.listdir(SCRIPTS) if f.endswith(".txt"))
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_verl_script_passes_the_check(name, local_files):
+    overrides = supply_paths(read_lines(os.path.join(SCRIPTS, f"{name}.txt")), local_files)
+    try:
+        config = load_config(overrides, "ppo_trainer", validate=False)
+        npu = config.trainer.device == "npu"  # the Ascend scripts ask for NPUs this machine lacks
+        validate(config, check_device=not npu)
+        problems = []
+    except ConfigError as exc:
+        problems = exc.problems
+    assert not any("unknown config key" in p for p in problems), problems
+    for problem in problems:
+        assert refused_override(problem, overrides) or any(n in problem for n in EXPECTED_OTHER.get(name, [])), problem
+    if name in MUST_PASS:
+        assert problems == []
+
+
+def test_every_script_records_its_source():
+    for name in SCRIPT_NAMES:
+        with open(os.path.join(SCRIPTS, f"{name}.txt"), encoding="utf-8") as f:
+            assert f.readline().startswith("# source: verl-project/verl@"), name
+
+
+@pytest.mark.parametrize("name", ["docs_gsm8k_example_ppo", "docs_quickstart_ppo_gsm8k"])
+def test_gsm8k_guide_commands_pass_cfg_job(name, local_files, capsys):
+    from npu_rl.trainer.main_ppo import main
+
+    overrides = supply_paths(read_lines(os.path.join(SCRIPTS, f"{name}.txt")), local_files)
+    code = main(["--config-name", "ppo_trainer", "--cfg", "job", *overrides])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "# config 'ppo_trainer' is valid" in err
+    if name == "docs_gsm8k_example_ppo":
+        assert "critic.fsdp.param_offload is verl's name for critic.model.fsdp_config.param_offload" in err
+
+
+def test_docs_list_every_alias_and_the_counts():
+    with open(os.path.join(REPO_ROOT, "docs", "configuration.md"), encoding="utf-8") as f:
+        doc = f.read()
+    for source, target in verl_keys.ALIASES.items():
+        assert f"| `{source}` | `{target}` |" in doc, source
+    for name, column in (("verl_ppo_trainer_keys.txt", 0), ("verl_v0.4.1_ppo_trainer_keys.txt", 1)):
+        kinds = [verl_keys.classify(k).kind for k in read_lines(os.path.join(DATA, name))]
+        for kind, label in (("implemented", "implemented"), ("alias", "alias"), ("no_effect", "no effect"),
+                            ("refused", "refused"), ("being_built", "being built")):
+            row = next(line for line in doc.splitlines() if line.startswith(f"| {label} |"))
+            documented = row.rstrip(" |").split(" | ")[-2 + column]
+            assert documented == str(kinds.count(kind)), (
+                f"docs/configuration.md says {documented} {label} keys for {name}, the table gives "
+                f"{kinds.count(kind)} (a feature landed or an entry moved): update the counts there")
