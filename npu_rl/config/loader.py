@@ -13,13 +13,13 @@ import difflib
 import functools
 import importlib.resources
 import os
-import typing
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from npu_rl.config.errors import ConfigError
+from npu_rl.config.introspect import schema_fields as _fields
 from npu_rl.config.schema import PPOConfig
 
 __all__ = ["ConfigError", "all_keys", "check_key", "compose", "load_config", "suggest_key", "to_dataclass", "to_yaml"]
@@ -38,21 +38,6 @@ def available_config_names(path: str | None = None) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------- schema introspection
-def _unwrap(tp: Any) -> Any:
-    """Optional[X] -> X."""
-    if typing.get_origin(tp) is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
-@functools.lru_cache(maxsize=None)
-def _fields(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: _unwrap(hints[f.name]) for f in dataclasses.fields(cls)}
-
-
 @functools.lru_cache(maxsize=1)
 def all_keys() -> tuple[str, ...]:
     """Every key path of the schema, leaves and inner nodes."""

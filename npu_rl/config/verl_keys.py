@@ -349,7 +349,7 @@ def _implemented(key: str) -> bool:
     """Whether the schema has ``key`` (a typed field, or an entry inside one of its free-form dicts)."""
     import dataclasses
 
-    from npu_rl.config.loader import _fields
+    from npu_rl.config.introspect import schema_fields as _fields
     from npu_rl.config.schema import PPOConfig
 
     node: Any = PPOConfig
