@@ -17,7 +17,7 @@ commands:
   merge       turn a (sharded) checkpoint into a plain Hugging Face folder
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
   migrate     read a verl run script (never run it): what each override becomes here, and the npu-rl command
-  doctor      device, versions found and known-bad combinations
+  doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs
   bench       benchmarks: kernels | rollout | trainer
 
 `npu-rl <command> --help` for a command's options."""
@@ -54,6 +54,10 @@ def _migrate(argv: list[str]) -> int:
 
 
 def _doctor(argv: list[str]) -> int:
+    if any(a == "--parity" or a.startswith("--parity=") for a in argv):  # rollout vs actor log-probs
+        from npu_rl.trainer.parity import main as parity_main
+
+        return parity_main(argv)
     from npu_rl.device.doctor import main
 
     return main(argv)

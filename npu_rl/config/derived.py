@@ -8,6 +8,7 @@ rows must come out even (prompts -> mini-batches -> data-parallel ranks -> micro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from npu_rl.config.schema import PPOConfig
 
@@ -66,6 +67,8 @@ class RunPlan:
     policy_model_path: str
     actor: RolePlan
     critic: RolePlan | None = None
+    policy_loss_mode: str = "vanilla"  # actor.policy_loss.loss_mode, or bypass_mode (algorithm.rollout_correction)
+    bypass_correction: Any = None  # the bypass_mode loss's RolloutCorrectionSpec (algorithm.rollout_correction)
     ref_in_actor: bool = False  # LoRA: the reference is the actor with its adapter off (no reference worker)
 
 
@@ -76,6 +79,7 @@ def _role_plan(world: int, sp: int, mini_batch_size: int, n: int) -> RolePlan:
 
 def build_plan(config: PPOConfig) -> RunPlan:
     """The plan of a validated config (see :func:`plan_problems` for the checks behind each number)."""
+    from npu_rl.config.rollout_correction import correction_spec, policy_loss_mode
     from npu_rl.core import estimator_needs
 
     arr = config.actor_rollout_ref
@@ -100,6 +104,9 @@ def build_plan(config: PPOConfig) -> RunPlan:
         policy_model_path=arr.model.path,
         actor=_role_plan(world, arr.actor.ulysses_sequence_parallel_size, arr.actor.ppo_mini_batch_size, n),
         critic=critic,
+        policy_loss_mode=policy_loss_mode(config),
+        bypass_correction=correction_spec(config.algorithm.rollout_correction)
+        if config.algorithm.rollout_correction.bypass_mode else None,
     )
 
 

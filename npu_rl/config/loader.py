@@ -250,6 +250,9 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
     compat_notes = apply_verl_semantics(config)
     if notes is not None:
         notes.extend(compat_notes)
+    from npu_rl.config.rollout_correction import enable_rollout_logprobs
+
+    enable_rollout_logprobs(config)  # algorithm.rollout_correction needs the rollout's log-probs
     if validate:
         from npu_rl.config.validate import validate as run_validation
 

@@ -383,6 +383,20 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (docs/algorithms.md, "Rollout correction"): the rollout engine's and
+    the trainer's log-probs differ; weight, reject, or train directly on the rollout's (bypass mode)."""
+
+    rollout_is: Optional[str] = None  # null | token | sequence: importance weights pi_train / pi_rollout
+    rollout_is_threshold: Any = 2.0  # a number: TIS cap; "lower_upper" (e.g. "0.5_2.0"): MIS (IcePop) bounds
+    rollout_rs: Optional[str] = None  # null | comma-separated token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/3
+    rollout_rs_threshold: Any = None  # one value, or one per rollout_rs option; k1 options: "lower_upper" or upper
+    bypass_mode: bool = False  # true: old log-probs := rollout log-probs (no recomputation), loss bypass_mode
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+    rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
+
+
+@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
@@ -394,6 +408,7 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     gdpo_reward_keys: Optional[list[str]] = None  # gdpo: the reward components (keys of compute_score's dict)
     gdpo_reward_weights: Optional[list[float]] = None  # gdpo: one weight per component (default: all 1)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # -------------------------------------------------------------------------------------------------------- trainer

@@ -167,6 +167,9 @@ def _check_registries(c: _Checker, config: PPOConfig) -> None:
     from npu_rl.reward import check_reward_config
 
     c.attempt(lambda: check_reward_config(config.reward_model, config.custom_reward_function, config.data))
+    from npu_rl.config.rollout_correction import check_rollout_correction
+
+    c.problems.extend(check_rollout_correction(config))
 
 
 def _check_estimator_inputs(c: _Checker, config: PPOConfig) -> None:

@@ -1,5 +1,6 @@
 """The RL math, as pure tensor functions: advantage estimators, policy losses, value loss, entropy bonus, KL
-estimators and controllers, and loss aggregation.
+estimators and controllers, loss aggregation, and the rollout correction (importance weights, rejection and the
+mismatch metrics between the rollout engine's log-probs and the trainer's).
 
 No config objects, no device names, no ``torch.distributed``, no ``.item()``: the workers pass plain numbers and
 tensors in (including the global denominators of :mod:`npu_rl.core.aggregation`) and log the metric tensors.
@@ -50,6 +51,7 @@ from npu_rl.core.kl import (
     make_kl_controller,
 )
 from npu_rl.core.policy_loss import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss, resolved_clip_ratios
+from npu_rl.core.rollout_correction import CorrectionOutput, RolloutCorrectionSpec, rollout_correction
 from npu_rl.core.value_loss import entropy_bonus, entropy_from_logits, value_loss
 
 __all__ = [
@@ -61,10 +63,12 @@ __all__ = [
     "AdaptiveKLController",
     "AdvantageInputs",
     "AdvantageOutput",
+    "CorrectionOutput",
     "FixedKLController",
     "KLController",
     "LossOutput",
     "PolicyLossInputs",
+    "RolloutCorrectionSpec",
     "agg_loss",
     "as_group_ids",
     "check_kl_type",
@@ -86,5 +90,6 @@ __all__ = [
     "masked_whiten",
     "needs",
     "resolved_clip_ratios",
+    "rollout_correction",
     "value_loss",
 ]

@@ -50,18 +50,28 @@ garbage there cannot reach the gradient), ``A`` the advantage, ``eps_lo / eps_hi
 - ``cispo``: ``-sg[clip(r, 1 - eps_lo, 1 + eps_hi)] A logp`` (MiniMax-M1, arXiv:2506.13585): the clipped ratio
   only weights the gradient, every token keeps a gradient. Its value is not a PPO objective; only the gradient is.
 
+- ``bypass_mode``: verl's bypass mode (``algorithm.rollout_correction.bypass_mode=true``): ``old_logprobs`` ARE the
+  rollout engine's log-probs (the old-log-prob forward is skipped). Weights and rejections are computed here from
+  the current ``logprobs`` against them (``inputs.rollout_correction``; per micro-batch, detached); rejected tokens
+  leave the mask (they still count in the global denominators, as in verl). ``loss_type=ppo_clip``: vanilla PPO
+  with ``r = pi / pi_rollout`` and no extra weight (the ratio is the correction); ``reinforce``:
+  ``-sg[w] A logp`` with the truncated / masked weights ``w`` (``-A logp`` without ``rollout_is``). Metrics add the
+  ``rollout_corr/*`` of :mod:`npu_rl.core.rollout_correction`; in the reinforce case ``ppo_kl`` is
+  ``mean(rollout - logp)`` and the clip fractions are 0.
+
 ``rollout_is_weights`` [B, T] (optional) multiplies the per-token loss (truncated importance sampling between the
 rollout engine and the trainer); ``geo_mean`` uses their geometric mean per sequence.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from npu_rl.core.aggregation import Denominator, LossOutput, agg_loss, masked_mean
 from npu_rl.core.checked_registry import CheckedRegistry, describe_callable
+from npu_rl.core.rollout_correction import RolloutCorrectionSpec, rollout_correction
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,6 +102,7 @@ class PolicyLossInputs:
     # reference's log-probs [B, T] and the estimator (actor.kl_loss_type). Plain implementations ignore them.
     ref_logprobs: torch.Tensor | None = None
     kl_loss_type: str = "low_var_kl"
+    rollout_correction: RolloutCorrectionSpec | None = None  # bypass_mode's settings (algorithm.rollout_correction)
 
     def aggregate(self, loss_mat: torch.Tensor, loss_agg_mode: str | None = None) -> torch.Tensor:
         """``agg_loss`` of ``loss_mat`` [B, T] with this batch's mask and denominators."""
@@ -381,3 +392,22 @@ def dppo_kl_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
     keep_positive = (binary_kl <= inputs.clip_ratio_high) | (prob <= old_prob)
     keep_negative = (binary_kl <= inputs.clip_ratio_low) | (prob >= old_prob)
     return _dppo(inputs, keep_positive, keep_negative)
+
+
+@POLICY_LOSSES.register("bypass_mode")
+def bypass_mode_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
+    """verl's bypass mode: ``old_logprobs`` are the rollout's; PPO clip or IS-weighted REINFORCE against them."""
+    spec = inputs.rollout_correction
+    if spec is None:
+        raise ValueError("policy loss 'bypass_mode' needs inputs.rollout_correction (algorithm.rollout_correction)")
+    with torch.no_grad():
+        correction = rollout_correction(inputs.logprobs, inputs.old_logprobs, inputs.response_mask, spec)
+    inner = replace(inputs, response_mask=correction.response_mask, rollout_is_weights=None)
+    if spec.loss_type == "ppo_clip":
+        loss, metrics = vanilla_policy_loss(inner)[:2]
+    else:
+        weights = correction.weights
+        losses = -inputs.advantages * inputs.logprobs * (1.0 if weights is None else weights)
+        loss, metrics = inner.aggregate(losses), _metrics(inner, _log_ratio(inner))
+    metrics = dict(metrics) | {f"rollout_corr/{k}": v.detach() for k, v in correction.metrics.items()}
+    return LossOutput(loss, metrics)

@@ -25,6 +25,8 @@ Engine settings come from ``actor_rollout_ref.rollout`` (verl's names):
   there are no graphs: eager is forced, with a log line.
 - log-probs: ``logprobs_mode="processed_logprobs"``: the log-prob of each sampled token under the distribution it
   was drawn from (temperature-scaled; with top-k/top-p truncated and renormalised), as the ``hf`` engine records.
+  vllm-ascend's sampler ignores that mode and returns raw log-probs: there the engine asks for ``raw_logprobs`` and
+  the top-K candidates and rebuilds the processed ones (:mod:`npu_rl.rollout.processed_logprobs`).
 - stopping: exactly at the given stop ids (``ignore_eos=True`` + ``stop_token_ids``), the same rule as ``hf``.
 - ``rollout.engine_kwargs.vllm`` is passed to ``LLM(...)`` last and wins (``compilation_config`` is merged key by key).
 
@@ -51,6 +53,8 @@ from npu_rl.parallel.dist import world_size
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.config.schema import RolloutConfig
+from npu_rl.rollout.processed_logprobs import (candidates_needed, from_vllm_step, neutral_sampling,
+                                               processed_from_raw, sampler_gives_processed_logprobs)
 from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask, to_plain
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
 
@@ -122,6 +126,9 @@ def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmD
         logprobs_mode="processed_logprobs",
         generation_config="vllm",  # the model folder's sampling defaults must not leak into RL sampling
     )
+    if not sampler_gives_processed_logprobs(caps.device):  # vllm-ascend: raw log-probs, converted on our side
+        kwargs["logprobs_mode"] = "raw_logprobs"
+        kwargs["max_logprobs"] = candidates_needed(int(cfg.top_k))
     if cfg.enable_expert_parallel:
         kwargs["enable_expert_parallel"] = True  # MoE models: experts sharded over the TP ranks
     if caps.kv_block_size is not None:
@@ -137,7 +144,7 @@ def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmD
     return kwargs
 
 
-def _vllm_sampling_params(sampling: SamplingParams, n: int):
+def _vllm_sampling_params(sampling: SamplingParams, n: int, candidates: int = 0):
     from vllm import SamplingParams as VllmSamplingParams
 
     greedy = sampling.greedy
@@ -149,7 +156,7 @@ def _vllm_sampling_params(sampling: SamplingParams, n: int):
         max_tokens=int(sampling.max_new_tokens),
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=True,  # stop exactly at stop_token_ids (the hf engine's rule); [] = never stop early
-        logprobs=0 if sampling.return_logprobs else None,
+        logprobs=candidates if sampling.return_logprobs else None,
         detokenize=False,
     )
 
@@ -160,6 +167,21 @@ def _sampled_logprobs(completion) -> list[float]:
     if logprobs is None or len(logprobs) < len(token_ids):
         raise RuntimeError("vLLM returned no log-probs for a request that asked for them")
     return [float(logprobs[i][token].logprob) for i, token in enumerate(token_ids)]
+
+
+def _processed_logprobs(completion, ids: list[int], sampling: SamplingParams, candidates: int):
+    """The processed log-probs of ``ids`` rebuilt from the raw log-probs vLLM returned (see processed_logprobs)."""
+    steps = completion.logprobs
+    if steps is None or len(steps) < len(ids):
+        raise RuntimeError("vLLM returned no log-probs for a request that asked for them")
+    sampled, tops = zip(*(from_vllm_step(steps[i], token, candidates) for i, token in enumerate(ids)))
+    width = max(map(len, tops))
+    table = torch.full((len(ids), width), float("-inf"), dtype=torch.float64)
+    for i, top in enumerate(tops):
+        table[i, :len(top)] = torch.tensor(top, dtype=torch.float64)
+    values, exact = processed_from_raw(torch.tensor(sampled, dtype=torch.float64), table, sampling.temperature,
+                                       sampling.top_k, sampling.top_p)
+    return values.float(), exact
 
 
 class VllmRolloutEngine:
@@ -269,8 +291,12 @@ class VllmRolloutEngine:
         # vLLM refuses n > 1 with greedy sampling: repeat the prompt instead (its prefill comes from the cache).
         per_request = 1 if sampling.greedy else n
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists for _ in range(n // per_request)]
-        outputs = self.llm.generate(requests, _vllm_sampling_params(sampling, per_request), use_tqdm=False,
+        convert = sampling.return_logprobs and self.llm_kwargs.get("logprobs_mode") == "raw_logprobs" and \
+            not neutral_sampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.greedy)
+        candidates = candidates_needed(sampling.top_k) if convert else 0
+        outputs = self.llm.generate(requests, _vllm_sampling_params(sampling, per_request, candidates), use_tqdm=False,
                                     lora_request=self._lora_request)
+        estimated = 0
 
         num_rows = len(token_lists) * n
         responses = torch.full((num_rows, response_length), self.pad_token_id, dtype=dtype)
@@ -282,10 +308,18 @@ class VllmRolloutEngine:
                 ids = list(completion.token_ids)[:response_length]
                 responses[row, :len(ids)] = torch.tensor(ids, dtype=dtype)
                 lengths[row] = len(ids)
-                if logprobs is not None and ids:
+                if logprobs is not None and ids and convert:  # raw from the sampler: processed on our side
+                    values, exact = _processed_logprobs(completion, ids, sampling, candidates)
+                    logprobs[row, :len(ids)] = values
+                    estimated += int((~exact).sum())
+                elif logprobs is not None and ids:
                     logprobs[row, :len(ids)] = torch.tensor(_sampled_logprobs(completion)[:len(ids)])
                 row += 1
         assert row == num_rows, (row, num_rows)
+        if estimated:
+            logger.warning("rollout: %d sampled tokens' log-probs are estimates (raw log-probs from the sampler, "
+                           "temperature %s without top-k: the tail beyond the top %d tokens is folded in as a block); "
+                           "set rollout.top_k to make them exact", estimated, sampling.temperature, candidates)
         return responses, lengths, logprobs
 
     # ------------------------------------------------------------------ weights

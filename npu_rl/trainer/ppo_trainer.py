@@ -4,7 +4,8 @@ One step::
 
     prompts --repeat n--> rollout (wake, sync weights, generate, sleep) --> responses [+ rollout logprobs]
        --> reward manager --> token-level scores        (DAPO: drop groups whose metric is constant, generate more)
-       --> actor forward (no grad) --> old logprobs, entropy
+       --> actor forward (no grad) --> old logprobs, entropy  (bypass mode: the rollout's logprobs instead)
+       --> rollout correction: IS weights, rejection, rollout_corr/* metrics (algorithm.rollout_correction)
        --> reference forward --> ref logprobs             (when a KL term is on)
        --> critic forward --> values                      (PPO / GAE)
        --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
@@ -35,6 +36,7 @@ from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
 from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
 from npu_rl.trainer.estimator_inputs import estimator_extras
+from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
 from npu_rl.trainer.validation import validate
 from npu_rl.utils.flops import step_flops
@@ -222,15 +224,21 @@ class PPOTrainer:
 
             batch, balance_metrics = balance_batch(batch, self.plan.actor.dp_size)
             metrics |= balance_metrics
-        with timer("old_log_prob"):
-            old = self.roles.actor_rollout.compute_logprobs(batch)
-        metrics["actor/entropy"] = M.masked_mean_tensor(old["entropy"], batch["response_mask"])
-        batch = batch.union(old.select(["old_logprobs", *(["sum_pi_squared"] if "sum_pi_squared" in old else [])]))
-        if "rollout_logprobs" in batch:
-            from npu_rl.rollout.utils import rollout_probs_diff_metrics
+        if algo.rollout_correction.bypass_mode:  # old log-probs := the rollout's (no recomputation)
+            batch = bypass_old_logprobs(batch)
+        else:
+            with timer("old_log_prob"):
+                old = self.roles.actor_rollout.compute_logprobs(batch)
+            metrics["actor/entropy"] = M.masked_mean_tensor(old["entropy"], batch["response_mask"])
+            kept = ["old_logprobs"] + (["sum_pi_squared"] if "sum_pi_squared" in old else [])
+            batch = batch.union(old.select(kept))
+            if "rollout_logprobs" in batch:
+                from npu_rl.rollout.utils import rollout_probs_diff_metrics
 
-            metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
-                                                  batch["response_mask"])
+                metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
+                                                      batch["response_mask"])
+            batch, correction_metrics = correct_batch(batch, self.config)  # weights, rejection, rollout_corr/*
+            metrics |= correction_metrics
         if self.plan.use_ref:
             with timer("ref"):
                 batch = batch.union(self.roles.ref.compute_ref_logprobs(batch))

@@ -139,17 +139,18 @@ class ActorWorker:
         ref = mb["ref_logprobs"].to(device) if cfg.use_kl_loss else None
         low, high = resolved_clip_ratios(cfg.clip_ratio, cfg.clip_ratio_low, cfg.clip_ratio_high)
         pl = cfg.policy_loss
+        loss_mode = self.plan.policy_loss_mode  # bypass_mode in algorithm.rollout_correction's bypass mode
         weights = mb["rollout_is_weights"].to(device) if "rollout_is_weights" in mb else None
         inputs = PolicyLossInputs(
             old_logprobs=mb["old_logprobs"].to(device), logprobs=logprobs, advantages=mb["advantages"].to(device),
             response_mask=response_mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=cfg.clip_ratio_c,
             clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
             kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, rollout_is_weights=weights,
-            ref_logprobs=ref, kl_loss_type=cfg.kl_loss_type, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg,
-            dro_beta=pl.dro_beta, **agg)
-        policy = compute_policy_loss(loss_mode=pl.loss_mode, inputs=inputs, implementation=self.loss_implementation)
+            rollout_correction=self.plan.bypass_correction, ref_logprobs=ref, kl_loss_type=cfg.kl_loss_type,
+            tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, dro_beta=pl.dro_beta, **agg)
+        policy = compute_policy_loss(loss_mode=loss_mode, inputs=inputs, implementation=self.loss_implementation)
         loss = policy.loss
-        metrics = {f"actor/{k}": v for k, v in policy.metrics.items()}
+        metrics = {k if "/" in k else f"actor/{k}": v for k, v in policy.metrics.items()}  # rollout_corr/* as is
         if need_entropy:
             loss = loss + entropy_bonus(entropy=entropy, response_mask=response_mask, entropy_coeff=cfg.entropy_coeff,
                                         **agg).loss

@@ -27,7 +27,9 @@ def test_graph_mode_is_full_decode_only_by_default_on_accelerators():
     assert kwargs["compilation_config"] == {"cudagraph_mode": "FULL_DECODE_ONLY",
                                            "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 48]}
     assert kwargs["enable_sleep_mode"] is True and kwargs["max_model_len"] == 96
-    assert kwargs["distributed_executor_backend"] == "uni" and kwargs["logprobs_mode"] == "processed_logprobs"
+    # vllm-ascend's sampler ignores logprobs_mode (returns raw): ask for raw and the top-K, converted on our side
+    assert kwargs["distributed_executor_backend"] == "uni" and kwargs["logprobs_mode"] == "raw_logprobs"
+    assert kwargs["max_logprobs"] == 20
     sizes = build_llm_kwargs(config(cudagraph_capture_sizes=[64, 8, 16]), "/m", NPU)["compilation_config"]
     assert sizes["cudagraph_capture_sizes"] == [8, 16, 64]
     assert "compilation_config" not in build_llm_kwargs(config(enforce_eager=True), "/m", NPU)
@@ -39,6 +41,7 @@ def test_cpu_forces_eager_and_has_no_sleep_mode(caplog):
         kwargs = build_llm_kwargs(config(), "/m", CPU)
     assert kwargs["enforce_eager"] is True and "compilation_config" not in kwargs
     assert kwargs["enable_sleep_mode"] is False and kwargs["block_size"] == 32
+    assert kwargs["logprobs_mode"] == "processed_logprobs" and "max_logprobs" not in kwargs
     assert "block_size" not in build_llm_kwargs(config(), "/m", NPU)  # vLLM's own default there
     assert "eager" in caplog.text
 

