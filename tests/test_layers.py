@@ -9,7 +9,7 @@ import pathlib
 import npu_rl
 
 PACKAGE = pathlib.Path(npu_rl.__file__).parent
-BELOW_TRAINER = ("core", "parallel", "models", "rollout", "workers", "device", "data", "reward", "config",
+BELOW_TRAINER = ("agent", "core", "parallel", "models", "rollout", "workers", "device", "data", "reward", "config",
                  "controller", "protocol", "utils")
 
 

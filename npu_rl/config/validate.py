@@ -49,8 +49,6 @@ def _check_choices(c: _Checker, config: PPOConfig) -> None:
     arr = config.actor_rollout_ref
     c.choice("data.truncation", config.data.truncation, TRUNCATION_MODES)
     c.choice("actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES)
-    c.require(arr.rollout.mode == "sync", f"actor_rollout_ref.rollout.mode={arr.rollout.mode!r}: only 'sync' is "
-              "supported (async / agent-loop rollout is not implemented)")
     c.choice("actor_rollout_ref.actor.strategy", arr.actor.strategy, STRATEGIES)
     c.choice("critic.strategy", config.critic.strategy, STRATEGIES)
     c.choice("reward_model.strategy", config.reward_model.strategy, STRATEGIES)
@@ -271,6 +269,9 @@ def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = T
     _check_numbers(c, config)
     _check_batch_sizes(c, config)
     _check_registries(c, config)
+    from npu_rl.agent.validate import agent_config_problems
+
+    c.problems.extend(agent_config_problems(config, check_paths))
     if check_paths:
         _check_paths(c, config)
     from npu_rl.config.fault_checks import check_faults

@@ -287,8 +287,6 @@ REFUSED: dict[str, tuple[str, str]] = {
 BEING_BUILT: dict[str, str] = {
     f"{ARR}.model.lora": "LoRA (issue 15)",
     f"{ARR}.model.lora_adapter_path": "LoRA (issue 15)",
-    f"{ARR}.rollout.agent": "the agent loop, rollout.mode=async (issue 14)",
-    f"{ARR}.rollout.multi_turn": "multi-turn rollout (issue 14)",
     "algorithm.rollout_correction": "rollout correction: TIS / MIS / rejection sampling / bypass mode (issue 16)",
     "global_profiler": "the profiler (issue 12)",
     f"{ARR}.profiler": "the profiler (issue 12)",
@@ -298,6 +296,23 @@ BEING_BUILT: dict[str, str] = {
     "critic.profiler": "the profiler (issue 12)",
     "reward_model.profiler": "the profiler (issue 12)",
 }
+
+# Agent loops (npu_rl/agent/, docs/agents.md): the parts of verl's multi_turn / agent trees not built here.
+REFUSED.update({
+    f"{ARR}.rollout.multi_turn.function_tool_path": (
+        "tools as plain Python functions are not supported", "a tool class in multi_turn.tool_config_path"),
+    f"{ARR}.rollout.multi_turn.use_inference_chat_template": (
+        "conversations keep the tokens as generated (verl's default, False)", "leave it False"),
+    f"{ARR}.rollout.multi_turn.num_repeat_rollouts": (
+        "repeated rollouts of one conversation are not supported", "rollout.n"),
+    f"{ARR}.rollout.multi_turn.completion_callback": (
+        "verl 0.4's completion callbacks are not supported", "a custom agent loop (rollout.agent.default_agent_loop)"),
+    f"{ARR}.rollout.agent.custom_async_server": (
+        "a custom async server is not supported: agent loops drive the in-process engine",
+        "rollout.name=vllm|hf"),
+})
+NO_EFFECT[f"{ARR}.rollout.multi_turn.tokenization_sanity_check_mode"] = (
+    "nothing is re-tokenised: conversations are built token by token, tool / user turns from the template's delta")
 
 # Refused keys whose listed values (besides None / False / 0 / "" / empty) leave the feature off.
 OFF_VALUES: dict[str, tuple[Any, ...]] = {

@@ -2,6 +2,7 @@
 
     builtin://arith/train                      the generated arithmetic task (defaults of ArithSpec)
     builtin://arith/test?max_digits=2&operators=+-&seed=3
+    builtin://arith_tool/train                 3-digit multiplication with the calculator tool (npu_rl/agent/tasks.py)
     builtin://gsm8k/train   builtin://gsm8k/test   builtin://math500/test   builtin://aime24/test
 
 Query parameters set ArithSpec fields (``num_operands, operators, min_digits, max_digits, num_train, num_test,
@@ -39,13 +40,13 @@ def is_builtin(path: object) -> bool:
 def _parse(uri: str) -> tuple[str, str, dict[str, str]]:
     parts = urlsplit(uri)
     name, split = parts.netloc, parts.path.strip("/")
-    known = sorted(CONVERTERS) + ["arith"]
+    known = sorted(CONVERTERS) + ["arith", "arith_tool"]
     if name not in known or not split:
         raise ValueError(f"unknown built-in data set {uri!r}; expected builtin://<name>/<split> with name in {known}")
     return name, split, dict(parse_qsl(parts.query, keep_blank_values=True))
 
 
-def arith_spec_from_query(query: dict[str, str], uri: str = "") -> ArithSpec:
+def arith_spec_from_query(query: dict[str, str], uri: str = "", defaults: dict | None = None) -> ArithSpec:
     fields = {f.name for f in dataclasses.fields(ArithSpec)} - {"prompt_template"}
     kwargs: dict[str, object] = {}
     for key, value in query.items():
@@ -63,7 +64,7 @@ def arith_spec_from_query(query: dict[str, str], uri: str = "") -> ArithSpec:
                 kwargs[key] = int(kwargs[key])  # type: ignore[arg-type]
             except ValueError as exc:
                 raise ValueError(f"{uri}: arith parameter {key}={kwargs[key]!r} is not an integer") from exc
-    return ArithSpec(**kwargs)  # type: ignore[arg-type]
+    return ArithSpec(**{**(defaults or {}), **kwargs})  # type: ignore[arg-type]
 
 
 def resolve_builtin(uri: str) -> str:
@@ -73,6 +74,13 @@ def resolve_builtin(uri: str) -> str:
         spec = arith_spec_from_query(query, uri)
         key = {"version": GENERATOR_VERSION, **spec.to_dict()}
         make = lambda: generate_arith(spec)  # noqa: E731
+        splits = ("train", "test")
+    elif name == "arith_tool":  # the calculator-tool task (npu_rl/agent/tasks.py)
+        from npu_rl.agent.tasks import TOOL_TASK_DEFAULTS, generate_tool_task
+
+        spec = arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS)
+        key = {"version": GENERATOR_VERSION, "task": "arith_tool", **spec.to_dict()}
+        make = lambda: generate_tool_task(spec)  # noqa: E731
         splits = ("train", "test")
     else:
         data_dir = expand_path(query.pop("data_dir", None) or default_data_dir())
@@ -97,8 +105,10 @@ def resolve_builtin(uri: str) -> str:
 def check_builtin(uri: str) -> None:
     """Fail (naming the URI) if ``resolve_builtin`` would, without generating anything: for the config validator."""
     name, split, query = _parse(uri)
-    if name == "arith":
-        arith_spec_from_query(query, uri).split_sizes()
+    if name in ("arith", "arith_tool"):
+        from npu_rl.agent.tasks import TOOL_TASK_DEFAULTS
+
+        arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS if name == "arith_tool" else None).split_sizes()
         splits: tuple[str, ...] = ("train", "test")
     else:
         data_dir = expand_path(query.pop("data_dir", None) or default_data_dir())

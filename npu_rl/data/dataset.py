@@ -198,6 +198,8 @@ class PromptDataset:
         }
         if self.reward_fn_key != "data_source":
             item[self.reward_fn_key] = row.get(self.reward_fn_key)
+        if "agent_name" in row:  # the agent loop this row runs (rollout.mode=async / multi_turn.enable)
+            item["agent_name"] = row.get("agent_name")
         if self.return_raw_chat:
             item["raw_prompt"] = self.messages[i]
         if self.return_full_prompt:

@@ -150,6 +150,39 @@ class Backend:
             return float(override) * 1e12
         return flops.peak_flops(self.device_name(), dtype, num_threads=torch.get_num_threads())
 
+    def optimizer_kwargs(self, params: list[torch.Tensor]) -> dict[str, Any]:
+        """Implementation flags for torch's Adam/AdamW on these parameters. CUDA: ``fused=True`` (one kernel for
+        all parameters) when they are plain tensors, ``foreach=True`` for FSDP2's DTensor shards; elsewhere
+        torch's default (``NPU_RL_OPTIMIZER_IMPL=fused|foreach|default`` overrides)."""
+        choice = os.environ.get("NPU_RL_OPTIMIZER_IMPL", "").strip().lower()
+        if not choice:
+            if self.name != "cuda":
+                return {}
+            from torch.distributed.tensor import DTensor
+
+            choice = "foreach" if any(isinstance(p, DTensor) for p in params) else "fused"
+        if choice not in ("fused", "foreach", "default"):
+            raise ValueError(f"NPU_RL_OPTIMIZER_IMPL={choice!r}; expected fused, foreach or default")
+        return {} if choice == "default" else {choice: True}
+
+    @property
+    def profiler_activities(self) -> tuple[str, ...]:
+        """``torch.profiler.ProfilerActivity`` names that record this device's kernels (Ascend's kernels need
+        torch_npu's own profiler, so only the host side there)."""
+        return ("CPU", "CUDA") if self.name == "cuda" else ("CPU",)
+
+    @property
+    def packed_attention_kernels(self) -> tuple[str, ...]:
+        """Packed (remove-padding) attention kernels to try, best first (names of
+        :mod:`npu_rl.parallel.varlen_kernels`; the first usable one runs). ``NPU_RL_VARLEN_KERNEL=name`` puts one
+        first. Ascend: ``npu_fusion_attention`` (TND). CUDA: flash-attn if installed, else PyTorch's own
+        ``varlen_attn`` (flash kernel, no extra package), else compiled ``flex_attention``. CPU: per-segment SDPA
+        (exact; ``flex`` eager would materialise ``[H, T, T]`` scores)."""
+        order = {"npu": ("npu_fusion", "sdpa"), "cuda": ("flash_attn", "torch_varlen", "flex", "sdpa"),
+                 "cpu": ("sdpa",)}[self.name]
+        forced = os.environ.get("NPU_RL_VARLEN_KERNEL", "").strip()
+        return (forced, *order) if forced else order
+
     def local_rank_env(self) -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
 

@@ -10,37 +10,30 @@ modes:
 - outside it, the model behaves exactly like ``sdpa`` (padded batches, ``generate``), so one model object serves
   both the packed training forward and ordinary use.
 
-Kernels (``q, k, v: [total, heads, head_dim]``, GQA allowed):
-
-- accelerators: transformers' flash-attention varlen function (``flash_attn_varlen_func``; on Ascend transformers
-  maps it to ``npu_fusion_attention`` with the ``TND`` layout and ``actual_seq_qlen``), when transformers reports
-  one available. Not run on hardware here.
-- otherwise (CPU, or no flash kernel): :func:`sdpa_varlen`, ``scaled_dot_product_attention`` per segment with
-  ``is_causal`` - exact, ``O(sum L_i^2)``, no block mask materialised.
-- a device-layer hook wins over both: a ``varlen_attention`` attribute on the backend object, same signature.
+Kernels (``q, k, v: [total, heads, head_dim]``, GQA allowed) are in :mod:`npu_rl.parallel.varlen_kernels`; the
+device layer names the order to try them in (``Backend.packed_attention_kernels``): Ascend
+``npu_fusion_attention`` (TND), CUDA flash-attn, else PyTorch's ``varlen_attn``, else compiled ``flex_attention``;
+CPU the exact per-segment SDPA reference. A ``varlen_attention`` attribute on the backend object (same signature)
+wins over the list, and :func:`set_varlen_kernel` over both (tests).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from npu_rl.parallel.ulysses import heads_from_sequence, kv_repeat_factor, sequence_from_heads
+from npu_rl.parallel.varlen_kernels import VarlenKernel, resolve_kernel, sdpa_varlen  # noqa: F401 (re-export)
 
 logger = logging.getLogger(__name__)
 
 ATTN_IMPLEMENTATION = "npu_rl_varlen"
 
-# kernel(q, k, v, *, cu_seqlens, seqlens, max_seqlen, scale, dropout) -> [total, heads, head_dim]
-VarlenKernel = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -74,42 +67,9 @@ def varlen_attention(layout: VarlenLayout):
         _ACTIVE.reset(token)
 
 
-def sdpa_varlen(q, k, v, *, cu_seqlens, seqlens, max_seqlen, scale, dropout=0.0) -> torch.Tensor:
-    """Reference kernel: causal SDPA on each segment. ``q: [T, H, D]``, ``k, v: [T, KV, D]``."""
-    outputs, start = [], 0
-    for length in seqlens:
-        if length:
-            piece = [t[start:start + length].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # [1, H, L, D]
-            out = F.scaled_dot_product_attention(*piece, dropout_p=dropout, is_causal=True, scale=scale,
-                                                 enable_gqa=piece[0].size(1) != piece[1].size(1))
-            outputs.append(out[0].transpose(0, 1))
-        start += length
-    return torch.cat(outputs) if outputs else q.new_empty(q.shape)
-
-
-@functools.lru_cache(maxsize=None)
-def _flash_varlen_kernel() -> VarlenKernel | None:
-    try:
-        from transformers.modeling_flash_attention_utils import _lazy_imports, is_flash_attn_available
-
-        if not is_flash_attn_available():
-            return None
-        varlen = _lazy_imports(None)[1]
-    except Exception as exc:  # a broken flash-attn install must not stop training: fall back to the reference
-        logger.warning("flash-attention varlen kernel unavailable (%s); using the SDPA reference", exc)
-        return None
-    if varlen is None:
-        return None
-
-    def kernel(q, k, v, *, cu_seqlens, seqlens, max_seqlen, scale, dropout=0.0):
-        return varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout,
-                      softmax_scale=scale, causal=True)
-
-    return kernel
-
-
 def select_varlen_kernel() -> VarlenKernel:
-    """The override (tests), else the device layer's hook, else flash varlen on an accelerator, else SDPA."""
+    """The override (tests), else the device layer's hook, else the first usable kernel of the device layer's
+    preference list (``Backend.packed_attention_kernels``; logged once per process)."""
     from npu_rl.device import get_backend
 
     if _OVERRIDE[0] is not None:
@@ -118,11 +78,19 @@ def select_varlen_kernel() -> VarlenKernel:
     hook = getattr(backend, "varlen_attention", None)
     if hook is not None:
         return hook
-    if backend.is_accelerator:
-        kernel = _flash_varlen_kernel()
-        if kernel is not None:
-            return kernel
-    return sdpa_varlen
+    name, kernel = resolve_kernel(backend.packed_attention_kernels, accelerator=backend.is_accelerator)
+    if _CHOSEN.get(backend.name) != name:
+        _CHOSEN[backend.name] = name
+        logger.info("packed attention kernel on %s: %s", backend.name, name)
+    return kernel
+
+
+_CHOSEN: dict[str, str] = {}
+
+
+def selected_kernel_name() -> str | None:
+    """The name chosen by the last automatic selection (None before any)."""
+    return next(iter(_CHOSEN.values()), None)
 
 
 def set_varlen_kernel(kernel: VarlenKernel | None) -> None:

@@ -18,6 +18,11 @@ does), so it can also record the log-probs of the distribution each token was ac
 - Memory: one step's [B*n, V] log-probs at a time (the token drawn at step t is read back from ``input_ids`` at
   step t + 1), never the [steps, B*n, V] scores that ``output_scores=True`` would keep.
 
+FSDP2. On a sharded actor module, ``generate`` runs inside :func:`npu_rl.parallel.unshard.unsharded`: the full
+weights are gathered once per call (not once per decoded token), each rank decodes its own prompts without
+collectives, and the weights are freed afterwards; the gather's time and memory land in ``last_generate_metrics``
+(``gather_full_weights=False`` keeps the per-token gathers and ``synced_gpus``: less memory, far slower).
+
 Other transformers generation settings (e.g. ``repetition_penalty``) pass through ``rollout.engine_kwargs.hf``;
 the model folder's own ``generation_config.json`` sampling defaults are NOT applied (RL needs the configured
 distribution, not e.g. Qwen2.5-Instruct's top_k=20, top_p=0.8).
@@ -28,6 +33,7 @@ from __future__ import annotations
 import difflib
 import logging
 import time
+from contextlib import nullcontext
 from typing import Any, Iterable
 
 import torch
@@ -35,6 +41,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from npu_rl.device import get_backend
 from npu_rl.parallel.dist import world_size
+from npu_rl.parallel.unshard import PlainView, UnshardStats, unsharded
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask
@@ -96,7 +103,7 @@ class HFRolloutEngine:
 
     def __init__(self, module: torch.nn.Module, pad_token_id: int, *, shares_actor_module: bool = True,
                  generate_kwargs: dict[str, Any] | None = None, sleep_level: int = 1,
-                 bucket_megabytes: float = 512):
+                 bucket_megabytes: float = 512, gather_full_weights: bool = True):
         if pad_token_id is None:
             raise ValueError("HFRolloutEngine needs a pad token id (load the tokenizer with load_tokenizer)")
         self.module = module
@@ -106,6 +113,9 @@ class HFRolloutEngine:
         self.generate_kwargs = dict(generate_kwargs or {})
         self.sleep_level = sleep_level
         self.bucket_megabytes = bucket_megabytes
+        self.gather_full_weights = gather_full_weights
+        self._plain_view: PlainView | None = None  # built on the first generate on a sharded module
+        self.last_generate_metrics: dict[str, float] = {}  # unshard timings and memory of the last generate
         self._gate = VersionGate()
         self._asleep = False
         self._offloaded_from: torch.device | None = None
@@ -148,17 +158,32 @@ class HFRolloutEngine:
         input_ids = prompts["input_ids"].repeat_interleave(n, dim=0).to(device)
         attention_mask = prompts["attention_mask"].repeat_interleave(n, dim=0).to(device)
         processor = SamplingProcessor(sampling, record_logprobs=sampling.return_logprobs)
-        # Several ranks generating on one FSDP-sharded module must run the same number of forward passes.
-        synced = self.shares_actor_module and world_size() > 1
         was_training = self.module.training
         self.module.eval()  # no dropout; gradient checkpointing (training only) would disable the KV cache
+        gather = unsharded(self.module) if self.gather_full_weights else nullcontext(UnshardStats())
         try:
-            sequences = self.module.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=self._generation_config(sampling),
-                logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
-            )
+            with gather as unshard_stats:
+                # Decoding on FSDP shards all-gathers every layer at every token, so all ranks must run the same
+                # number of forward passes; with the full weights gathered once, each rank decodes on its own,
+                # on a hook-free twin of the module that aliases the gathered tensors.
+                synced = (self.shares_actor_module and world_size() > 1 and not unshard_stats.gathered)
+                module = self.module
+                if unshard_stats.gathered:
+                    if self._plain_view is None:
+                        self._plain_view = PlainView(self.module)
+                    module = self._plain_view.bind(self.module)
+                try:
+                    sequences = module.generate(
+                        input_ids=input_ids, attention_mask=attention_mask,
+                        generation_config=self._generation_config(sampling),
+                        logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
+                    )
+                finally:
+                    if module is not self.module:
+                        self._plain_view.release()
         finally:
             self.module.train(was_training)
+        self.last_generate_metrics = unshard_stats.as_metrics("rollout")
         generated = sequences[:, input_ids.shape[1]:]
         num_rows, num_generated = generated.shape
         if num_generated > response_length:

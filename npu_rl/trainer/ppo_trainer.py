@@ -159,7 +159,7 @@ class PPOTrainer:
         metrics |= timer.metrics({"gen": int(batch["response_mask"].sum()), "update_actor": num_tokens})
         metrics |= M.throughput_metrics(num_tokens, timer.seconds["step"], self.roles.num_devices)
         metrics |= self._mfu(batch, timer)
-        metrics |= {f"perf/{k}": v for k, v in self.backend.memory_stats_gb().items()}
+        metrics |= self._memory_metrics()
         out = M.to_floats(metrics)
         self._check_nan(out)
         return out
@@ -284,6 +284,14 @@ class PPOTrainer:
         dtype = to_dtype(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype)
         peak = self.backend.peak_flops(dtype) * self.roles.num_devices
         return {"perf/mfu/actor": flops / seconds / peak}
+
+    def _memory_metrics(self) -> dict[str, float]:
+        """Peak memory of every worker rank this step (max over ranks, and per rank); resets their counters."""
+        from npu_rl.utils.memory_report import memory_metrics, process_memory_stats
+
+        report = getattr(self.roles.actor_rollout, "memory_stats", None)
+        per_rank = report() if report is not None else [process_memory_stats()]
+        return memory_metrics(per_rank)
 
     def _check_nan(self, metrics: dict[str, float]) -> None:
         skipped = metrics.get("actor/nan_skipped", 0.0) + metrics.get("critic/nan_skipped", 0.0)

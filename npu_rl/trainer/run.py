@@ -37,7 +37,9 @@ def build_worker_group(config: PPOConfig, plan: RunPlan):
         kwargs = {k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})}
         ray.init(**kwargs)
     pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
-    return RayWorkerGroup(pool, roles)
+    group = RayWorkerGroup(pool, roles)
+    group.owned_pool = pool  # released with the group (a later run in this process needs the devices again)
+    return group
 
 
 def write_ray_timeline(config: PPOConfig) -> str | None:
@@ -118,6 +120,8 @@ def run(config: PPOConfig) -> int:
     finally:
         tracker.close()
         group.shutdown()
+        if getattr(group, "owned_pool", None) is not None:
+            group.owned_pool.remove()
     _summary(trainer, tracker.jsonl_path, time.perf_counter() - start)
     write_ray_timeline(config)
     return code

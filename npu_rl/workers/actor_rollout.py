@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from npu_rl.agent.rollout import AgentRollout, agent_rollout_enabled
 from npu_rl.config.derived import RunPlan
 from npu_rl.config.schema import ActorConfig, ModelConfig, RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
@@ -16,10 +17,11 @@ from npu_rl.models.loader import load_tokenizer, stop_token_ids
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
 from npu_rl.workers.actor import ActorWorker
+from npu_rl.workers.memory import ReportsMemory
 from npu_rl.workers.model_runner import MicroBatching
 
 
-class ActorRolloutWorker:
+class ActorRolloutWorker(ReportsMemory):
     """One role for the driver (``group.actor_rollout``), two parts inside: ``self.actor`` and ``self.engine``."""
 
     def __init__(self, model_cfg: ModelConfig, actor_cfg: ActorConfig, rollout_cfg: RolloutConfig, plan: RunPlan):
@@ -41,6 +43,9 @@ class ActorRolloutWorker:
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
                                            self.tokenizer, lora_rank=model_cfg.lora_rank)
+        self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
+        if agent_rollout_enabled(self.rollout_cfg):
+            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length)
         if self.rollout_cfg.free_cache_engine:
             self.engine.sleep()
 
@@ -65,8 +70,11 @@ class ActorRolloutWorker:
         if self.engine.needs_weight_sync:
             metrics |= self._sync_weights()
         start = time.perf_counter()
-        out = self.engine.generate(prompts, sampling).to("cpu")  # the driver keeps batches in host memory
+        out = (self.agent.generate(self.engine, prompts, sampling) if self.agent is not None
+               else self.engine.generate(prompts, sampling)).to("cpu")  # the driver keeps batches in host memory
+        metrics |= out.meta.pop("metrics", {})
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
+        metrics |= getattr(self.engine, "last_generate_metrics", {})  # hf on FSDP2: the one weight gather
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
         return WorkerOutput(out, metrics)

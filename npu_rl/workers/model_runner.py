@@ -165,13 +165,15 @@ class ModelRunner:
         micro-batch's backward, so accumulation over micro-batches happens in fp32, not bf16."""
         if not self.has_master_copy:
             return
-        for master, compute in zip(self.model.parameters(), self.compute_model.parameters()):
-            if compute.grad is None or compute is master:
-                continue
+        pairs = [(m, c) for m, c in zip(self.model.parameters(), self.compute_model.parameters())
+                 if c.grad is not None and c is not m]  # a shared (frozen LoRA base) parameter has no grad anyway
+        accumulate = [(m, c) for m, c in pairs if m.grad is not None]
+        for master, compute in pairs:
             if master.grad is None:
                 master.grad = compute.grad.to(master.dtype)
-            else:
-                master.grad.add_(compute.grad.to(master.dtype))
+        if accumulate:  # one fused add over all tensors (bf16 -> fp32 cast per tensor)
+            torch._foreach_add_([m.grad for m, _ in accumulate], [c.grad.to(m.dtype) for m, c in accumulate])
+        for _, compute in pairs:
             compute.grad = None
 
     @torch.no_grad()
@@ -179,9 +181,10 @@ class ModelRunner:
         """Copy the updated master weights into the compute copy."""
         if not self.has_master_copy:
             return
-        for master, compute in zip(self.model.parameters(), self.compute_model.parameters()):
-            if compute is not master:
-                compute.copy_(master)
+        pairs = [(m, c) for m, c in zip(self.model.parameters(), self.compute_model.parameters())
+                 if c is not m]  # LoRA: the shared base is not copied onto itself
+        if pairs:
+            torch._foreach_copy_([c for _, c in pairs], [m for m, _ in pairs])
 
     def train(self) -> None:
         self.compute_model.train()

@@ -111,7 +111,12 @@ def test_trainer_on_two_ray_workers_then_resume_on_one_process(ray_session, tiny
     common = base_overrides(tiny_model_dir, out, reward_file) + [
         "preset=grpo", "trainer.save_freq=2", "trainer.val_before_train=False", "trainer.resume_mode=auto"]
     assert run_training(common + ["trainer.n_gpus_per_node=2", "trainer.total_training_steps=2"]) == 0
-    assert sorted(step_rows(out)) == [1, 2]
+    rows = step_rows(out)
+    assert sorted(rows) == [1, 2]
+    # Memory comes from each worker (the driver holds no device): both ranks report, the headline is their max.
+    assert rows[2]["perf/num_memory_reports"] == 2
+    per_rank = [rows[2][f"perf/rank{r}/cpu_memory_used_gb"] for r in (0, 1)]
+    assert min(per_rank) > 0 and rows[2]["perf/cpu_memory_used_gb"] == max(per_rank)
     assert run_training(common + ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=3"]) == 0
     rows = step_rows(out)
     assert sorted(rows) == [1, 2, 3] and rows[3]["actor/grad_norm"] > 0

@@ -1,0 +1,184 @@
+"""Running agent loops over a rollout batch and turning their conversations into the trainer's batch.
+
+Every sample (``n`` per prompt) runs its agent loop as an asyncio task. Generation goes through a server:
+
+- :class:`TurnBatchingServer` (the ``hf`` and sync ``vllm`` engines): requests are collected until every live loop
+  is waiting on the model (the others are running tools or have finished), then generated in one engine call with
+  a budget per request. Samples interleave at turn granularity: a sample on its third turn shares an engine call
+  with one on its first; a finished sample frees its slot.
+
+Output batch (the fields of :mod:`npu_rl.rollout.base`, for ``B*n`` rows):
+``prompts`` [B*n, P] (left-padded; P = the longest prompt of the batch: the agent's own rendering, e.g. with tools),
+``responses`` [B*n, R], ``input_ids`` / ``attention_mask`` / ``position_ids`` [B*n, P+R] (attention 1 on every real
+token: tool output is context), ``response_mask`` [B*n, R] (1 only on model-generated tokens), ``rollout_logprobs``
+(when asked; 0 off the mask); non-tensors of the input repeated, plus ``__num_turns__``, ``tool_rewards``,
+``turn_scores``, ``num_tool_calls``, ``called_tool`` (validation reports the numeric ones per data source);
+``meta["metrics"]`` has verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from npu_rl.agent.loops import (AgentContext, AgentOutput, AgentSample, TokenOutput, resolve_agent_loop)
+from npu_rl.data.dataset import object_array
+from npu_rl.protocol import Batch
+from npu_rl.rollout.base import SamplingParams
+
+BatchGenerate = Callable[[list[list[int]], list[int]], list[tuple[list[int], Optional[list[float]]]]]
+
+
+class TurnBatchingServer:
+    """Collects generation requests until all live loops wait, then serves them with one ``batch_generate`` call."""
+
+    def __init__(self, batch_generate: BatchGenerate):
+        self.batch_generate = batch_generate
+        self.live = 0
+        self._pending: list[tuple[list[int], int, asyncio.Future]] = []
+        self.num_engine_calls = 0
+        self.requests_per_call: list[int] = []
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int) -> TokenOutput:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((list(prompt_ids), int(max_tokens), future))
+        self.maybe_flush()
+        return await future
+
+    def loop_finished(self) -> None:
+        self.live -= 1
+        self.maybe_flush()
+
+    def maybe_flush(self) -> None:
+        if not self._pending or len(self._pending) < self.live:
+            return
+        pending, self._pending = self._pending, []
+        self.num_engine_calls += 1
+        self.requests_per_call.append(len(pending))
+        try:
+            results = self.batch_generate([p[0] for p in pending], [p[1] for p in pending])
+        except BaseException as exc:  # every waiting loop sees the engine's error
+            for _, _, future in pending:
+                future.set_exception(exc)
+            return
+        for (_, _, future), (ids, logprobs) in zip(pending, results):
+            future.set_result(TokenOutput(list(ids), list(logprobs) if logprobs is not None else None))
+
+
+def row_agent_names(prompts: Batch, default: str) -> list[str]:
+    names = prompts.non_tensors.get("agent_name")
+    if names is None:
+        return [default] * len(prompts)
+    return [str(n) if n is not None and str(n) else default for n in names]
+
+
+def samples_of(prompts: Batch) -> list[AgentSample]:
+    raw = prompts.non_tensors.get("raw_prompt")
+    extra = prompts.non_tensors.get("extra_info")
+    ids, mask = prompts["input_ids"].cpu(), prompts["attention_mask"].cpu().bool()
+    return [AgentSample(prompt_ids=ids[i][mask[i]].tolist(),
+                        messages=[dict(m) for m in raw[i]] if raw is not None and raw[i] is not None else None,
+                        extra_info=dict(extra[i] or {}) if extra is not None else {}, row=i)
+            for i in range(len(prompts))]
+
+
+async def _run_all(context: AgentContext, server: TurnBatchingServer, names: Sequence[str],
+                   samples: Sequence[AgentSample]) -> list[AgentOutput]:
+    server.live = len(samples)
+    loops = {name: resolve_agent_loop(name)(context) for name in set(names)}
+
+    async def one(name: str, sample: AgentSample) -> AgentOutput:
+        try:
+            return await loops[name].run(sample)
+        finally:
+            server.loop_finished()
+
+    return list(await asyncio.gather(*(one(n, s) for n, s in zip(names, samples))))
+
+
+def run_agent_loops(prompts: Batch, context: AgentContext, batch_generate: BatchGenerate, n: int,
+                    pad_token_id: int, response_length: int, return_logprobs: bool) -> Batch:
+    """``n`` conversations per prompt (interleaved rows), assembled into the rollout batch (module docstring)."""
+    rows = prompts.repeat(n, interleave=True)
+    names = row_agent_names(rows, context.settings.default_agent_loop)
+    server = TurnBatchingServer(batch_generate)
+    context = replace(context, server=server)
+    outputs = asyncio.run(_run_all(context, server, names, samples_of(rows)))
+    batch = assemble_agent_batch(rows, outputs, pad_token_id, response_length, return_logprobs)
+    batch.meta["metrics"] = agent_metrics(outputs) | {
+        "agent_loop/engine_calls": float(server.num_engine_calls),
+        "agent_loop/requests_per_engine_call/mean": float(np.mean(server.requests_per_call or [0]))}
+    return batch
+
+
+def assemble_agent_batch(rows: Batch, outputs: Sequence[AgentOutput], pad_token_id: int, response_length: int,
+                         return_logprobs: bool) -> Batch:
+    num = len(outputs)
+    width = max(max(len(o.prompt_ids) for o in outputs), rows["input_ids"].shape[1])
+    prompts = torch.full((num, width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((num, width), dtype=torch.long)
+    responses = torch.full((num, response_length), pad_token_id, dtype=torch.long)
+    response_attention = torch.zeros((num, response_length), dtype=torch.long)
+    response_mask = torch.zeros((num, response_length), dtype=torch.long)
+    logprobs = torch.zeros((num, response_length), dtype=torch.float32)
+    for i, o in enumerate(outputs):
+        p = len(o.prompt_ids)
+        if p:
+            prompts[i, width - p:] = torch.tensor(o.prompt_ids)
+            prompt_mask[i, width - p:] = 1
+        r = min(len(o.response_ids), response_length)
+        if r:
+            responses[i, :r] = torch.tensor(o.response_ids[:r])
+            response_attention[i, :r] = 1
+            response_mask[i, :r] = torch.tensor(o.response_mask[:r])
+            logprobs[i, :r] = torch.tensor(o.logprobs[:r], dtype=torch.float32)
+    logprobs = logprobs * response_mask
+    prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    response_positions = prompt_positions[:, -1:] + torch.arange(1, response_length + 1).unsqueeze(0)
+    out = rows  # a fresh batch from repeat(); its prompt tensors are replaced
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        out.tensors.pop(key, None)
+    tensors = {
+        "prompts": prompts, "responses": responses, "response_mask": response_mask,
+        "input_ids": torch.cat([prompts, responses], -1),
+        "attention_mask": torch.cat([prompt_mask, response_attention], -1),
+        "position_ids": torch.cat([prompt_positions, response_positions], -1),
+    }
+    if return_logprobs:
+        tensors["rollout_logprobs"] = logprobs
+    for key, value in tensors.items():
+        out[key] = value
+    out["__num_turns__"] = object_array([o.num_turns for o in outputs])
+    out["num_tool_calls"] = object_array([o.num_tool_calls for o in outputs])  # (validation reports per-row columns)
+    out["called_tool"] = object_array([float(o.num_tool_calls > 0) for o in outputs])
+    out["tool_rewards"] = object_array([list(o.tool_rewards) for o in outputs])
+    out["turn_scores"] = object_array([list(o.turn_scores) for o in outputs])
+    return out
+
+
+def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return {}
+    return {f"{name}/min": float(arr.min()), f"{name}/max": float(arr.max()), f"{name}/mean": float(arr.mean())}
+
+
+def agent_metrics(outputs: Sequence[AgentOutput]) -> dict[str, float]:
+    """verl's ``num_turns/*`` and ``agent_loop/{generate_sequences,tool_calls}/*`` (seconds per sample), plus
+    tool-call counts, errors, timeouts and model tokens by assistant turn."""
+    metrics = _stats("num_turns", [o.num_turns for o in outputs])
+    metrics |= _stats("agent_loop/generate_sequences", [o.generate_s for o in outputs])
+    metrics |= _stats("agent_loop/tool_calls", [o.tool_s for o in outputs])
+    metrics |= _stats("agent_loop/num_tool_calls", [o.num_tool_calls for o in outputs])
+    metrics["agent_loop/tool_call_rate"] = float(np.mean([o.num_tool_calls > 0 for o in outputs]))
+    metrics["agent_loop/tool_errors"] = float(sum(o.num_tool_errors for o in outputs))
+    metrics["agent_loop/tool_timeouts"] = float(sum(o.num_tool_timeouts for o in outputs))
+    max_turns = max((len(o.turn_lengths) for o in outputs), default=0)
+    for k in range(max_turns):
+        lengths = [o.turn_lengths[k] for o in outputs if len(o.turn_lengths) > k]
+        metrics[f"agent_loop/response_length/turn_{k + 1}/mean"] = float(np.mean(lengths))
+    return metrics

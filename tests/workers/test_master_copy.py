@@ -1,0 +1,54 @@
+"""The one-device fp32 master copy: gradients of several micro-batches accumulate in fp32 (foreach path), and the
+updated master weights reach the bf16 compute copy."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from npu_rl.workers.model_runner import ModelRunner
+from tests.parallel.common import make_batch, mean_nll, tiny_model
+
+
+def _fsdp_config():
+    return SimpleNamespace(mixed_precision=SimpleNamespace(param_dtype="bf16", reduce_dtype="fp32"), fsdp_size=-1)
+
+
+def test_grads_accumulate_in_fp32_and_weights_flow_back():
+    runner = ModelRunner(tiny_model(), _fsdp_config(), trainable=True)
+    assert runner.has_master_copy and next(runner.compute_model.parameters()).dtype == torch.bfloat16
+    expected = {}
+    for seed in (1, 2):
+        input_ids, mask = make_batch(seed=seed)
+        mean_nll(runner.compute_model, input_ids, mask).backward()
+        for name, p in runner.compute_model.named_parameters():
+            if p.grad is not None:
+                expected[name] = expected.get(name, 0) + p.grad.float()
+        runner.grads_to_master()
+        assert all(p.grad is None for p in runner.compute_model.parameters())
+    for name, p in runner.model.named_parameters():
+        assert p.grad.dtype == torch.float32
+        torch.testing.assert_close(p.grad, expected[name], msg=name)
+    with torch.no_grad():
+        for p in runner.model.parameters():
+            p.add_(0.5)
+    runner.master_to_compute()
+    for master, compute in zip(runner.model.parameters(), runner.compute_model.parameters()):
+        torch.testing.assert_close(compute, master.to(torch.bfloat16), atol=0, rtol=0)
+
+
+def test_optimizer_implementation_is_the_device_layers_choice(monkeypatch):
+    from npu_rl.device import make_backend
+
+    monkeypatch.delenv("NPU_RL_OPTIMIZER_IMPL", raising=False)
+    params = [torch.zeros(2)]
+    assert make_backend("cpu").optimizer_kwargs(params) == {}
+    assert make_backend("cuda").optimizer_kwargs(params) == {"fused": True}
+    monkeypatch.setenv("NPU_RL_OPTIMIZER_IMPL", "foreach")
+    assert make_backend("cpu").optimizer_kwargs(params) == {"foreach": True}
+    monkeypatch.setenv("NPU_RL_OPTIMIZER_IMPL", "fast")
+    import pytest
+
+    with pytest.raises(ValueError, match="NPU_RL_OPTIMIZER_IMPL='fast'"):
+        make_backend("cpu").optimizer_kwargs(params)
