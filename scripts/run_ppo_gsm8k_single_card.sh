@@ -4,7 +4,7 @@
 #
 #   MODEL_PATH=/models/Qwen2.5-0.5B-Instruct bash scripts/run_ppo_gsm8k_single_card.sh
 #
-# Data: `npu-rl preprocess gsm8k --output-dir $DATA_DIR` writes train.parquet / test.parquet from ../shared/data.
+# Data: `npu-rl preprocess gsm8k --output-dir $DATA_DIR` writes train.parquet / test.parquet from the data sets shipped in the package.
 set -euo pipefail
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a Hugging Face model folder (e.g. Qwen2.5-0.5B-Instruct)}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}

@@ -14,7 +14,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.environ.get("NPU_RL_DATA_DIR", os.path.join(REPO_ROOT, "..", "shared", "data"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -28,10 +27,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def shared_data_dir() -> str:
-    if not os.path.isdir(SHARED_DATA):
-        pytest.skip(f"shared data folder {SHARED_DATA} not found (set NPU_RL_DATA_DIR)")
-    return SHARED_DATA
+def packaged_data_dir() -> str:
+    """The data sets shipped inside the package (npu_rl/data/sets): always there, so no test skips for data."""
+    from npu_rl.data.preprocess import PACKAGED_DATA_DIR
+
+    return PACKAGED_DATA_DIR
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ STRATEGIES = ("fsdp", "fsdp2")
 RESUME_MODES = ("auto", "disable", "resume_path")
 CONTROLLERS = ("auto", "local", "ray")
 KL_CONTROLLERS = ("fixed", "adaptive")
-LOGGERS = ("console", "file", "jsonl", "tensorboard", "wandb", "swanlab", "mlflow")
+LOGGERS = ("console", "file", "jsonl", "tensorboard", "wandb", "swanlab", "mlflow", "trackio", "clearml")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 SCHEDULERS = ("constant", "cosine")
 KERNEL_BACKENDS = ("torch", "triton", "triton_mm", "auto")
@@ -67,6 +67,9 @@ def _check_choices(c: _Checker, config: PPOConfig) -> None:
         c.choice(f"{key}.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, DTYPES)
     for name in as_list(config.trainer.logger):
         c.choice("trainer.logger", name, LOGGERS)
+    from npu_rl.tracking.backends import check_trackers
+
+    c.problems.extend(check_trackers([str(n) for n in as_list(config.trainer.logger)]))
     if config.trainer.resume_mode == "resume_path":
         c.require(bool(config.trainer.resume_from_path),
                   "trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
@@ -234,7 +237,17 @@ def data_file_exists(path: str) -> bool:
 
         check_builtin(path)  # raises naming what is wrong with the URI
         return True
-    return os.path.isfile(os.path.expanduser(path))
+    if path.startswith("hf://"):
+        return True  # resolved (downloaded on this explicit request, or read from the cache) when the data loads
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        from npu_rl.data.io import is_hf_dataset_dir
+
+        if not is_hf_dataset_dir(expanded):
+            raise ValueError(f"{path!r} is a folder but not one written by datasets' save_to_disk (no state.json + "
+                             "dataset_info.json); give a parquet/jsonl file or a save_to_disk folder")
+        return True
+    return os.path.isfile(expanded)
 
 
 def _check_model_path(path: str) -> None:
@@ -313,13 +326,14 @@ NO_EFFECT = {
 }
 
 
-def ignored_settings(config: PPOConfig) -> list[str]:
-    """Notes for keys set to a non-default value that have no effect here."""
+def ignored_settings(config: PPOConfig, baseline: PPOConfig | None = None) -> list[str]:
+    """Notes for keys set to a non-default value that have no effect here. ``baseline``: the config the user started
+    from (a config file we ship, before their overrides), so only what the user changed gets a note."""
     from omegaconf import OmegaConf
 
     from npu_rl.config.schema import PPOConfig as Schema
 
-    defaults = OmegaConf.structured(Schema)
+    defaults = OmegaConf.structured(baseline if baseline is not None else Schema)
     current = OmegaConf.structured(config)
     notes = []
     for key, why in NO_EFFECT.items():

@@ -6,8 +6,8 @@
     builtin://gsm8k/train   builtin://gsm8k/test   builtin://math500/test   builtin://aime24/test
 
 Query parameters set ArithSpec fields (``num_operands, operators, min_digits, max_digits, num_train, num_test,
-seed``; ``digits=N`` sets both digit bounds). The local data sets are converted from the raw JSONL folder
-(``$NPU_RL_DATA_DIR`` or ``../shared/data``; a ``data_dir=`` query parameter wins). Files land in
+seed``; ``digits=N`` sets both digit bounds). The local data sets are converted from the raw JSONL shipped in the package
+(``npu_rl/data/sets``; ``$NPU_RL_DATA_DIR`` or a ``data_dir=`` query parameter point elsewhere). Files land in
 ``$NPU_RL_CACHE/datasets/<name>-<hash>/`` (default ``~/.cache/npu_rl``), keyed by a hash of the generator settings,
 and are written atomically, so several processes resolving the same path at once are safe.
 """
@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from npu_rl.data.arith import ArithSpec, generate_arith
 from npu_rl.data.io import expand_path, write_parquet
-from npu_rl.data.preprocess import CONVERTERS, convert, default_data_dir
+from npu_rl.data.preprocess import CONVERTERS, convert, default_data_dir, find_raw_file
 
 SCHEME = "builtin://"
 GENERATOR_VERSION = 1  # bump when the rows a spec produces change, so stale caches are not reused
@@ -115,9 +115,10 @@ def check_builtin(uri: str) -> None:
         if query:
             raise ValueError(f"{uri}: {name} takes no parameters other than data_dir, got {sorted(query)}")
         splits = CONVERTERS[name][0]
-        raw = os.path.join(data_dir, name, f"{split}.jsonl")
-        if split in splits and not os.path.isfile(raw):
-            raise FileNotFoundError(f"{uri}: the raw file {raw} does not exist (set NPU_RL_DATA_DIR or data_dir=)")
+        if split in splits and find_raw_file(data_dir, name, split) is None:
+            raw = os.path.join(data_dir, name, f"{split}.jsonl")
+            raise FileNotFoundError(f"{uri}: the raw file {raw} (or .jsonl.xz / .jsonl.gz) does not exist "
+                                    "(set NPU_RL_DATA_DIR or data_dir=)")
     if split not in splits:
         raise ValueError(f"{uri}: {name} has splits {list(splits)}, not {split!r}")
 
@@ -126,9 +127,40 @@ def _mtimes(data_dir: str, name: str, splits: tuple[str, ...]) -> dict[str, floa
     # The raw files' modification times are part of the key, so an edited source is converted again.
     out = {}
     for split in splits:
-        raw = os.path.join(data_dir, name, f"{split}.jsonl")
-        out[split] = os.path.getmtime(raw) if os.path.exists(raw) else -1.0
+        raw = find_raw_file(data_dir, name, split)
+        out[split] = os.path.getmtime(raw) if raw else -1.0
     return out
+
+
+HUB_SCHEME = "hf://datasets/"
+
+
+def resolve_hub(uri: str) -> str:
+    """``hf://datasets/<owner>/<name>[/<config>]?split=train``: a Hugging Face Hub data set, downloaded with
+    ``datasets.load_dataset`` only on this explicit request, cached as parquet under ``$NPU_RL_CACHE/hub``; offline
+    (``HF_HUB_OFFLINE=1``) only an earlier download is used. The rows must already follow verl's schema
+    (docs/data_and_rewards.md shows the mapping for a raw set)."""
+    parts = urlsplit(uri)
+    names = [parts.netloc] + [p for p in parts.path.split("/") if p]  # netloc is "datasets"
+    query = dict(parse_qsl(parts.query))
+    if len(names) not in (3, 4) or set(query) - {"split", "revision"} or "split" not in query:
+        raise ValueError(f"{uri}: expected hf://datasets/<owner>/<name>[/<config>]?split=<split>[&revision=<rev>]")
+    repo, config = "/".join(names[1:3]), (names[3] if len(names) == 4 else None)
+    key = {"repo": repo, "config": config, **query}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = os.path.join(cache_dir(), "hub", f"{repo.replace('/', '--')}-{digest}", f"{query['split']}.parquet")
+    if os.path.isfile(path):
+        return path
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        raise FileNotFoundError(f"{uri}: not downloaded yet and HF_HUB_OFFLINE is set; run once online "
+                                f"(unset HF_HUB_OFFLINE) or save the set with datasets' save_to_disk and give that folder")
+    try:
+        from datasets import load_dataset
+    except ImportError as exc:
+        raise ValueError(f"{uri}: reading from the Hugging Face Hub needs pip install datasets") from exc
+    data = load_dataset(repo, config, split=query["split"], revision=query.get("revision"))
+    write_parquet(data.to_list(), path)
+    return path
 
 
 def resolve_data_files(files: object) -> list[str]:
@@ -151,7 +183,12 @@ def resolve_data_files(files: object) -> list[str]:
     for item in items:
         if not isinstance(item, str):
             raise TypeError(f"data file {item!r} is a {type(item).__name__}, expected a path string")
-        path = resolve_builtin(item) if is_builtin(item) else expand_path(item)
+        if is_builtin(item):
+            path = resolve_builtin(item)
+        elif item.startswith(HUB_SCHEME):
+            path = resolve_hub(item)
+        else:
+            path = expand_path(item)
         if not os.path.exists(path):
             raise FileNotFoundError(f"data file {item!r} does not exist" + (f" (resolved to {path})"
                                                                             if path != item else ""))

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+COMPRESSED_SUFFIXES = (".xz", ".gz")  # read transparently by read_jsonl (the packaged data sets are .jsonl.xz)
 
 
 def expand_path(path: str) -> str:
@@ -21,17 +22,21 @@ def expand_path(path: str) -> str:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines file; blank lines are skipped. A ``.json`` file holding one list is accepted too."""
+    """Rows of a JSON-lines file; blank lines are skipped. A ``.json`` file holding one list is accepted too.
+    ``.xz`` / ``.gz`` files are decompressed on the fly (``train.jsonl.xz``)."""
     rows: list[dict[str, Any]] = []
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _read_bytes(path)
+    if path.endswith(COMPRESSED_SUFFIXES):
+        path_for_format = path.rsplit(".", 1)[0]
+    else:
+        path_for_format = path
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ValueError(f"{path}: not UTF-8 text (line {line}, byte {exc.start}): {exc.reason}") from exc
     stripped = text.lstrip()
-    if path.endswith(".json") and stripped.startswith("["):
+    if path_for_format.endswith(".json") and stripped.startswith("["):
         try:
             rows = list(json.loads(text))
         except json.JSONDecodeError as exc:
@@ -50,6 +55,26 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _read_bytes(path: str) -> bytes:
+    if path.endswith(".xz"):
+        import lzma
+
+        opener: Any = lzma.open
+    elif path.endswith(".gz"):
+        import gzip
+
+        opener = gzip.open
+    else:
+        opener = open
+    try:
+        with opener(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except Exception as exc:  # lzma.LZMAError, gzip.BadGzipFile (an OSError), EOFError for a truncated file
+        raise ValueError(f"{path}: cannot decompress: {type(exc).__name__}: {exc}") from exc
+
+
 def read_parquet(path: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -66,13 +91,44 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"data file {path} does not exist")
     if os.path.isdir(path):
-        raise ValueError(f"data file {path} is a folder; give the parquet/jsonl file inside it")
+        if is_hf_dataset_dir(path):
+            return read_hf_dataset_dir(path)
+        if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+            with open(os.path.join(path, "dataset_dict.json"), encoding="utf-8") as f:
+                splits = json.load(f).get("splits", [])
+            raise ValueError(f"data folder {path} is a Hugging Face DatasetDict with splits {splits}; give one split's "
+                             f"folder, e.g. {os.path.join(path, splits[0] if splits else 'train')}")
+        raise ValueError(f"data file {path} is a folder; give the parquet/jsonl file inside it, or a folder written "
+                         "by datasets' save_to_disk")
     lower = path.lower()
-    if lower.endswith(PARQUET_SUFFIXES):
+    if lower.endswith(COMPRESSED_SUFFIXES):
+        lower = lower.rsplit(".", 1)[0]
+    if lower.endswith(PARQUET_SUFFIXES) and lower == path.lower():
         return read_parquet(path)
     if lower.endswith(JSONL_SUFFIXES):
         return read_jsonl(path)
-    raise ValueError(f"data file {path}: unknown format; expected one of {PARQUET_SUFFIXES + JSONL_SUFFIXES}")
+    raise ValueError(f"data file {path}: unknown format; expected one of {PARQUET_SUFFIXES + JSONL_SUFFIXES} "
+                     f"(JSON lines may be compressed: {', '.join(COMPRESSED_SUFFIXES)})")
+
+
+def is_hf_dataset_dir(path: str) -> bool:
+    """A folder written by ``datasets.Dataset.save_to_disk`` (state.json + dataset_info.json + *.arrow)."""
+    return os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json"))
+
+
+def read_hf_dataset_dir(path: str) -> list[dict[str, Any]]:
+    """Rows of a ``save_to_disk`` folder (``datasets.load_from_disk``; reads Arrow files, executes nothing)."""
+    try:
+        from datasets import load_from_disk
+    except ImportError as exc:
+        raise ValueError(f"{path} is a Hugging Face datasets folder: pip install datasets to read it") from exc
+    try:
+        data = load_from_disk(path)
+    except Exception as exc:  # datasets raises FileNotFoundError, ArrowInvalid, ... for damaged folders
+        raise ValueError(f"{path}: cannot load as a datasets folder: {type(exc).__name__}: {exc}") from exc
+    if not hasattr(data, "to_list"):
+        raise ValueError(f"{path}: holds several splits ({list(data)}); give one split's folder")
+    return data.to_list()
 
 
 def write_parquet(rows: Iterable[dict[str, Any]], path: str) -> str:

@@ -4,8 +4,9 @@ Each converter mirrors verl's ``examples/data_preprocess`` scripts so that parqu
 interchangeable: the same ``data_source`` names (which pick the reward scorer), the same instruction appended to
 the question, ``reward_model.ground_truth`` the bare final answer, ``extra_info.{split, index}`` plus the raw text.
 
-The raw JSONL is read from ``--data-dir``, else ``$NPU_RL_DATA_DIR``, else ``../shared/data`` next to the repository
-(the layout of shared/data/README.md: ``gsm8k/{train,test}.jsonl``, ``math500/test.jsonl``, ``aime24/test.jsonl``).
+The raw JSONL is read from ``--data-dir``, else ``$NPU_RL_DATA_DIR``, else the copies shipped inside the package
+(``npu_rl/data/sets/``, xz-compressed, licences and sources in its README.md). A folder holds
+``gsm8k/{train,test}.jsonl``, ``math500/test.jsonl``, ``aime24/test.jsonl``; each may also be ``.jsonl.xz`` / ``.jsonl.gz``.
 """
 
 from __future__ import annotations
@@ -28,20 +29,33 @@ BOXED_INSTRUCTION = "Let's think step by step and output the final answer within
 _GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
+PACKAGED_DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sets")
+RAW_SUFFIXES = (".jsonl", ".jsonl.xz", ".jsonl.gz")
+
+
 def default_data_dir() -> str:
-    """``$NPU_RL_DATA_DIR``, else ``<repo root>/../shared/data``."""
+    """``$NPU_RL_DATA_DIR``, else the data sets shipped in the package (``npu_rl/data/sets``)."""
     if os.environ.get("NPU_RL_DATA_DIR"):
         return expand_path(os.environ["NPU_RL_DATA_DIR"])
-    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.normpath(os.path.join(repo_root, "..", "shared", "data"))
+    return PACKAGED_DATA_DIR
+
+
+def find_raw_file(data_dir: str, dataset: str, split: str) -> str | None:
+    """``<data_dir>/<dataset>/<split>.jsonl`` or its ``.xz`` / ``.gz`` copy, whichever exists first; else None."""
+    for suffix in RAW_SUFFIXES:
+        path = os.path.join(expand_path(data_dir), dataset, split + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def _raw_file(data_dir: str, dataset: str, split: str) -> str:
-    path = os.path.join(expand_path(data_dir), dataset, f"{split}.jsonl")
-    if not os.path.isfile(path):
+    path = find_raw_file(data_dir, dataset, split)
+    if path is None:
         raise FileNotFoundError(
-            f"{path} not found: npu-rl never downloads data; put the {dataset} JSONL there, or pass --data-dir / "
-            "set NPU_RL_DATA_DIR to the folder that holds it"
+            f"{os.path.join(expand_path(data_dir), dataset, split + '.jsonl')} not found (nor .jsonl.xz / .jsonl.gz): "
+            f"npu-rl never downloads data; put the {dataset} JSONL there, or pass --data-dir / set NPU_RL_DATA_DIR "
+            "to the folder that holds it (without either, the copies shipped in the package are used)"
         )
     return path
 
@@ -142,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("dataset", choices=sorted(CONVERTERS) + ["arith"])
     parser.add_argument("--data-dir", default=None,
-                        help="folder holding gsm8k/, math500/, aime24/ (default: $NPU_RL_DATA_DIR or ../shared/data)")
+                        help="folder holding gsm8k/, math500/, aime24/ (default: $NPU_RL_DATA_DIR, else the copies "
+                             "shipped in the package)")
     parser.add_argument("--output-dir", "--local_save_dir", dest="output_dir", default=None,
                         help="where to write the parquet files (default: ~/data/<dataset>)")
     arith = parser.add_argument_group("arith options")

@@ -111,7 +111,8 @@ def combination_problems(versions: dict[str, str | None]) -> list[str]:
     return problems
 
 
-def device_report() -> list[str]:
+def device_report(errors: list[str] | None = None) -> list[str]:
+    """Lines about each device; the chosen device's error (if it cannot be used) is appended to ``errors``."""
     lines = []
     for name, probe in (("npu", backend_mod._npu_probe), ("cuda", backend_mod._cuda_probe)):
         ok, why = probe()
@@ -123,14 +124,27 @@ def device_report() -> list[str]:
                         f"peak {chosen.peak_flops() / 1e12:.1f} TFLOP/s (nominal)")
     except Exception as exc:
         lines.insert(0, f"  chosen: ERROR {exc}")
+        if errors is not None:
+            errors.append(str(exc))
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 all well, 1 known-bad package combinations, 2 the chosen device (``$DEVICE``) is unusable."""
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="npu-rl doctor",
+        description="Report the device npu-rl would use (DEVICE=auto|npu|cuda|cpu picks one), the versions of the "
+                    "device and rollout stack, the environment variables that matter, and known-bad combinations. "
+                    "Exit status: 0 fine, 1 known-bad combinations, 2 the chosen device cannot be used.",
+        epilog="npu-rl doctor --parity MODEL compares rollout and actor log-probs (npu-rl doctor --parity --help).",
+    ).parse_args(argv if argv is not None else [])
     versions = installed_versions()
+    device_errors: list[str] = []
     print(f"npu-rl doctor  (python {sys.version.split()[0]}, {platform.platform()})")
     print("device:")
-    print("\n".join(device_report()))
+    print("\n".join(device_report(device_errors)))
     print("packages:")
     for name, version in versions.items():
         print(f"  {name:14s} {version or '-'}")
@@ -145,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"problems ({len(problems)}):")
         for p in problems:
             print(f"  - {p}")
+    if device_errors:
+        print(f"npu-rl doctor: the chosen device cannot be used: {device_errors[0]}", file=sys.stderr)
+        print("npu-rl doctor: fix that, or choose another device (DEVICE=auto takes the first that works: npu, "
+              "cuda, cpu)", file=sys.stderr)
+        return 2
+    if problems:
         return 1
     print("no known-bad combinations found")
     return 0

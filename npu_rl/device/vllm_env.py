@@ -101,26 +101,14 @@ def _bind_all_threads() -> None:
         _set_env("OMP_NUM_THREADS", str(len(allowed)), "keep torch's thread count for training in this process")
 
 
-# Messages vLLM logs on every engine start / weight sync in our in-process use that mean nothing is wrong:
-# the rotary embedding has no weights to reload, and with skip_tokenizer_init there is no chat template to warm up.
-_HARMLESS = ("RotaryEmbedding: Failed to load weights", "Chat template warmup failed",
-             "Tokenizer not available when `skip_tokenizer_init=True`", "Using None for EOS token id because",
-             "doesn't allow to use `torch.set_num_threads`")
-
-
-class _DropHarmless(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        return not any(h in text for h in _HARMLESS)
-
-
 def quiet_known_vllm_messages() -> None:
-    """Drop the harmless messages above from vLLM's log handlers (which exist once an engine was built; its start
-    has printed its own by then, the ones on every weight sync are dropped)."""
-    vllm_logger = logging.getLogger("vllm")
-    for handler in vllm_logger.handlers:
-        if not any(isinstance(f, _DropHarmless) for f in handler.filters):
-            handler.addFilter(_DropHarmless())
+    """Make sure every handler of vLLM's logger drops the harmless messages (npu_rl.utils.logs.HARMLESS); the
+    logging config written by prepare_vllm_environment already does, unless the user brought their own."""
+    from npu_rl.utils.logs import DropHarmless
+
+    for handler in logging.getLogger("vllm").handlers:
+        if not any(isinstance(f, DropHarmless) for f in handler.filters):
+            handler.addFilter(DropHarmless())
 
 
 def prepare_vllm_environment(graph_mode: bool, device: str | None = None) -> VllmDeviceCapabilities:
@@ -129,6 +117,9 @@ def prepare_vllm_environment(graph_mode: bool, device: str | None = None) -> Vll
     _set_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "the engine runs in the worker process")
     if "VLLM_LOGGING_LEVEL" not in os.environ:  # vLLM's INFO lines on every start and sync drown the trainer's
         _set_env("VLLM_LOGGING_LEVEL", "WARNING", "quiet in-process engine (set VLLM_LOGGING_LEVEL=INFO for more)")
+    from npu_rl.utils.logs import configure_vllm_logging
+
+    configure_vllm_logging()  # stderr, that level, harmless messages dropped: set before vLLM configures itself
     if caps.device == "cpu":
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # a user's own value is kept
             _set_env("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB, "bounded KV cache on CPU (GiB)")

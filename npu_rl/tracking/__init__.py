@@ -1,7 +1,11 @@
-"""Experiment tracking: console, a JSONL file per run, TensorBoard, wandb, SwanLab, MLflow (``trainer.logger``).
+"""Experiment tracking (``trainer.logger``): console, a JSONL file per run (always), and TensorBoard, wandb,
+SwanLab, MLflow, Trackio, ClearML through accelerate's trackers (backends.py: where each writes, which environment
+variables it honours, offline by default).
 
 Every backend receives the same flat ``{key: float}`` dict per step. The third-party ones are imported only when
-chosen; a missing package is an error naming the pip install, raised before training starts.
+chosen; a missing package or an online mode without credentials is a config error (backends.check_trackers, run
+at validation), found before any model loads. Validation samples written to ``val_generations.jsonl``
+(``trainer.log_val_generations``) are forwarded as tables to the trackers that have them.
 """
 
 from __future__ import annotations
@@ -11,13 +15,12 @@ import math
 import os
 import sys
 import time
-from typing import Any, Protocol
+from typing import Any, Protocol  # noqa: F401
 
 CONSOLE_KEYS = (
     "critic/score/mean", "val-core", "actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm",
     "response_length/mean", "timing_s/step", "perf/throughput",
 )
-_INSTALL = {"wandb": "wandb", "swanlab": "swanlab", "mlflow": "mlflow", "tensorboard": "tensorboard"}
 
 
 class TrackerBackend(Protocol):
@@ -68,73 +71,6 @@ class JsonlBackend:
         self._file.close()
 
 
-class TensorBoardBackend:
-    def __init__(self, log_dir: str):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self._writer = SummaryWriter(log_dir)
-
-    def log(self, metrics, step):
-        for k, v in metrics.items():
-            self._writer.add_scalar(k, v, step)
-
-    def close(self):
-        self._writer.close()
-
-
-class WandbBackend:
-    def __init__(self, project: str, experiment: str, config: dict[str, Any]):
-        import wandb
-
-        self._run = wandb.init(project=project, name=experiment, config=config)
-
-    def log(self, metrics, step):
-        self._run.log(metrics, step=step)
-
-    def close(self):
-        self._run.finish()
-
-
-class SwanlabBackend:
-    def __init__(self, project: str, experiment: str, config: dict[str, Any]):
-        import swanlab
-
-        self._swanlab = swanlab
-        swanlab.init(project=project, experiment_name=experiment, config=config)
-
-    def log(self, metrics, step):
-        self._swanlab.log(metrics, step=step)
-
-    def close(self):
-        self._swanlab.finish()
-
-
-class MlflowBackend:
-    def __init__(self, project: str, experiment: str, config: dict[str, Any]):
-        import mlflow
-
-        self._mlflow = mlflow
-        mlflow.set_experiment(project)
-        mlflow.start_run(run_name=experiment)
-        mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
-
-    def log(self, metrics, step):
-        self._mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in metrics.items()}, step=step)
-
-    def close(self):
-        self._mlflow.end_run()
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 class Tracker:
     """Fans a step's metrics out to every chosen backend."""
 
@@ -142,13 +78,18 @@ class Tracker:
                  config: dict[str, Any] | None = None, console_write=None):
         self.run_dir = run_dir
         self.jsonl_path = os.path.join(run_dir, "metrics.jsonl")
+        self.generations_path = os.path.join(run_dir, "val_generations.jsonl")
+        self._generations_offset = 0
         self.backends: list[TrackerBackend] = []
+        from npu_rl.tracking.backends import PACKAGES
+
         for name in loggers:
             try:
                 self.backends.append(self._make(name, project, experiment, config or {}, console_write))
             except ImportError as exc:
-                raise ImportError(f"trainer.logger={name!r} needs the {_INSTALL.get(name, name)} package: "
-                                  f"pip install {_INSTALL.get(name, name)}  ({exc})") from exc
+                module, requirement = PACKAGES.get(name, (name, name))
+                raise ImportError(f"trainer.logger={name!r} needs the {module} package: pip install {requirement} "
+                                  f"({exc})") from exc
         if not any(isinstance(b, JsonlBackend) for b in self.backends):
             self.backends.append(JsonlBackend(self.jsonl_path))  # every run keeps its metrics on disk
 
@@ -157,19 +98,31 @@ class Tracker:
             return ConsoleBackend(console_write)
         if name in ("file", "jsonl"):
             return JsonlBackend(self.jsonl_path)
-        if name == "tensorboard":
-            return TensorBoardBackend(os.path.join(self.run_dir, "tensorboard"))
-        if name == "wandb":
-            return WandbBackend(project, experiment, config)
-        if name == "swanlab":
-            return SwanlabBackend(project, experiment, config)
-        if name == "mlflow":
-            return MlflowBackend(project, experiment, config)
+        from npu_rl.tracking.backends import PACKAGES, make_backend
+
+        if name in PACKAGES:
+            return make_backend(name, self.run_dir, project, experiment, config)
         raise ValueError(f"unknown logger {name!r} (trainer.logger)")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for backend in self.backends:
             backend.log(metrics, step)
+        self._forward_generations(step)
+
+    def _forward_generations(self, step: int) -> None:
+        """Validation samples appended to val_generations.jsonl since the last step -> trackers with tables."""
+        takers = [b for b in self.backends if hasattr(b, "log_generations")]
+        if not takers or not os.path.isfile(self.generations_path):
+            return
+        with open(self.generations_path, "rb") as f:
+            f.seek(self._generations_offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next step
+        self._generations_offset += len(complete)
+        rows = [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
+        if rows:
+            for backend in takers:
+                backend.log_generations(rows, step)
 
     def close(self) -> None:
         for backend in self.backends:

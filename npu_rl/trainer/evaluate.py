@@ -1,6 +1,6 @@
 """``npu-rl eval MODEL --task gsm8k``: accuracy and pass@k of a model folder, a built-in model or a checkpoint.
 
-The task's local JSONL (``../shared/data`` or ``--data-dir``) is converted to verl's schema, prompted with the
+The task's JSONL (shipped in the package, or ``--data-dir``) is converted to verl's schema, prompted with the
 model's chat template, sampled ``--n`` times per problem (greedy by default) with the rollout engine (vLLM when
 installed, else Hugging Face generate), and scored by the same rule scorers the trainer uses. pass@k uses the
 unbiased estimator of Chen et al. 2021: 1 - C(n - c, k) / C(n, k) per problem, averaged.
@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--adapter", default=None, help="a PEFT LoRA adapter folder applied to MODEL (merged for the run)")
     p.add_argument("--split", default="test")
-    p.add_argument("--data-dir", default=None, help="folder with gsm8k/ math500/ aime24/ JSONL (default ../shared/data)")
+    p.add_argument("--data-dir", default=None, help="folder with gsm8k/ math500/ aime24/ JSONL (default: the copies shipped in the package)")
     p.add_argument("--n", type=int, default=1, help="samples per problem")
     p.add_argument("--k", default=None, help="comma-separated k values for pass@k (default: 1 and n)")
     p.add_argument("--temperature", type=float, default=None, help="default: 0 (greedy) when n=1, else 1.0")

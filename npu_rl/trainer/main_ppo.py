@@ -28,6 +28,20 @@ def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace
     return parser.parse_known_args(argv)
 
 
+def _notes(config, args: argparse.Namespace) -> list[str]:
+    """Notes on keys with no effect that the user set: a config file we ship is the baseline, so its own values
+    (chosen by us, not the user) never produce one; a user's own config folder is compared with the schema."""
+    from npu_rl.config.validate import ignored_settings
+
+    baseline = None
+    if args.config_path is None:
+        try:
+            baseline = load_config([], args.config_name, None, validate=False)
+        except ConfigError:
+            baseline = None
+    return ignored_settings(config, baseline)
+
+
 def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from npu_rl.trainer.interrupt import set_command
@@ -51,9 +65,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
             from npu_rl.trainer.preflight import check_run_folder
 
             check_run_folder(config)
-            from npu_rl.config.validate import ignored_settings
-
-            for note in notes + ignored_settings(config):
+            for note in notes + _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
@@ -61,9 +73,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
         from npu_rl.trainer.preflight import check_run_folder
 
         check_run_folder(config)
-        from npu_rl.config.validate import ignored_settings
-
-        for note in notes + ignored_settings(config):
+        for note in notes + _notes(config, args):
             print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
         print(f"npu-rl: {exc}", file=sys.stderr)
@@ -74,8 +84,9 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
           "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
     from npu_rl.utils.safe_load import CorruptFileError
 
+    entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
     try:
-        return run(config)
+        return run(config, entry + argv)  # the command is recorded in the run folder
     except CorruptFileError as exc:  # a checkpoint that does not verify, or asks to run code: said plainly
         print(f"npu-rl: {exc}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -107,7 +108,7 @@ class PPOTrainer:
         if self.global_step >= self.total_steps:
             print(f"npu-rl: the checkpoint is at step {self.global_step} and total_training_steps is "
                   f"{self.total_steps}: nothing left to train (raise trainer.total_training_steps or "
-                  "trainer.total_epochs to continue)")
+                  "trainer.total_epochs to continue)", file=sys.stderr)
             return 0
         if trainer.val_before_train and self.val_reward_fn is not None and self.global_step == 0:
             self._log(self._validate(), self.global_step)
@@ -342,7 +343,7 @@ class PPOTrainer:
         self.backend.set_rng_state(state["rng"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.consecutive_nan_steps = state["consecutive_nan_steps"]
-        print(f"npu-rl: resumed from {path} (step {self.global_step}, epoch {self.prompts.epoch})")
+        print(f"npu-rl: resumed from {path} (step {self.global_step}, epoch {self.prompts.epoch})", file=sys.stderr)
 
 
 def _progress_bar(enabled: bool, initial: int, total: int):

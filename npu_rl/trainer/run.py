@@ -65,8 +65,9 @@ def run_dir_for(config: PPOConfig) -> str:
     return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
 
 
-def run(config: PPOConfig) -> int:
-    """Train with ``config`` (already validated); returns the exit code."""
+def run(config: PPOConfig, argv: list[str] | None = None) -> int:
+    """Train with ``config`` (already validated); returns the exit code. ``argv``: the command line to record in the
+    run folder (default ``sys.argv``)."""
     from omegaconf import OmegaConf
 
     from npu_rl.data.loader import build_dataloader
@@ -108,6 +109,9 @@ def run(config: PPOConfig) -> int:
         roles.reward_model = group.reward_model
 
     run_dir = run_dir_for(config)
+    from npu_rl.tracking.run_record import save_run_record
+
+    save_run_record(run_dir, config, argv)
     tracker = Tracker(as_list(config.trainer.logger), config.trainer.project_name, config.trainer.experiment_name,
                       run_dir, OmegaConf.to_container(OmegaConf.structured(config), resolve=True))
     print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
@@ -124,7 +128,23 @@ def run(config: PPOConfig) -> int:
             group.owned_pool.remove()
     _summary(trainer, tracker.jsonl_path, time.perf_counter() - start)
     write_ray_timeline(config)
+    _draw_curves(run_dir)
     return code
+
+
+def _draw_curves(run_dir: str) -> None:
+    """curves.png / curves.html in the run folder (npu-rl plot); a failure to draw never fails the run."""
+    try:
+        from npu_rl.tracking.plot import plot_runs
+
+        png, page = plot_runs([run_dir])
+        print(f"npu-rl: curves: {png} ({os.path.basename(page)} beside it; npu-rl plot RUN_DIR... compares runs)",
+              file=sys.stderr)
+    except ImportError:
+        print("npu-rl: no curves drawn: matplotlib is not installed (pip install matplotlib; then npu-rl plot "
+              f"{run_dir})", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the training result stands; say why there is no picture
+        print(f"npu-rl: no curves drawn: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _summary(trainer, jsonl_path: str, seconds: float) -> None:

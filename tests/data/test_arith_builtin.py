@@ -87,12 +87,12 @@ def test_bad_builtin_paths(uri, message):
 def test_check_builtin_generates_nothing(tmp_path):
     check_builtin("builtin://arith/train?digits=2")
     assert not os.path.exists(cache_dir())
-    with pytest.raises(FileNotFoundError, match="raw file .*gsm8k/train.jsonl does not exist"):
+    with pytest.raises(FileNotFoundError, match="raw file .*gsm8k/train.jsonl .*does not exist"):
         check_builtin(f"builtin://gsm8k/train?data_dir={tmp_path}")
 
 
-def test_builtin_local_data_sets(shared_data_dir):
-    path = resolve_builtin(f"builtin://aime24/test?data_dir={shared_data_dir}")
+def test_builtin_local_data_sets(packaged_data_dir):
+    path = resolve_builtin(f"builtin://aime24/test?data_dir={packaged_data_dir}")
     rows = read_rows(path)
     assert len(rows) == 30 and rows[0]["data_source"] == "aime2024"
 

@@ -22,8 +22,8 @@ from npu_rl.data.preprocess import (
 SCHEMA = {"data_source", "prompt", "ability", "reward_model", "extra_info"}
 
 
-def test_gsm8k_to_verl_schema(shared_data_dir, tmp_path, capsys):
-    assert preprocess_main(["gsm8k", "--data-dir", shared_data_dir, "--output-dir", str(tmp_path)]) == 0
+def test_gsm8k_to_verl_schema(packaged_data_dir, tmp_path, capsys):
+    assert preprocess_main(["gsm8k", "--data-dir", packaged_data_dir, "--output-dir", str(tmp_path)]) == 0
     assert "gsm8k train: 7473 rows" in capsys.readouterr().out
     train, test = read_rows(str(tmp_path / "train.parquet")), read_rows(str(tmp_path / "test.parquet"))
     assert (len(train), len(test)) == (7473, 1319)
@@ -48,14 +48,14 @@ def test_gsm8k_ground_truth_drops_thousands_separators():
         gsm8k_answer("the answer is 5")
 
 
-def test_math500_and_aime24(shared_data_dir):
-    math500 = convert("math500", shared_data_dir)["test"]
+def test_math500_and_aime24(packaged_data_dir):
+    math500 = convert("math500", packaged_data_dir)["test"]
     assert len(math500) == 500 and set(math500[0]) == SCHEMA
     assert math500[0]["data_source"] == "HuggingFaceH4/MATH-500"
     assert math500[0]["prompt"][0]["content"].endswith(" " + BOXED_INSTRUCTION)
     assert math500[0]["reward_model"]["ground_truth"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
     assert math500[0]["extra_info"]["level"] == 2
-    aime = convert("aime24", shared_data_dir)["test"]
+    aime = convert("aime24", packaged_data_dir)["test"]
     assert len(aime) == 30 and {r["data_source"] for r in aime} == {"aime2024"}
     by_id = {r["extra_info"]["id"]: r["reward_model"]["ground_truth"] for r in aime}
     assert by_id[60] == "204" and by_id[67] == "25"  # "025" in the source: AIME answers are integers 0-999
@@ -89,10 +89,55 @@ def test_data_dir_from_environment(tmp_path, monkeypatch):
     assert rows["train"][0]["reward_model"]["ground_truth"] == "2"
 
 
-def test_default_data_dir_is_shared_data_next_to_the_repo(monkeypatch):
+def test_default_data_dir_is_the_packaged_copy(monkeypatch):
     monkeypatch.delenv("NPU_RL_DATA_DIR", raising=False)
     repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert default_data_dir() == os.path.normpath(os.path.join(repo_root, "..", "shared", "data"))
+    assert default_data_dir() == os.path.join(repo_root, "npu_rl", "data", "sets")
+
+
+def test_packaged_data_sets_are_the_documented_bytes_with_their_licences(packaged_data_dir):
+    """The sha256 prefixes and suffixes in sets/README.md are those of the decompressed files; every set names its
+    licence; the package data glob in pyproject.toml ships them."""
+    import hashlib
+    import lzma
+    import re
+    import tomllib
+
+    with open(os.path.join(packaged_data_dir, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    expected = {"gsm8k/train": 7473, "gsm8k/test": 1319, "math500/test": 500, "aime24/test": 30}
+    for name, rows in expected.items():
+        path = os.path.join(packaged_data_dir, name + ".jsonl.xz")
+        with lzma.open(path, "rb") as f:
+            data = f.read()
+        digest = hashlib.sha256(data).hexdigest()
+        assert re.search(f"{digest[:8]}…{digest[-4:]}", readme), (name, digest)
+        assert data.count(b"\n") == rows
+        assert os.path.getsize(path) < 1_000_000
+    for folder, notice in (("gsm8k", "LICENSE"), ("math500", "LICENSE"), ("aime24", "NOTICE")):
+        assert os.path.getsize(os.path.join(packaged_data_dir, folder, notice)) > 200
+    with open(os.path.join(repo_root_of(packaged_data_dir), "pyproject.toml"), "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["npu_rl.data"]
+    assert "sets/*/*.jsonl.xz" in globs and "sets/*/LICENSE" in globs and "sets/*/NOTICE" in globs
+
+
+def repo_root_of(data_dir: str) -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(data_dir)))
+
+
+def test_nothing_reads_data_from_outside_the_repository():
+    """No module, test or script reaches for a folder beside the clone (the old ../shared/data)."""
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    offenders = []
+    for top in ("npu_rl", "kernels", "configs", "tests", "scripts"):
+        for root, _, files in os.walk(os.path.join(repo_root, top)):
+            for name in files:
+                if name.endswith((".py", ".sh", ".yaml")) and name != os.path.basename(__file__):
+                    with open(os.path.join(root, name), encoding="utf-8") as f:
+                        text = f.read()
+                    if "shared/data" in text or "../shared" in text:
+                        offenders.append(os.path.join(root, name))
+    assert not offenders
 
 
 def test_bad_raw_rows_name_the_file_and_row(tmp_path):
@@ -113,3 +158,50 @@ def test_unknown_dataset():
         preprocess_main(["imagenet"])
     with pytest.raises(ValueError, match="known: aime24, gsm8k, math500, arith"):
         convert("imagenet")
+
+
+def test_a_datasets_save_to_disk_folder_is_a_data_file(tmp_path, tiny_tokenizer):
+    """data.train_files may name a folder written by datasets' save_to_disk (load_from_disk); a DatasetDict root
+    and a plain folder are refused with the fix in the message."""
+    datasets = pytest.importorskip("datasets", reason="the datasets package is not installed")
+    from npu_rl.config.validate import data_file_exists
+    from npu_rl.data.builtin import resolve_data_files
+    from npu_rl.data.io import read_rows
+
+    rows = convert("aime24")["test"][:3]
+    ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dict"))
+    assert data_file_exists(str(tmp_path / "one"))
+    assert resolve_data_files(str(tmp_path / "one")) == [str(tmp_path / "one")]
+    back = read_rows(str(tmp_path / "one"))
+    assert back == rows
+    with pytest.raises(ValueError, match="DatasetDict with splits .*train.*give one split"):
+        read_rows(str(tmp_path / "dict"))
+    assert read_rows(str(tmp_path / "dict" / "test")) == rows
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not one written by datasets' save_to_disk"):
+        data_file_exists(str(tmp_path / "plain"))
+
+
+def test_hub_data_sets_are_refused_offline_before_any_download(tmp_path, monkeypatch):
+    from npu_rl.data.builtin import resolve_hub
+
+    monkeypatch.setenv("NPU_RL_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set"):
+        resolve_hub("hf://datasets/openai/gsm8k/main?split=train")
+    with pytest.raises(ValueError, match="expected hf://datasets/<owner>/<name>"):
+        resolve_hub("hf://datasets/gsm8k?split=train")
+
+
+def test_compressed_jsonl_is_read_and_a_damaged_one_named(tmp_path):
+    import gzip
+
+    from npu_rl.data.io import read_rows
+
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(b'{"x": 1}\n{"x": 2}\n'))
+    assert read_rows(str(tmp_path / "a.jsonl.gz")) == [{"x": 1}, {"x": 2}]
+    (tmp_path / "b.jsonl.xz").write_bytes(b"not xz")
+    with pytest.raises(ValueError, match="b.jsonl.xz: cannot decompress"):
+        read_rows(str(tmp_path / "b.jsonl.xz"))

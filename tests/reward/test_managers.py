@@ -207,7 +207,7 @@ def test_the_pool_kills_what_an_alarm_cannot_stop_and_survives_a_crash(tok, cust
         manager.close()
 
 
-def test_pool_and_in_process_agree_and_the_manager_pickles(tok, shared_data_dir):
+def test_pool_and_in_process_agree_and_the_manager_pickles(tok, packaged_data_dir):
     texts = [f"#### {i}" for i in range(20)]
     batch = make_batch(tok, texts, [str(i % 3) for i in range(20)], data_source="openai/gsm8k")
     local = build_reward_manager(config(), tok)(batch)

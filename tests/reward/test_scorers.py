@@ -1,4 +1,4 @@
-"""Rule scorers on real rows of ../shared/data, plus the extraction and normalisation rules one by one."""
+"""Rule scorers on real rows of the packaged data sets (npu_rl/data/sets), plus the extraction and normalisation rules one by one."""
 
 from __future__ import annotations
 
@@ -18,14 +18,16 @@ from npu_rl.reward.math_utils import (
 from npu_rl.reward.scorers import SCORERS, check_data_sources, default_compute_score
 
 
-def _jsonl(shared_data_dir, name):
-    with open(os.path.join(shared_data_dir, name, "test.jsonl"), encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+def _jsonl(packaged_data_dir, name):
+    from npu_rl.data.io import read_jsonl
+    from npu_rl.data.preprocess import find_raw_file
+
+    return read_jsonl(find_raw_file(packaged_data_dir, name, "test"))
 
 
 # ------------------------------------------------------------------------------------------------ GSM8K
-def test_every_gsm8k_test_solution_scores_one_against_its_answer_and_zero_against_another(shared_data_dir):
-    rows = _jsonl(shared_data_dir, "gsm8k")
+def test_every_gsm8k_test_solution_scores_one_against_its_answer_and_zero_against_another(packaged_data_dir):
+    rows = _jsonl(packaged_data_dir, "gsm8k")
     answers = [gsm8k_answer(r["answer"]) for r in rows]
     for method in ("strict", "flexible"):
         own = [default_compute_score("openai/gsm8k", r["answer"], a, method=method) for r, a in zip(rows, answers)]
@@ -57,19 +59,19 @@ def test_gsm8k_format_score_for_a_wrong_but_well_formed_answer():
 
 
 # ------------------------------------------------------------------------------------------------ MATH-500
-def test_math500_reference_boxed_answers(shared_data_dir):
+def test_math500_reference_boxed_answers(packaged_data_dir):
     """Measured: 500/500 reference solutions score 1.0 (the answer column is the solution's last box); the string
     rules alone already agree on all 500, and math-verify alone too (checked when this test was written)."""
-    rows = _jsonl(shared_data_dir, "math500")
+    rows = _jsonl(packaged_data_dir, "math500")
     scores = [default_compute_score("HuggingFaceH4/MATH-500", r["solution"], r["answer"]) for r in rows]
     failures = [(r["unique_id"], s["pred"], r["answer"]) for r, s in zip(rows, scores) if s["score"] != 1.0]
     assert failures == []
     assert all(s["pred"] == r["answer"] for r, s in zip(rows, scores))
 
 
-def test_math500_equivalent_rewrites_of_the_answers(shared_data_dir):
+def test_math500_equivalent_rewrites_of_the_answers(packaged_data_dir):
     """Each answer rewritten as a model might write it (dfrac, spaces, \\left/\\right dropped, \\text{} units)."""
-    rows = _jsonl(shared_data_dir, "math500")
+    rows = _jsonl(packaged_data_dir, "math500")
     rewrites = 0
     for r in rows:
         variant = (r["answer"].replace("\\frac", "\\dfrac").replace("\\left", "").replace("\\right", "")
@@ -81,8 +83,8 @@ def test_math500_equivalent_rewrites_of_the_answers(shared_data_dir):
     assert rewrites > 80  # 92 of the 500 answers change under these rewrites
 
 
-def test_math500_another_rows_answer_scores_zero(shared_data_dir):
-    rows = _jsonl(shared_data_dir, "math500")[:80]  # math-verify runs on every mismatch: ~10-20 ms each
+def test_math500_another_rows_answer_scores_zero(packaged_data_dir):
+    rows = _jsonl(packaged_data_dir, "math500")[:80]  # math-verify runs on every mismatch: ~10-20 ms each
     mismatched = 0
     for i, row in enumerate(rows):
         other = rows[(i + 1) % len(rows)]
@@ -143,10 +145,10 @@ def test_no_box_scores_zero():
 
 
 # ------------------------------------------------------------------------------------------------ AIME
-def test_aime_reference_solutions_and_answer_lines(shared_data_dir):
+def test_aime_reference_solutions_and_answer_lines(packaged_data_dir):
     """Measured: 25 of the 30 AIME 2024 reference solutions end in a box holding the answer; the other 5 box
     nothing (4) or box '\\textbf{(073)}' (1): those score -1, as verl's math_dapo does for a missing answer."""
-    rows = _jsonl(shared_data_dir, "aime24")
+    rows = _jsonl(packaged_data_dir, "aime24")
     results = [default_compute_score("aime2024", r["solution"], str(int(r["answer"]))) for r in rows]
     assert sum(r["acc"] for r in results) == 25
     assert {r["score"] for r in results} == {1.0, -1.0}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# GSPO (sequence-level importance ratio) on GSM8K, one Atlas node (8 NPUs; DEVICES=16 on an A3 node).
+#   bash examples/gspo/run_qwen2.5-0.5b_gsm8k_npu.sh [key=value ...]    (examples/common.sh: data, model, device settings)
+set -euo pipefail
+source "$(dirname "$0")/../common.sh"
+examples_run npu \
+    preset=gspo \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    trainer.experiment_name="gspo_qwen2.5-0.5b_npu" \
+    "$@"

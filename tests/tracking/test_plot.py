@@ -1,0 +1,72 @@
+"""npu-rl plot: PNG + self-contained HTML from metrics.jsonl, one run or several overlaid."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="npu-rl plot needs matplotlib")
+
+from npu_rl.cli import main as cli  # noqa: E402
+from npu_rl.tracking.plot import PANELS, find_metrics, load_run, plot_runs, summary_rows  # noqa: E402
+
+
+def _write_run(folder, steps: int, reward_slope: float, partial_tail: bool = False) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "metrics.jsonl")
+    with open(path, "w") as f:
+        f.write(json.dumps({"step": 0, "val-core/arith/acc/mean@1": 0.1}) + "\n")
+        for s in range(1, steps + 1):
+            f.write(json.dumps({
+                "step": s, "critic/score/mean": reward_slope * s, "actor/kl_loss": 0.01 * s, "actor/entropy": 2 - 0.1 * s,
+                "response_length/mean": 20 + s, "actor/pg_clipfrac": 0.02, "actor/grad_norm": 1.0 / s,
+                "perf/throughput": 1000.0, "timing_s/step": 3.0, "timing_s/gen": 1.0, "timing_s/update_actor": 1.5,
+                "val-core/arith/acc/mean@1": 0.1 + 0.05 * s if s % 2 == 0 else None}) + "\n")
+        if partial_tail:
+            f.write('{"step": 99, "critic/sco')  # killed mid-write
+    return path
+
+
+def test_one_run_gives_png_and_self_contained_html(tmp_path):
+    run = tmp_path / "run"
+    _write_run(run, 6, 0.1, partial_tail=True)
+    png, page = plot_runs([str(run)])
+    assert png == str(run / "curves.png") and page == str(run / "curves.html")
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    text = open(page, encoding="utf-8").read()
+    assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "<script" not in text
+    assert 'src="http' not in text and "<link" not in text  # nothing fetched from anywhere
+    rows = summary_rows([load_run(str(run / "metrics.jsonl"))])
+    assert ("critic/score/mean", "0.1 (step 1)", "0.6 (step 6)") == rows[0][1:4]
+    assert len(load_run(str(run / "metrics.jsonl")).rows) == 7  # the partial last line is left out
+
+
+def test_several_runs_overlaid_from_an_output_folder(tmp_path, capsys):
+    _write_run(tmp_path / "out" / "logs" / "20260101-000000", 4, 0.1)
+    _write_run(tmp_path / "out" / "logs" / "20260102-000000", 5, 0.2)
+    other = _write_run(tmp_path / "b", 3, 0.3)
+    assert len(find_metrics(str(tmp_path / "out"))) == 2
+    assert cli(["plot", str(tmp_path / "out"), other, "--out", str(tmp_path / "cmp"), "--name", "c"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(tmp_path / "cmp" / "c.png"), str(tmp_path / "cmp" / "c.html")]
+    html = open(printed[1], encoding="utf-8").read()
+    assert html.count("<li>") == 3 and "20260102-000000" in html
+
+
+def test_plot_names_what_is_wrong(tmp_path, capsys):
+    assert cli(["plot", str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    assert cli(["plot", str(tmp_path)]) == 2
+    assert "line 2 is not JSON" in capsys.readouterr().err
+
+
+def test_every_panel_names_metrics_the_trainer_logs():
+    """The panels read keys the trainer writes (names from a real metrics.jsonl row, see trainer/metrics.py)."""
+    logged = {"critic/score/mean", "actor/kl_loss", "actor/entropy", "response_length/mean", "actor/pg_clipfrac",
+              "actor/grad_norm", "perf/throughput"}
+    for title, _, keys in PANELS:
+        assert keys[0].endswith("/") or keys[0] in logged, title
