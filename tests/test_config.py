@@ -128,7 +128,8 @@ def small(*overrides) -> PPOConfig:
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0 must be > 0"),
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "tensor_model_parallel_size=2 must divide the 1"),
     ("algorithm.filter_groups.enable=True", "filter_groups.metric"),
-    ("actor_rollout_ref.model.lora_rank=8", "LoRA is not supported"),
+    ("actor_rollout_ref.model.lora_adapter_path=/nowhere", "lora_adapter_path='/nowhere' is set but"),
+    ("actor_rollout_ref.model.lora_rank=-1", "lora_rank=-1 must be >= 0"),
     ("trainer.resume_mode=resume_path", "trainer.resume_from_path"),
 ])
 def test_semantic_errors_say_what_to_change(override, message):
@@ -142,6 +143,35 @@ def test_critic_loss_agg_mode_is_checked_at_validation_when_a_critic_runs():
     problems = problems_of(small("algorithm.adv_estimator=gae", bad), check_paths=False, check_device=False)
     assert any("critic.loss_agg_mode='seq-mean' is not one of" in p for p in problems), problems
     assert not problems_of(small(bad), check_paths=False, check_device=False)  # grpo: no critic, nothing to check
+
+
+def test_lora_keys_checked():
+    assert problems_of(small("actor_rollout_ref.model.lora_rank=8"), check_paths=False, check_device=False) == []
+    problems = problems_of(small("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=0",
+                                 "actor_rollout_ref.model.target_modules=[]",
+                                 "actor_rollout_ref.model.lora_adapter_path=/nowhere"),
+                           check_paths=False, check_device=False)
+    for message in ("lora_alpha=0 must be > 0", "target_modules=[]", "lora_adapter_path='/nowhere' is not a folder"):
+        assert any(message in p for p in problems), problems
+    problems = problems_of(small("algorithm.adv_estimator=gae", "critic.model.lora_rank=8"), check_paths=False,
+                           check_device=False)
+    assert any("LoRA on the critic is not supported" in p for p in problems), problems
+
+
+def test_lora_targets_and_adapter_checked_against_the_model(tiny_model_dir, tmp_path):
+    """At validation, on a meta-device skeleton: targets that match nothing, an adapter for another model."""
+    from npu_rl.models.lora import LoraSpec, apply_lora, save_adapter
+    from npu_rl.models.synthetic import random_causal_lm
+
+    model = f"actor_rollout_ref.model.path={tiny_model_dir}"
+    problems = problems_of(small(model, "actor_rollout_ref.model.lora_rank=4",
+                                 "actor_rollout_ref.model.target_modules=[qkv]"), check_device=False)
+    assert any("target_modules=['qkv']" in p and "matches no linear layer" in p for p in problems), problems
+    wide = random_causal_lm("tiny", hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
+    save_adapter(apply_lora(wide, LoraSpec(rank=4)), str(tmp_path / "adapter"))
+    problems = problems_of(small(model, "actor_rollout_ref.model.lora_rank=4",
+                                 f"actor_rollout_ref.model.lora_adapter_path={tmp_path}/adapter"), check_device=False)
+    assert any("different base model" in p for p in problems), problems
 
 
 def test_kl_type_checked_only_when_used():

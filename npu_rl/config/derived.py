@@ -69,6 +69,7 @@ class RunPlan:
     critic: RolePlan | None = None
     policy_loss_mode: str = "vanilla"  # actor.policy_loss.loss_mode, or bypass_mode (algorithm.rollout_correction)
     bypass_correction: Any = None  # the bypass_mode loss's RolloutCorrectionSpec (algorithm.rollout_correction)
+    ref_in_actor: bool = False  # LoRA: the reference is the actor with its adapter off (no reference worker)
 
 
 def _role_plan(world: int, sp: int, mini_batch_size: int, n: int) -> RolePlan:
@@ -97,6 +98,7 @@ def build_plan(config: PPOConfig) -> RunPlan:
         seed=config.trainer.seed,
         use_critic=use_critic,
         use_ref=ref_enabled(config),
+        ref_in_actor=ref_enabled(config) and arr.model.lora_rank > 0,
         use_reward_model=bool(config.reward_model.enable),
         use_greedy_baseline="reward_baselines" in estimator_needs(config.algorithm.adv_estimator),
         policy_model_path=arr.model.path,

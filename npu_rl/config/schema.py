@@ -68,9 +68,12 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = True
     enable_activation_offload: bool = False
     use_remove_padding: bool = False
-    lora_rank: int = 0
+    lora_rank: int = 0  # > 0: train PEFT LoRA adapters on a frozen base (npu_rl/models/lora.py)
     lora_alpha: int = 16
-    target_modules: Any = "all-linear"
+    target_modules: Any = "all-linear"  # "all-linear", a list of module names, or a regex on the full name
+    exclude_modules: Any = None
+    lora_adapter_path: Optional[str] = None  # a PEFT adapter folder to continue training from
+    use_shm: bool = False  # verl copies the model folder to /dev/shm first; accepted, no effect here
     use_liger: bool = False
     use_fused_kernels: bool = False
     fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
@@ -306,6 +309,12 @@ class CriticModelConfig:
     use_remove_padding: bool = False
     trust_remote_code: bool = False
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    lora_rank: int = 0  # critic LoRA: refused at validation (not wired yet)
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+    exclude_modules: Any = None
+    lora_adapter_path: Optional[str] = None
+    use_shm: bool = False
 
 
 @dataclass

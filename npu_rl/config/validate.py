@@ -73,9 +73,21 @@ def _check_choices(c: _Checker, config: PPOConfig) -> None:
     if config.trainer.resume_mode == "resume_path":
         c.require(bool(config.trainer.resume_from_path),
                   "trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint folder>")
-    c.require(arr.model.lora_rank == 0, "actor_rollout_ref.model.lora_rank > 0: LoRA is not supported yet; set 0")
+    _check_lora(c, config)
     c.require(not arr.model.use_liger, "actor_rollout_ref.model.use_liger: Liger is not supported (and not on NPU); "
               "use actor_rollout_ref.model.use_fused_kernels=True")
+
+
+def _check_lora(c: _Checker, config: PPOConfig) -> None:
+    from npu_rl.models.lora import LoraSpec, check_spec
+
+    for problem in check_spec(LoraSpec.from_config(config.actor_rollout_ref.model)):
+        c.problems.append(problem)
+    critic = LoraSpec.from_config(config.critic.model, key="critic.model")
+    c.require(not critic.enabled or not critic_enabled(config), "critic.model.lora_rank > 0: LoRA on the critic is "
+              "not supported yet (the actor's is: actor_rollout_ref.model.lora_rank); set critic.model.lora_rank=0")
+    c.require(not (critic.adapter_path and critic_enabled(config)),
+              "critic.model.lora_adapter_path is set but critic LoRA is not supported yet")
 
 
 def _check_numbers(c: _Checker, config: PPOConfig) -> None:
@@ -196,6 +208,10 @@ def _check_paths(c: _Checker, config: PPOConfig) -> None:
         for path in files:
             c.attempt(lambda: _require_data_file(key, str(path)))
     c.attempt(lambda: _check_model_path(config.actor_rollout_ref.model.path), "actor_rollout_ref.model.path: ")
+    if config.actor_rollout_ref.model.lora_rank > 0:
+        from npu_rl.models.lora import check_against_model
+
+        c.attempt(lambda: check_against_model(config.actor_rollout_ref.model))
     if _estimator_resolves(config) and critic_enabled(config):
         c.attempt(lambda: _check_model_path(config.critic.model.path), "critic.model.path: ")
     if config.reward_model.enable:
@@ -298,6 +314,8 @@ NO_EFFECT = {
     "reward_model.launch_reward_fn_async": "rewards are computed synchronously (a process pool with num_workers)",
     "trainer.default_hdfs_dir": "no HDFS copy; checkpoints stay in trainer.default_local_dir",
     "trainer.del_local_ckpt_after_load": "checkpoints are kept (use trainer.max_actor_ckpt_to_keep)",
+    "actor_rollout_ref.model.use_shm": "the model folder is read where it is (no copy to /dev/shm)",
+    "critic.model.use_shm": "the model folder is read where it is (no copy to /dev/shm)",
     "reward_model.ulysses_sequence_parallel_size": "the reward model forward is data-parallel only",
     "reward_model.use_dynamic_bsz": "the reward model scores fixed-size micro-batches (micro_batch_size_per_gpu)",
     "reward_model.forward_max_token_len_per_gpu": "the reward model scores fixed-size micro-batches",

@@ -72,6 +72,16 @@ def plain_linear_sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, bias
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
 
+def _output_weight_and_bias(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output layer's weight and bias; a LoRA on the output layer (a PEFT layer around it) contributes its
+    ``scale * B @ A`` while its adapter is on, so both kernels see the effective weight."""
+    if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+        from npu_rl.models.lora import output_bias, output_weight
+
+        return output_weight(module), output_bias(module)
+    return module.weight, getattr(module, "bias", None)
+
+
 def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
              rows: torch.Tensor | None = None) -> Callable:
     """What the swapped lm_head computes: [B, S, H] -> [B, S, 2] = (logprob, entropy) of ``targets`` [B, S], or
@@ -91,23 +101,23 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
         if options.use_fused_kernels and options.compute_sum_pi_squared:
             raise ValueError("sum_pi_squared (actor.calculate_sum_pi_squared) is computed on the plain path only; "
                              "set actor_rollout_ref.model.use_fused_kernels=False")
+        weight, bias = _output_weight_and_bias(module)
         if options.use_fused_kernels:
             import npu_rl_kernels
 
             logprobs, entropy = npu_rl_kernels.linear_logprob_entropy(
-                flat_hidden, module.weight, flat_targets, temperature=temp, backend=options.fused_backend)
+                flat_hidden, weight, flat_targets, temperature=temp, backend=options.fused_backend)
             if not options.compute_entropy:
                 entropy = None
         else:
-            logprobs, entropy = plain_linear_logprobs(flat_hidden, module.weight, getattr(module, "bias", None),
+            logprobs, entropy = plain_linear_logprobs(flat_hidden, weight, bias,
                                                       flat_targets, temp, options.compute_entropy,
                                                       options.chunk_rows)
         if entropy is None:
             entropy = torch.zeros_like(logprobs)
         channels = [logprobs, entropy]
         if options.compute_sum_pi_squared:
-            channels.append(plain_linear_sum_pi_squared(flat_hidden, module.weight, getattr(module, "bias", None),
-                                                        temp, options.chunk_rows))
+            channels.append(plain_linear_sum_pi_squared(flat_hidden, weight, bias, temp, options.chunk_rows))
         out = torch.stack(channels, dim=-1)
         if rows is not None:
             out = out.new_zeros(batch * seq, len(channels)).index_put((keep,), out)

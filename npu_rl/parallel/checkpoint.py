@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from npu_rl.parallel.dist import is_distributed
 from npu_rl.parallel.dist import rank as dist_rank
@@ -102,11 +102,30 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def _options(trainable_only: bool) -> StateDictOptions:
+    """``trainable_only``: the parameters that train (a LoRA adapter), not the frozen base."""
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _model_state(model: nn.Module, optimizers: list, trainable_only: bool):
+    model_sd, optim_sd = get_state_dict(model, optimizers, options=_options(trainable_only))
+    if trainable_only:  # a frozen tied weight (lm_head = embed_tokens) slips through ignore_frozen_params
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+    return model_sd, optim_sd
+
+
+def _hf_model(model: nn.Module) -> nn.Module:
+    """The HF model inside a PEFT wrapper (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                    extra: dict[str, Any] | None = None, tokenizer: Any = None) -> str:
-    """Save model (+ optimizer) shards, the HF config (+ tokenizer) and this rank's ``extra``. Collective."""
+                    extra: dict[str, Any] | None = None, tokenizer: Any = None, trainable_only: bool = False) -> str:
+    """Save model (+ optimizer) shards, the HF config (+ tokenizer) and this rank's ``extra``. Collective.
+    ``trainable_only``: only parameters with ``requires_grad`` (and their optimizer states)."""
     optimizers = [optimizer] if optimizer is not None else []
-    model_sd, optim_sd = get_state_dict(model, optimizers)
+    model_sd, optim_sd = _model_state(model, optimizers, trainable_only)
     state = {"model": model_sd}
     if optimizer is not None:
         state["optimizer"] = optim_sd
@@ -115,11 +134,12 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     if rank == 0:
         hf_dir = os.path.join(path, HF_DIR)
         os.makedirs(hf_dir, exist_ok=True)
-        config = copy.deepcopy(model.config)
-        config.architectures = [hf_model_class(model).__name__]  # what the merger rebuilds
+        hf = _hf_model(model)
+        config = copy.deepcopy(hf.config)
+        config.architectures = [hf_model_class(hf).__name__]  # what the merger rebuilds
         config.save_pretrained(hf_dir)
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(hf_dir)
+        if getattr(hf, "generation_config", None) is not None:
+            hf.generation_config.save_pretrained(hf_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(hf_dir)
     if extra is not None:
@@ -133,7 +153,7 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
 
 
 def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                    load_optimizer: bool = True) -> dict[str, Any] | None:
+                    load_optimizer: bool = True, trainable_only: bool = False) -> dict[str, Any] | None:
     """Load into ``model`` (+ ``optimizer``) whatever their sharding; return this rank's ``extra`` (rank 0's
     when the checkpoint had fewer ranks), or None. Collective."""
     if not os.path.isdir(os.path.join(path, MODEL_OPTIM_DIR)):
@@ -141,12 +161,14 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     verify_manifest(path, deep=False)  # present and whole (sizes); the driver checked the hashes before resuming
     with_optim = optimizer is not None and load_optimizer
     optimizers = [optimizer] if with_optim else []
-    model_sd, optim_sd = get_state_dict(model, optimizers)  # also creates the optimizer's state to load into
+    options = _options(trainable_only)
+    model_sd, optim_sd = _model_state(model, optimizers, trainable_only)  # creates the optimizer's state too
     state = {"model": model_sd}
     if with_optim:
         state["optimizer"] = optim_sd
     _dcp_load(state, os.path.join(path, MODEL_OPTIM_DIR))
-    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
+    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}),
+                   options=options)
     return _load_extra(path)
 
 

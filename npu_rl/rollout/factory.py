@@ -48,12 +48,13 @@ def sampling_params_from_config(rollout_config: RolloutConfig, validate: bool, m
 
 
 def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_module: torch.nn.Module | None,
-                         tokenizer) -> RolloutEngine:
+                         tokenizer, lora_rank: int = 0) -> RolloutEngine:
     """The engine ``rollout_config.name`` asks for.
 
     ``model_path``: an HF folder or a built-in name (vLLM loads it; with ``load_format=dummy`` it starts from random
     weights and the first ``update_weights`` fills them). ``actor_module``: the actor's module in this process;
-    the ``hf`` engine generates with it (no weight sync). Without one, ``hf`` loads its own copy.
+    the ``hf`` engine generates with it (no weight sync). Without one, ``hf`` loads its own copy. ``lora_rank``
+    (> 0: the actor trains a LoRA adapter): vLLM starts with LoRA enabled and takes the adapter as tensors.
     """
     from npu_rl.models.loader import resolve_model_path
 
@@ -70,7 +71,7 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
     if name == "vllm":
         from npu_rl.rollout.vllm_engine import VllmRolloutEngine
 
-        return VllmRolloutEngine(rollout_config, folder, pad_token_id=tokenizer.pad_token_id)
+        return VllmRolloutEngine(rollout_config, folder, pad_token_id=tokenizer.pad_token_id, lora_rank=lora_rank)
 
     from npu_rl.rollout.hf import HFRolloutEngine
 

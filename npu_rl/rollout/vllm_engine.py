@@ -190,8 +190,9 @@ class VllmRolloutEngine:
 
     needs_weight_sync = True
 
-    def __init__(self, rollout_config: RolloutConfig, model_path: str, pad_token_id: int):
+    def __init__(self, rollout_config: RolloutConfig, model_path: str, pad_token_id: int, lora_rank: int = 0):
         self.pad_token_id = int(pad_token_id)
+        self.lora_rank = int(lora_rank)  # > 0: LoRA enabled, the actor's adapter streamed in as tensors
         self.bucket_megabytes = float(rollout_config.update_weights_bucket_megabytes)
         self.sleep_level = int(rollout_config.sleep_level)
         self.free_cache_engine = bool(rollout_config.free_cache_engine)
@@ -206,6 +207,13 @@ class VllmRolloutEngine:
                 raise RuntimeError(f"vLLM's external_launcher executor (world size {self.world_size}) reads "
                                    f"{', '.join(missing)} from the environment; launch with torchrun or set them in "
                                    "each worker")
+        if self.lora_rank:
+            from npu_rl.rollout.vllm_lora import install_tensor_loader, lora_llm_kwargs
+
+            self.llm_kwargs.update(lora_llm_kwargs(self.lora_rank))
+            install_tensor_loader()
+        self._lora_request = None  # set once an adapter is loaded; every generation then uses it
+        self._adapter_gate = VersionGate()
         self.tp_size = int(self.llm_kwargs["tensor_parallel_size"])
         self.sleep_enabled = bool(self.llm_kwargs.get("enable_sleep_mode"))
         if self.free_cache_engine and not self.sleep_enabled:
@@ -272,7 +280,8 @@ class VllmRolloutEngine:
         from vllm.inputs import TokensPrompt
 
         warm = VllmSamplingParams(n=1, temperature=0.0, max_tokens=1, detokenize=False)
-        self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_lists], warm, use_tqdm=False)
+        self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_lists], warm, use_tqdm=False,
+                          lora_request=self._lora_request)
 
     def _sample(self, token_lists: list[list[int]], sampling: SamplingParams, dtype: torch.dtype):
         """``n`` responses per prompt, interleaved: ids [rows, R] (pad-filled), lengths [rows], log-probs or None."""
@@ -288,7 +297,8 @@ class VllmRolloutEngine:
         convert = sampling.return_logprobs and self.llm_kwargs.get("logprobs_mode") == "raw_logprobs" and \
             not neutral_sampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.greedy)
         candidates = candidates_needed(sampling.top_k) if convert else 0
-        outputs = self.llm.generate(requests, _vllm_sampling_params(sampling, per_request, candidates), use_tqdm=False)
+        outputs = self.llm.generate(requests, _vllm_sampling_params(sampling, per_request, candidates), use_tqdm=False,
+                                    lora_request=self._lora_request)
         estimated = 0
 
         num_rows = len(token_lists) * n
@@ -352,6 +362,39 @@ class VllmRolloutEngine:
         if not_loaded:
             metrics["rollout/update_weights_params_not_loaded"] = float(not_loaded)
         return metrics
+
+    @property
+    def takes_lora_tensors(self) -> bool:
+        """Started with LoRA enabled: :meth:`update_adapter` streams an adapter; the base stays as loaded."""
+        return self.lora_rank > 0
+
+    @property
+    def has_weights(self) -> bool:
+        """False while the engine holds no usable base weights (``load_format=dummy``, or discarded by sleep)."""
+        return self._weights_valid
+
+    def adapter_is_current(self, version: int | None) -> bool:
+        return self._lora_request is not None and self._adapter_gate.is_current(version)
+
+    def update_adapter(self, tensors: dict[str, torch.Tensor], peft_config: dict, version: int | None = None
+                       ) -> dict[str, float]:
+        """Load the actor's LoRA adapter (PEFT-named host tensors + its PEFT config dict) in place of the previous
+        one, from memory (:mod:`npu_rl.rollout.vllm_lora`); skipped when ``version`` is the loaded one."""
+        from npu_rl.rollout.vllm_lora import lora_request, register_adapter
+
+        if not self.takes_lora_tensors:
+            raise RuntimeError("update_adapter: this vllm engine was started without LoRA (lora_rank=0)")
+        if self.adapter_is_current(version):
+            return {"rollout/update_adapter_skipped": 1.0}
+        start = time.perf_counter()
+        register_adapter(tensors, peft_config)
+        self._lora_request = None  # a failed load leaves no adapter in use
+        self.llm.llm_engine.add_lora(lora_request(load_inplace=True))
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old adapter
+        self._lora_request = lora_request()
+        self._adapter_gate.mark(version)
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        return {"timing_s/update_adapter": time.perf_counter() - start, "rollout/adapter_mb": size / 2**20}
 
     # ------------------------------------------------------------------ memory
     def sleep(self, level: int | None = None) -> dict[str, float]:

@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="npu-rl eval", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="HF folder, built-in name (smollm2-135m-instruct), or a checkpoint folder")
     p.add_argument("--task", required=True, choices=TASKS)
+    p.add_argument("--adapter", default=None, help="a PEFT LoRA adapter folder applied to MODEL (merged for the run)")
     p.add_argument("--split", default="test")
     p.add_argument("--data-dir", default=None, help="folder with gsm8k/ math500/ aime24/ JSONL (default: the copies shipped in the package)")
     p.add_argument("--n", type=int, default=1, help="samples per problem")
@@ -62,17 +63,18 @@ def _task_file(task: str, split: str, data_dir: str | None, limit: int | None, t
     return write_parquet(read_rows(path)[:limit], os.path.join(tmp, f"{task}_{split}.parquet"))
 
 
-def _model_folder(model: str, tmp: str) -> str:
-    """A checkpoint is merged into a temporary HF folder first; anything else is used as is."""
-    from npu_rl.trainer.merge import resolve_checkpoint
+def _model_folder(model: str, tmp: str, adapter: str | None = None) -> str:
+    """A checkpoint (full or LoRA), or a base model plus ``adapter``, is merged into a temporary HF folder first
+    (what every rollout engine loads); anything else is used as is."""
+    from npu_rl.trainer.merge import merge_lora, merge_source, resolve_checkpoint
 
+    if adapter:
+        return merge_lora(model, adapter, os.path.join(tmp, "merged"))
     try:
         source = resolve_checkpoint(model, "actor")
     except FileNotFoundError:
         return model
-    from npu_rl.parallel.checkpoint import merge_checkpoint
-
-    return merge_checkpoint(source, os.path.join(tmp, "merged"))
+    return merge_source(source, os.path.join(tmp, "merged"))
 
 
 def evaluate(args) -> dict:
@@ -85,7 +87,7 @@ def evaluate(args) -> dict:
     temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     with tempfile.TemporaryDirectory(prefix="npu_rl_eval_") as tmp:
         data_file = _task_file(args.task, args.split, args.data_dir, args.limit, tmp)
-        model = _model_folder(args.model, tmp)
+        model = _model_folder(args.model, tmp, args.adapter)
         config = _eval_config(args, model, data_file, temperature)
         rollout_cfg = config.actor_rollout_ref.rollout
         tokenizer = load_tokenizer(model)

@@ -3,12 +3,18 @@
 CHECKPOINT is a ``global_step_N`` folder (its ``actor/`` is merged; ``--role critic`` for the critic), a role
 folder itself, or the run's ``default_local_dir`` (the latest step is taken). One process, no process group; host
 memory for one full model.
+
+A LoRA checkpoint (it holds ``lora_adapter/``) becomes the base model with the adapter merged into its weights
+(the base is the adapter's ``base_model_name_or_path``, or ``--base``), or with ``--adapter-only`` the adapter
+folder itself in PEFT format (``PeftModel.from_pretrained(base, DIR)`` loads it). ``--adapter ADAPTER`` with
+CHECKPOINT a base model folder merges that adapter into it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 
@@ -34,18 +40,67 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder (from_pretrained loads it)")
     parser.add_argument("--role", default="actor", choices=("actor", "critic"))
     parser.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"), help="cast weights (default: as saved)")
+    parser.add_argument("--adapter-only", action="store_true", help="LoRA: write the adapter folder (PEFT format)")
+    parser.add_argument("--base", default=None, help="LoRA: the base model (default: the adapter's recorded base)")
+    parser.add_argument("--adapter", default=None, help="merge this PEFT adapter folder into the model CHECKPOINT")
     args = parser.parse_args(argv)
     from npu_rl.models.loader import to_dtype
-    from npu_rl.parallel.checkpoint import merge_checkpoint
     from npu_rl.utils.paths import check_output_dir
     from npu_rl.utils.safe_load import CorruptFileError
 
+    dtype = to_dtype(args.dtype) if args.dtype else None
     try:
         check_output_dir(args.out, "--out")
-        source = resolve_checkpoint(args.checkpoint, args.role)
-        out = merge_checkpoint(source, args.out, dtype=to_dtype(args.dtype) if args.dtype else None)
+        if args.adapter:
+            source = args.checkpoint
+            out = merge_lora(args.checkpoint, args.adapter, args.out, dtype)
+        else:
+            source = resolve_checkpoint(args.checkpoint, args.role)
+            out = merge_source(source, args.out, dtype, adapter_only=args.adapter_only, base=args.base)
     except (CorruptFileError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"npu-rl merge: {exc}", file=sys.stderr)
         return 2
     print(f"npu-rl merge: {source} -> {out}")
     return 0
+
+
+def lora_adapter_dir(source: str) -> str | None:
+    """The PEFT adapter folder of a LoRA checkpoint (None for a full-weight checkpoint)."""
+    from npu_rl.workers.checkpointing import LORA_ADAPTER_DIR
+
+    folder = os.path.join(source, LORA_ADAPTER_DIR)
+    return folder if os.path.isdir(folder) else None
+
+
+def merge_lora(base: str, adapter: str, out: str, dtype=None) -> str:
+    """base model + PEFT adapter -> a merged HF folder (with the base's tokenizer and generation config)."""
+    from npu_rl.models.loader import load_tokenizer, resolve_model_path
+    from npu_rl.models.lora import merge_adapter
+
+    merge_adapter(base, adapter, out, dtype=dtype, tokenizer=load_tokenizer(base))
+    gen = os.path.join(resolve_model_path(base), "generation_config.json")
+    if os.path.isfile(gen):
+        shutil.copyfile(gen, os.path.join(out, "generation_config.json"))
+    return out
+
+
+def merge_source(source: str, out: str, dtype=None, *, adapter_only: bool = False, base: str | None = None) -> str:
+    """A resolved checkpoint folder -> ``out``: full weights merged from shards, or for LoRA the adapter merged
+    into its base (or, ``adapter_only``, the adapter folder copied)."""
+    from npu_rl.parallel.checkpoint import merge_checkpoint
+
+    adapter = lora_adapter_dir(source)
+    if adapter is None:
+        if adapter_only or base:
+            raise ValueError(f"{source} is not a LoRA checkpoint (no lora_adapter/): --adapter-only / --base apply "
+                             "to LoRA checkpoints only")
+        return merge_checkpoint(source, out, dtype=dtype)
+    if adapter_only:
+        shutil.copytree(adapter, out, dirs_exist_ok=True)
+        return out
+    from npu_rl.models.lora import read_adapter_config
+
+    base = base or read_adapter_config(adapter).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{adapter}: adapter_config.json records no base_model_name_or_path; pass --base")
+    return merge_lora(base, adapter, out, dtype)

@@ -104,6 +104,8 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     if "ref" in group.role_names():
         group.ref.init_model()
         roles.ref = group.ref
+    elif plan.ref_in_actor:
+        roles.ref = group.actor_rollout
     if "critic" in group.role_names():
         group.critic.init_model(total_steps)
         roles.critic = group.critic

@@ -17,6 +17,7 @@ from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl_loss, resolved_clip_ratios
 from npu_rl.models.forward import LogprobOptions
 from npu_rl.models.loader import load_causal_lm
+from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora, is_lora_model, merged_named_weights
 from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.workers.engine import MicroLoss, TrainingEngine, UpdateSettings
@@ -26,12 +27,19 @@ from npu_rl.workers.model_runner import MicroBatching
 def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, plan: RunPlan, forward_micro: MicroBatching,
                         sp_size: int, trainable: bool, optim_config=None, total_training_steps=None,
                         update: UpdateSettings | None = None) -> TrainingEngine:
-    """A causal LM from ``actor_rollout_ref.model`` on an engine: the actor's (trained) or the reference's."""
+    """A causal LM from ``actor_rollout_ref.model`` on an engine: the actor's (trained) or the reference's.
+    With ``lora_rank`` > 0 the trained one is a PEFT model: the frozen base loaded straight in the compute dtype,
+    fp32 adapters (models/lora.py)."""
+    lora = LoraSpec.from_config(model_cfg)
+    lora_on = lora.enabled and trainable
     model = load_causal_lm(
-        model_cfg.path, dtype=fsdp_config.model_dtype, override_config=dict(model_cfg.override_config),
+        model_cfg.path, dtype=fsdp_config.mixed_precision.param_dtype if lora_on else fsdp_config.model_dtype,
+        override_config=dict(model_cfg.override_config),
         attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code,
         gradient_checkpointing=trainable and model_cfg.enable_gradient_checkpointing,
     )
+    if lora_on:
+        model = apply_lora(model, lora, base_path=model_cfg.path, seed=plan.seed)
     return TrainingEngine(model, fsdp_config, role=role, response_length=plan.max_response_length,
                           forward_micro=forward_micro, sp_size=sp_size, use_remove_padding=model_cfg.use_remove_padding,
                           optim_config=optim_config if trainable else None, total_training_steps=total_training_steps,
@@ -77,6 +85,10 @@ class ActorWorker:
     def model_config(self):
         return self.model.config
 
+    @property
+    def is_lora(self) -> bool:
+        return is_lora_model(self.model)
+
     def dispatch_layout(self):
         return self.engine.dispatch_layout() if self.engine is not None else None
 
@@ -96,6 +108,18 @@ class ActorWorker:
             return out
 
         return self.engine.infer(batch, forward)
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """With LoRA, the reference policy is this model with its adapter off: ``ref_logprobs`` [B, R] without a
+        second copy of the weights."""
+        options = logprob_options(self.model_cfg, compute_entropy=False)
+
+        def forward(mb: Batch) -> dict[str, torch.Tensor]:
+            return {"ref_logprobs": self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)[0]}
+
+        with adapter_disabled(self.engine.compute_model):
+            return self.engine.infer(batch, forward)
 
     # ------------------------------------------------------------------------------------------- update
     @register(Dispatch.DP_SPLIT)
@@ -155,4 +179,19 @@ class ActorWorker:
 
     def named_full_weights(self):
         """(HF name, full tensor) one at a time, for the rollout engine (gathered from shards when sharded)."""
+        if self.is_lora:  # an engine that takes plain weights gets W + scale * B @ A
+            return merged_named_weights(self.model)
         return iter_full_parameters(self.model)
+
+    def named_base_weights(self):
+        """LoRA: the frozen base's (HF name, full tensor), for an engine that takes the adapter separately."""
+        with adapter_disabled(self.model):
+            yield from merged_named_weights(self.model)
+
+    def adapter_for_rollout(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """LoRA: the adapter's full tensors on the host (PEFT keys) and its PEFT config as a dict. Collective."""
+        from npu_rl.models.lora import ADAPTER_NAME, adapter_tensors
+        from npu_rl.rollout.vllm_lora import peft_config_dict
+
+        tensors = {key: tensor.clone() for key, tensor in adapter_tensors(self.model, device="cpu")}
+        return tensors, peft_config_dict(self.model.peft_config[ADAPTER_NAME])

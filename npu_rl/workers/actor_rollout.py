@@ -37,11 +37,12 @@ class ActorRolloutWorker(ReportsMemory):
     @register(Dispatch.ALL)
     def init_model(self, total_training_steps: int) -> None:
         self.actor.init_model(total_training_steps)
+        self._check_lora_rollout()
         model_cfg = self.model_cfg
         self.tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
-                                           self.tokenizer)
+                                           self.tokenizer, lora_rank=model_cfg.lora_rank)
         self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
         if agent_rollout_enabled(self.rollout_cfg):
             self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length)
@@ -67,7 +68,7 @@ class ActorRolloutWorker(ReportsMemory):
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.wake_up()
         if self.engine.needs_weight_sync:
-            metrics |= self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
+            metrics |= self._sync_weights()
         start = time.perf_counter()
         out = (self.agent.generate(self.engine, prompts, sampling) if self.agent is not None
                else self.engine.generate(prompts, sampling)).to("cpu")  # the driver keeps batches in host memory
@@ -78,9 +79,40 @@ class ActorRolloutWorker(ReportsMemory):
             metrics |= self.engine.sleep()
         return WorkerOutput(out, metrics)
 
+    def _check_lora_rollout(self) -> None:
+        from npu_rl.models.lora import has_lora_output_layer
+
+        model = self.actor.model
+        if (self.actor.is_lora and str(self.rollout_cfg.name).lower() == "vllm" and has_lora_output_layer(model)
+                and getattr(model.config, "tie_word_embeddings", False)):
+            raise ValueError("actor_rollout_ref.model.target_modules adapts lm_head, whose weight this model ties to "
+                             "the input embeddings: the vllm rollout cannot take that adapter (it would change the "
+                             "embeddings too). Leave lm_head out of target_modules, or use rollout.name=hf")
+
+    def _sync_weights(self) -> dict[str, float]:
+        """The policy into the engine: full weights; with LoRA and an engine that takes adapters, the base once
+        (when the engine has none yet) and then the adapter alone after each update; with LoRA and an engine that
+        does not, the merged weights."""
+        if self.actor.is_lora and getattr(self.engine, "takes_lora_tensors", False):
+            metrics = {}
+            fresh_base = not self.engine.has_weights  # dummy start, or weights discarded by sleep level 2
+            if fresh_base:
+                metrics |= self.engine.update_weights(self.actor.named_base_weights(), version=None)
+            elif self.engine.adapter_is_current(self.weights_version):
+                return {"rollout/update_adapter_skipped": 1.0}  # no gather: nothing changed since the last sync
+            tensors, config = self.actor.adapter_for_rollout()
+            version = None if fresh_base else self.weights_version  # None: load even if the version matches
+            return metrics | self.engine.update_adapter(tensors, config, version=version)
+        return self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
+
     @register(Dispatch.DP_SPLIT)
     def compute_logprobs(self, batch: Batch) -> Batch:
         return self.actor.compute_logprobs(batch)
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """The reference role when the actor trains a LoRA adapter: the same model with the adapter off."""
+        return self.actor.compute_ref_logprobs(batch)
 
     @register(Dispatch.DP_SPLIT)
     def update_policy(self, batch: Batch) -> WorkerOutput:
@@ -102,5 +134,10 @@ class ActorRolloutWorker(ReportsMemory):
         """The current policy as a plain Hugging Face folder (model + tokenizer), gathered from shards. Collective."""
         from npu_rl.parallel.weights import export_hf_folder
 
+        if self.actor.is_lora:  # the adapter merged into the base weights
+            from npu_rl.models.lora import export_merged_folder
+
+            export_merged_folder(self.actor.model, path, tokenizer=self.tokenizer)
+            return
         export_hf_folder(self.actor.model, path, tokenizer=self.tokenizer)
 

@@ -8,10 +8,13 @@ is always saved (a checkpoint without it could not be resumed or merged).
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 
 from npu_rl.device import get_backend
 from npu_rl.parallel.checkpoint import load_checkpoint, save_checkpoint
+
+LORA_ADAPTER_DIR = "lora_adapter"
 
 
 @contextlib.contextmanager
@@ -23,15 +26,26 @@ def _quiet_single_process():
 
 
 def save_worker_state(path: str, model, optimizer, scheduler, contents=("model", "optimizer", "extra"),
-                      tokenizer=None) -> None:
+                      tokenizer=None, base_path: str | None = None) -> None:
+    """With LoRA only the adapter and its optimizer state are saved (the base is the model folder, unchanged),
+    plus the adapter as a PEFT folder in ``lora_adapter/`` (what ``npu-rl merge`` and ``npu-rl eval`` read)."""
+    from npu_rl.models.lora import is_lora_model, save_adapter
+
+    lora = is_lora_model(model)
     extra = {"scheduler": scheduler.state_dict(), "rng": get_backend().rng_state()} if "extra" in contents else None
     with _quiet_single_process():
-        save_checkpoint(path, model, optimizer if "optimizer" in contents else None, extra=extra, tokenizer=tokenizer)
+        save_checkpoint(path, model, optimizer if "optimizer" in contents else None, extra=extra, tokenizer=tokenizer,
+                        trainable_only=lora)
+    if lora:
+        save_adapter(model, os.path.join(path, LORA_ADAPTER_DIR), base_path=base_path)
 
 
 def load_worker_state(path: str, model, optimizer, scheduler, contents=("model", "optimizer", "extra")) -> None:
+    from npu_rl.models.lora import is_lora_model
+
     with _quiet_single_process():
-        extra = load_checkpoint(path, model, optimizer, load_optimizer="optimizer" in contents)
+        extra = load_checkpoint(path, model, optimizer, load_optimizer="optimizer" in contents,
+                                trainable_only=is_lora_model(model))
     if "extra" in contents and extra is not None:
         scheduler.load_state_dict(extra["scheduler"])
         get_backend().set_rng_state(extra["rng"])

@@ -70,6 +70,19 @@ def pad_right(values: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
+def shared_compute_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The compute copy of a partly frozen model (a LoRA base): frozen parameters and all buffers are shared with
+    ``model`` (no second copy of the base), only the trainable parameters are copied, in ``dtype``; so the adapter
+    branch runs in the compute dtype while the optimizer keeps fp32 adapters."""
+    memo = {id(p): p for p in model.parameters() if not p.requires_grad}
+    memo.update({id(b): b for b in model.buffers()})
+    compute = copy.deepcopy(model, memo)
+    for param in compute.parameters():
+        if param.requires_grad:
+            param.data = param.data.to(dtype)
+    return compute
+
+
 class ModelRunner:
     """A model on this rank's device with its precision settings; parallelism is applied afterwards.
 
@@ -110,8 +123,10 @@ class ModelRunner:
         if sp_size > 1:
             raise ValueError(f"ulysses_sequence_parallel_size={sp_size} needs as many devices; this worker is alone")
         self.model = model.to(self.device)
-        if next(model.parameters()).dtype == self.param_dtype:
+        if {p.dtype for p in model.parameters()} == {self.param_dtype}:
             self.compute_model = self.model
+        elif trainable and any(not p.requires_grad for p in model.parameters()):
+            self.compute_model = shared_compute_copy(self.model, self.param_dtype)  # LoRA: a frozen base is shared
         elif trainable:
             self.compute_model = copy.deepcopy(self.model).to(self.param_dtype)
         else:  # nothing to update: keep only the compute copy
@@ -151,7 +166,7 @@ class ModelRunner:
         if not self.has_master_copy:
             return
         pairs = [(m, c) for m, c in zip(self.model.parameters(), self.compute_model.parameters())
-                 if c.grad is not None]
+                 if c.grad is not None and c is not m]  # a shared (frozen LoRA base) parameter has no grad anyway
         accumulate = [(m, c) for m, c in pairs if m.grad is not None]
         for master, compute in pairs:
             if master.grad is None:
@@ -166,7 +181,10 @@ class ModelRunner:
         """Copy the updated master weights into the compute copy."""
         if not self.has_master_copy:
             return
-        torch._foreach_copy_(list(self.compute_model.parameters()), list(self.model.parameters()))
+        pairs = [(m, c) for m, c in zip(self.model.parameters(), self.compute_model.parameters())
+                 if c is not m]  # LoRA: the shared base is not copied onto itself
+        if pairs:
+            torch._foreach_copy_([c for _, c in pairs], [m for m, _ in pairs])
 
     def train(self) -> None:
         self.compute_model.train()

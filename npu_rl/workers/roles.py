@@ -16,7 +16,7 @@ def worker_specs(config: PPOConfig, plan: RunPlan) -> dict[str, WorkerSpec]:
     """``{role name: WorkerSpec}`` for every role the plan needs; all colocated on the same devices."""
     arr = config.actor_rollout_ref
     roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (arr.model, arr.actor, arr.rollout, plan))}
-    if plan.use_ref:
+    if plan.use_ref and not plan.ref_in_actor:  # with LoRA the actor serves the reference (adapter off)
         roles["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.ref, plan))
     if plan.use_critic:
         roles["critic"] = WorkerSpec(CriticWorker, (config.critic, plan))
