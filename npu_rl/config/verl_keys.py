@@ -18,8 +18,11 @@ FSDP engine keys that repeat under actor, ref and critic are generated from one 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from npu_rl.config.profiler_schema import RoleToolConfig
 
 ARR = "actor_rollout_ref"
 
@@ -103,8 +106,6 @@ NO_EFFECT: dict[str, str] = {
     "critic.checkpoint.async_save": "checkpoints are written synchronously (DCP)",
     f"{ARR}.actor.optim.zero_indexed_step": "the LR schedule counts steps from 0 (verl's default, true)",
     "critic.optim.zero_indexed_step": "the LR schedule counts steps from 0 (verl's default, true)",
-    f"{ARR}.model.use_shm": "models are read from disk; no /dev/shm copy",
-    "critic.model.use_shm": "models are read from disk; no /dev/shm copy",
     "reward_model.model.use_shm": "models are read from disk; no /dev/shm copy",
     "data.use_shm": "data files are read from disk; no /dev/shm copy",
     f"{ARR}.model.hf_config_path": "the model's config.json is read from actor_rollout_ref.model.path",
@@ -246,12 +247,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "critic.model.enable_activation_offload": ("activation offload is not implemented",
                                                "critic.model.enable_gradient_checkpointing"),
     "critic.model.use_liger": ("Liger kernels are not supported (not on NPU)", "leave it False"),
-    f"{ARR}.model.exclude_modules": ("LoRA is not supported yet (model.lora_rank must be 0)", "full fine-tuning"),
-    "critic.model.exclude_modules": ("LoRA is not supported", "full fine-tuning"),
-    "critic.model.lora_rank": ("LoRA is not supported for the critic", "full fine-tuning (lora_rank=0)"),
-    "critic.model.lora_alpha": ("LoRA is not supported for the critic", "full fine-tuning"),
-    "critic.model.target_modules": ("LoRA is not supported for the critic", "full fine-tuning"),
-    "critic.model.lora_adapter_path": ("LoRA is not supported for the critic", "full fine-tuning"),
     "critic.model.lora": ("LoRA is not supported for the critic", "full fine-tuning"),
     "algorithm.use_pf_ppo": ("preference-feedback PPO reweighting is not implemented", "leave it False"),
     "data.train_max_samples": ("sub-sampling the training set is not implemented", "a smaller parquet file"),
@@ -278,24 +273,18 @@ REFUSED: dict[str, tuple[str, str]] = {
                             f"{role.replace('critic', 'critic.model')}.fsdp_config.*")
        for role in (f"{ARR}.actor", f"{ARR}.ref", "critic") for engine in ("megatron", "veomni", "torchtitan")},
     # verl <= 0.4 Nsight switches (the profiler tree replaced them)
-    "trainer.profile_steps": ("profiling is being built (issue 12)", "none yet"),
-    "trainer.controller_nsight_options": ("Nsight is CUDA-only; profiling is being built (issue 12)", "none yet"),
-    "trainer.worker_nsight_options": ("Nsight is CUDA-only; profiling is being built (issue 12)", "none yet"),
+    "trainer.profile_steps": ("verl 0.4's profiling keys are not read", "global_profiler.steps"),
+    "trainer.controller_nsight_options": ("verl 0.4's Nsight options are not read",
+                                          "global_profiler.tool=nsys and global_profiler.global_tool_config.nsys"),
+    "trainer.worker_nsight_options": ("verl 0.4's Nsight options are not read",
+                                      "global_profiler.tool=nsys and global_profiler.global_tool_config.nsys"),
 }
 
 # Features other issues are adding right now: refused until they land (set to "off" they are accepted).
-BEING_BUILT: dict[str, str] = {
-    f"{ARR}.model.lora": "LoRA (issue 15)",
-    f"{ARR}.model.lora_adapter_path": "LoRA (issue 15)",
-    "algorithm.rollout_correction": "rollout correction: TIS / MIS / rejection sampling / bypass mode (issue 16)",
-    "global_profiler": "the profiler (issue 12)",
-    f"{ARR}.profiler": "the profiler (issue 12)",
-    f"{ARR}.actor.profiler": "the profiler (issue 12)",
-    f"{ARR}.ref.profiler": "the profiler (issue 12)",
-    f"{ARR}.rollout.profiler": "the profiler (issue 12)",
-    "critic.profiler": "the profiler (issue 12)",
-    "reward_model.profiler": "the profiler (issue 12)",
-}
+BEING_BUILT: dict[str, str] = {}  # features other issues were adding; LoRA, rollout correction and the profiler landed
+REFUSED[f"{ARR}.model.lora"] = (
+    "verl's nested LoRA settings (Megatron's engine) are not read here",
+    "actor_rollout_ref.model.lora_rank / lora_alpha / target_modules / exclude_modules / lora_adapter_path")
 
 # Agent loops (npu_rl/agent/, docs/agents.md): the parts of verl's multi_turn / agent trees not built here.
 REFUSED.update({
@@ -423,3 +412,19 @@ def all_entries() -> dict[str, str]:
     out.update({k: "refused" for k in REFUSED})
     out.update({k: "being_built" for k in BEING_BUILT})
     return out
+
+
+# Parts of verl's profiler trees the profiler here does not implement (npu_rl/utils/profiling.py, docs/npu.md).
+for _root in (f"{ARR}.actor.profiler", f"{ARR}.ref.profiler", f"{ARR}.rollout.profiler", "critic.profiler",
+              "reward_model.profiler", "global_profiler"):
+    REFUSED[f"{_root}.relocate_results"] = ("traces are written into the run folder and not moved afterwards",
+                                            "read them from <run folder>/profile")
+    for _leaf in ("finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks"):
+        REFUSED[f"{_root}.{_leaf}"] = ("commands run after profiling are not supported", "run it after training")
+    REFUSED[f"{_root}.discrete"] = ("verl 0.4's per-role discrete profiling flag is not read",
+                                    "global_profiler.steps and the role's profiler.enable")
+    for _tool in (f.name for f in dataclasses.fields(RoleToolConfig)):
+        for _leaf in ("profile_token_start", "profile_token_end"):
+            REFUSED[f"{_root}.tool_config.{_tool}.{_leaf}"] = (
+                "profiling a window of decoded tokens inside the rollout is not supported",
+                "profile the whole rollout phase (the role's profiler.enable)")

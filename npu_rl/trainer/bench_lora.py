@@ -69,15 +69,15 @@ def run_mode(mode: str, args) -> dict:
 
     backend = get_backend()
     device = backend.device()
-    is_cuda = device.type == "cuda"
+    on_device = backend.is_accelerator  # memory figures come from the device layer's module
     result: dict = {"mode": mode}
     objects: dict = {}
     gc.collect()
-    if is_cuda:  # what the previous mode left is freed now that its frame is gone
-        torch.cuda.empty_cache()
+    if on_device:  # what the previous mode left is freed now that its frame is gone
+        backend.module.empty_cache()
     try:
-        if is_cuda:
-            torch.cuda.reset_peak_memory_stats()
+        if on_device:
+            backend.module.reset_peak_memory_stats()
         start = time.perf_counter()
         if mode == "lora":
             model = _build(args.shape, torch.bfloat16, device, args.checkpointing)
@@ -116,9 +116,9 @@ def run_mode(mode: str, args) -> dict:
                 times.append(time.perf_counter() - t0)
         result["step_s"] = sum(times) / len(times)
         result["tokens_per_s"] = args.rows * (args.prompt_length + args.response_length) / result["step_s"]
-        if is_cuda:
-            result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            result["resident_gib"] = torch.cuda.memory_allocated() / 2**30
+        if on_device:
+            result["peak_gib"] = backend.module.max_memory_allocated() / 2**30
+            result["resident_gib"] = backend.module.memory_allocated() / 2**30
         if mode == "lora":  # the reference: the same weights with the adapter off, vs a second bf16 copy
             with torch.no_grad(), adapter_disabled(runner.model):
                 backend.synchronize()
@@ -126,21 +126,21 @@ def run_mode(mode: str, args) -> dict:
                 response_logprobs(runner.compute_model, ids, mask, pos, responses, 1.0, options)
                 backend.synchronize()
                 result["ref_forward_s"] = time.perf_counter() - t0
-            if is_cuda:
-                before = torch.cuda.memory_allocated()
+            if on_device:
+                before = backend.module.memory_allocated()
                 copy = _build(args.shape, torch.bfloat16, device, False).requires_grad_(False)
-                result["separate_ref_copy_gib"] = (torch.cuda.memory_allocated() - before) / 2**30
+                result["separate_ref_copy_gib"] = (backend.module.memory_allocated() - before) / 2**30
                 del copy
     except torch.OutOfMemoryError as exc:
         result["error"] = "out of memory: " + str(exc).split("\n")[0][:300]
-        if is_cuda:
-            result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if on_device:
+            result["peak_gib"] = backend.module.max_memory_allocated() / 2**30
     finally:
         objects.clear()
         model = None
         gc.collect()
-        if is_cuda:
-            torch.cuda.empty_cache()
+        if on_device:
+            backend.module.empty_cache()
     return result
 
 
