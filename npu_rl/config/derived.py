@@ -7,7 +7,7 @@ rows must come out even (prompts -> mini-batches -> data-parallel ranks -> micro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from npu_rl.config.schema import PPOConfig
@@ -67,6 +67,8 @@ class RunPlan:
     policy_model_path: str
     actor: RolePlan
     critic: RolePlan | None = None
+    # data.apply_chat_template_kwargs: the agent loops render later turns with the same template settings as the prompt
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     policy_loss_mode: str = "vanilla"  # actor.policy_loss.loss_mode, or bypass_mode (algorithm.rollout_correction)
     bypass_correction: Any = None  # the bypass_mode loss's RolloutCorrectionSpec (algorithm.rollout_correction)
     ref_in_actor: bool = False  # LoRA: the reference is the actor with its adapter off (no reference worker)
@@ -104,6 +106,7 @@ def build_plan(config: PPOConfig) -> RunPlan:
         policy_model_path=arr.model.path,
         actor=_role_plan(world, arr.actor.ulysses_sequence_parallel_size, arr.actor.ppo_mini_batch_size, n),
         critic=critic,
+        chat_template_kwargs=dict(config.data.apply_chat_template_kwargs or {}),
         policy_loss_mode=policy_loss_mode(config),
         bypass_correction=correction_spec(config.algorithm.rollout_correction)
         if config.algorithm.rollout_correction.bypass_mode else None,

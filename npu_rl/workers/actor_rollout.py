@@ -45,7 +45,8 @@ class ActorRolloutWorker(ReportsMemory):
                                            self.tokenizer, lora_rank=model_cfg.lora_rank)
         self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
         if agent_rollout_enabled(self.rollout_cfg):
-            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length)
+            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length,
+                                      chat_kwargs=self.plan.chat_template_kwargs)
         if self.rollout_cfg.free_cache_engine:
             self.engine.sleep()
 
