@@ -168,6 +168,7 @@ def test_trackio_local(offline_env, capfd):
     assert any("val/generations" in json.loads(m) for _, m in rows)
 
 
+@pytest.mark.slow  # in the whole suite ClearML's background reporter never signals done, and close() waits on it
 def test_clearml_offline_session_in_the_run_folder(offline_env, capfd):
     pytest.importorskip("clearml", reason="pip install clearml")
     run_dir = str(offline_env / "run")
