@@ -64,7 +64,7 @@ def run_mode(mode: str, args) -> dict:
     from npu_rl.models.forward import LogprobOptions, response_logprobs
     from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora
     from npu_rl.parallel.fsdp import clip_grad_norm
-    from npu_rl.workers.actor import build_optimizer
+    from npu_rl.workers.engine import build_optimizer
     from npu_rl.workers.model_runner import ModelRunner
 
     backend = get_backend()
