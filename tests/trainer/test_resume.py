@@ -47,7 +47,7 @@ def test_resume_after_a_kill_mid_step_matches_an_uninterrupted_run(tiny_model_di
 
     second = _train_subprocess(overrides)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stdout and "global_step_2" in second.stdout
+    assert "resumed from" in second.stderr and "global_step_2" in second.stderr  # our messages go to stderr
     assert sorted(step_rows(killed)) == [1, 2, 3, 4]
     _assert_same_weights(final_weights(killed, 4), final_weights(straight, 4))
 
@@ -64,7 +64,7 @@ def test_resume_at_an_epoch_boundary_continues_into_the_next_epoch(tiny_model_di
     assert sorted(step_rows(resumed)) == [1, 2]
     capsys.readouterr()
     assert run_training(overrides + ["trainer.total_epochs=2"]) == 0
-    assert "(step 2, epoch 1)" in capsys.readouterr().out
+    assert "(step 2, epoch 1)" in capsys.readouterr().err
     assert sorted(step_rows(resumed)) == [1, 2, 3, 4]
     state = load_trainer_state(os.path.join(resumed, "global_step_4"))
     assert (state["prompts"]["epoch"], state["prompts"]["batches_done"]) == (2, 0)
@@ -73,4 +73,4 @@ def test_resume_at_an_epoch_boundary_continues_into_the_next_epoch(tiny_model_di
     # Nothing left: a clear message and exit code 0, not a silent zero-step "success" with a wrong state.
     capsys.readouterr()
     assert run_training(overrides + ["trainer.total_epochs=2"]) == 0
-    assert "nothing left to train" in capsys.readouterr().out
+    assert "nothing left to train" in capsys.readouterr().err
