@@ -11,26 +11,12 @@ from npu_rl.config.loader import load_config
 from npu_rl.protocol import Batch
 from npu_rl.workers.actor import ActorWorker
 from npu_rl.workers.model_runner import MicroBatching
+from tests.lora.common import actor_batch
 from tests.trainer.conftest import base_overrides
 
 
 def _batch(rows: int = 8, prompt: int = 12, response: int = 6) -> Batch:
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, 100, (rows, prompt), generator=g)
-    responses = torch.randint(3, 100, (rows, response), generator=g)
-    prompt_mask = torch.ones(rows, prompt, dtype=torch.long)
-    prompt_mask[::2, :3] = 0  # left padding on half the rows
-    response_mask = torch.ones(rows, response, dtype=torch.long)
-    response_mask[1::3, -2:] = 0  # short responses
-    attention = torch.cat([prompt_mask, response_mask], 1)
-    return Batch({
-        "prompts": prompts, "responses": responses, "response_mask": response_mask,
-        "input_ids": torch.cat([prompts, responses], 1), "attention_mask": attention,
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
-        "old_logprobs": -torch.rand(rows, response, generator=g) * 5 * response_mask,
-        "ref_logprobs": -torch.rand(rows, response, generator=g) * 5 * response_mask,
-        "advantages": torch.randn(rows, response, generator=g) * response_mask,
-    })
+    return actor_batch(rows, prompt, response)  # left-padded prompts, short responses, old/ref log-probs, advantages
 
 
 def _update(model_dir, tmp_path, fused: bool) -> tuple[dict, dict]:
