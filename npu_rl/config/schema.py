@@ -60,6 +60,13 @@ class FusedKernelOptions:
 
 
 @dataclass
+class LoraOptions:
+    """verl's ``model.lora`` tree: only ``merge`` is read (its other keys are Megatron's; config/verl_keys.py)."""
+
+    merge: bool = False  # True: the rollout engine gets W + scale * B @ A after each update and runs without LoRA
+
+
+@dataclass
 class ModelConfig:
     path: str = "~/models/deepseek-llm-7b-chat"  # an HF folder, or a built-in name such as smollm2-135m-instruct
     custom_chat_template: Optional[str] = None
@@ -73,6 +80,7 @@ class ModelConfig:
     target_modules: Any = "all-linear"  # "all-linear", a list of module names, or a regex on the full name
     exclude_modules: Any = None
     lora_adapter_path: Optional[str] = None  # a PEFT adapter folder to continue training from
+    lora: LoraOptions = field(default_factory=LoraOptions)
     use_shm: bool = False  # verl copies the model folder to /dev/shm first; accepted, no effect here
     use_liger: bool = False
     use_fused_kernels: bool = False

@@ -282,9 +282,14 @@ REFUSED: dict[str, tuple[str, str]] = {
 
 # Features other issues are adding right now: refused until they land (set to "off" they are accepted).
 BEING_BUILT: dict[str, str] = {}  # features other issues were adding; LoRA, rollout correction and the profiler landed
-REFUSED[f"{ARR}.model.lora"] = (
-    "verl's nested LoRA settings (Megatron's engine) are not read here",
-    "actor_rollout_ref.model.lora_rank / lora_alpha / target_modules / exclude_modules / lora_adapter_path")
+# verl's nested LoRA tree: its FSDP engine reads lora.merge (ours too, schema.LoraOptions); the rest is Megatron's.
+REFUSED.update({
+    f"{ARR}.model.lora.{leaf}": (
+        "verl's nested LoRA settings (Megatron's engine) are not read here; of that tree only lora.merge is",
+        "actor_rollout_ref.model.lora_rank / lora_alpha / target_modules / exclude_modules / lora_adapter_path")
+    for leaf in ("type", "rank", "alpha", "dropout", "target_modules", "exclude_modules", "dropout_position",
+                 "lora_A_init_method", "lora_B_init_method", "a2a_experimental", "dtype", "adapter_path",
+                 "freeze_vision_model", "freeze_vision_projection", "freeze_language_model")})
 
 # Agent loops (npu_rl/agent/, docs/agents.md): the parts of verl's multi_turn / agent trees not built here.
 REFUSED.update({
@@ -313,7 +318,6 @@ OFF_VALUES: dict[str, tuple[Any, ...]] = {
     f"{ARR}.rollout.logprobs_mode": ("processed_logprobs",),
     f"{ARR}.rollout.checkpoint_engine.custom_backend_module": (),
     f"{ARR}.model.lora.type": ("lora",),
-    f"{ARR}.model.lora.merge": (),
     "critic.model.lora_alpha": (16,),
     "critic.model.target_modules": ("all-linear",),
     "critic.model.lora.type": ("lora",),

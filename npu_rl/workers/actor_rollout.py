@@ -41,8 +41,10 @@ class ActorRolloutWorker(ReportsMemory):
         model_cfg = self.model_cfg
         self.tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
         self.stop_ids = stop_token_ids(self.tokenizer, model_cfg.path)
+        # lora.merge (verl's key): the engine runs without LoRA and _sync_weights streams W + scale * B @ A
+        rollout_lora_rank = 0 if model_cfg.lora.merge else model_cfg.lora_rank
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
-                                           self.tokenizer, lora_rank=model_cfg.lora_rank)
+                                           self.tokenizer, lora_rank=rollout_lora_rank)
         self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
         if agent_rollout_enabled(self.rollout_cfg):
             self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length,
@@ -93,7 +95,7 @@ class ActorRolloutWorker(ReportsMemory):
     def _sync_weights(self) -> dict[str, float]:
         """The policy into the engine: full weights; with LoRA and an engine that takes adapters, the base once
         (when the engine has none yet) and then the adapter alone after each update; with LoRA and an engine that
-        does not, the merged weights."""
+        does not (or ``model.lora.merge``, which starts vLLM without LoRA), the merged weights."""
         if self.actor.is_lora and getattr(self.engine, "takes_lora_tensors", False):
             metrics = {}
             fresh_base = not self.engine.has_weights  # dummy start, or weights discarded by sleep level 2

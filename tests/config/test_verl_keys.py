@@ -96,6 +96,20 @@ def test_aliases_map_both_ways():
     assert notes == ["critic.fsdp.optimizer_offload is verl's name for critic.model.fsdp_config.optimizer_offload"]
 
 
+def test_lora_merge_is_ours_and_the_rest_of_verls_lora_tree_refused():
+    # verl's FSDP engine reads model.lora.merge (and lora_rank); lora.rank, lora.type ... are its Megatron engine's
+    assert load("+actor_rollout_ref.model.lora.merge=True").actor_rollout_ref.model.lora.merge is True
+    assert load().actor_rollout_ref.model.lora.merge is False  # verl's default
+    notes = []
+    load("actor_rollout_ref.model.lora.type=lora", "actor_rollout_ref.model.lora.rank=0", notes=notes)
+    assert len(notes) == 2 and all("accepted (the feature stays off)" in n for n in notes), notes
+    with pytest.raises(ConfigError, match=r"lora.rank=16: .*only lora.merge is.* instead: actor_rollout_ref.model."
+                                          r"lora_rank"):
+        load("actor_rollout_ref.model.lora.rank=16")
+    with pytest.raises(ConfigError, match="critic.model.lora.merge=True: LoRA is not supported for the critic"):
+        load("critic.model.lora.merge=True")
+
+
 def test_free_form_dict_keys_need_no_plus():
     config = load("ray_kwargs.ray_init.runtime_env.py_executable=uv run python3",
                   "+ray_kwargs.ray_init.runtime_env.env_vars.FOO=1")
@@ -204,7 +218,6 @@ EXPECTED_OTHER = {
     "grpo_trainer_run_gpt_oss_20b_fsdp": ["actor_rollout_ref.rollout.name='sglang' is not one of"],
     "grpo_trainer_run_qwen3_5_27b_fsdp_turbo": ["actor_rollout_ref.actor.strategy='fsdp_turbo' is not one of"],
     "grpo_trainer_run_qwen3_5_35b_fsdp_turbo": ["actor_rollout_ref.actor.strategy='fsdp_turbo' is not one of"],
-    "tuning_lora_run_qwen3_8b_fsdp": ["lora_rank > 0: LoRA is not supported"],
     # the profiler keys are implemented; what remains is the rollout engine, or the NPU tool on this CPU machine
     "profile_run_qwen2_5_vl_7b_torch_memory": ["actor_rollout_ref.rollout.name='sglang' is not one of",
                                                "global_profiler.tool='torch_memory' is not available on cpu",
@@ -218,7 +231,8 @@ MUST_PASS = {"docs_gsm8k_example_ppo", "docs_quickstart_ppo_gsm8k", "recipe_dapo
              "ppo_trainer_run_qwen3_8b_fsdp", "grpo_trainer_run_qwen3_8b_fsdp", "gspo_trainer_run_qwen3_8b_fsdp",
              "sapo_trainer_run_qwen3_8b_fsdp", "otb_trainer_run_qwen3_8b_fsdp", "gdpo_trainer_run_qwen3_8b_fsdp",
              "ascend_extras_ppo_trainer_run_qwen3_8b_fsdp", "ascend_extras_grpo_trainer_run_qwen3_32b_fsdp",
-             "ascend_extras_gspo_trainer_run_qwen3_32b_fsdp", "grpo_trainer_run_qwen2_5_32b_fsdp"}
+             "ascend_extras_gspo_trainer_run_qwen3_32b_fsdp", "grpo_trainer_run_qwen2_5_32b_fsdp",
+             "tuning_lora_run_qwen3_8b_fsdp", "tuning_lora_run_qwen3_8b_merge_fsdp"}
 
 
 def refused_override(problem: str, overrides: list[str]) -> bool:
