@@ -33,6 +33,10 @@ import tempfile
 COLUMNS = [("timing_s/step", "step s"), ("timing_s/gen", "gen s"), ("timing_s/old_log_prob", "old logp s"),
            ("timing_s/ref", "ref s"), ("timing_s/update_actor", "update s"), ("perf/throughput", "tokens/s per device"),
            ("perf/mfu/actor", "MFU (update)"), ("perf/max_memory_allocated_gb", "peak GiB")]
+# Kept in --out's JSON (not printed): where the rollout's time goes inside the worker against around it.
+DIAGNOSTICS = ["timing_s/generate_sequences", "timing_s/rollout_decode", "rollout/decode_ms_per_step",
+               "rollout/host_threads", "rollout/decode_compiled", "timing_s/rollout_unshard",
+               "timing_s/rollout_reshard"]
 _FUSED = ["actor_rollout_ref.model.use_fused_kernels=True",
           "actor_rollout_ref.model.fused_kernel_options.impl_backend=auto"]
 _PACKED = ["actor_rollout_ref.model.use_remove_padding=True"]
@@ -103,6 +107,7 @@ def _averages(jsonl: str) -> dict[str, float]:
     rows = [r for r in rows if "timing_s/step" in r]
     kept = rows[1:] or rows  # the first step warms up kernels and allocators
     keys = [key for key, _ in COLUMNS] + sorted({k for r in kept for k in r if k.startswith("perf/rank")})
+    keys += [key for key in DIAGNOSTICS if any(key in r for r in kept)]
     out = {key: sum(r.get(key, 0.0) for r in kept) / len(kept) for key in keys}
     out["peak_all_steps_gb"] = max(r.get("perf/max_memory_allocated_gb", 0.0) for r in rows)
     out["memory_reports"] = max(r.get("perf/num_memory_reports", 0.0) for r in rows)
