@@ -195,6 +195,16 @@ class Backend:
             return forced not in ("0", "false", "False")
         return self.name == "cuda"
 
+    @property
+    def compiles_model_blocks(self) -> bool:
+        """Whether ``actor.use_torch_compile`` / ``ref.use_torch_compile`` compile the models' RMSNorm and MLP blocks
+        for training forwards (:func:`npu_rl.workers.model_runner.compile_elementwise_blocks`): CUDA only (Ascend's
+        compiler path is torchair, not verified here). ``NPU_RL_COMPILE_BLOCKS=0|1`` overrides."""
+        forced = os.environ.get("NPU_RL_COMPILE_BLOCKS", "").strip()
+        if forced:
+            return forced not in ("0", "false", "False")
+        return self.name == "cuda"
+
     def local_rank_env(self) -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
 

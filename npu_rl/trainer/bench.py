@@ -9,7 +9,8 @@ tokens. The first step is a warm-up and is left out of the averages. Rollouts us
 (HF generate where vLLM is not installed). Extra ``key=value`` arguments are config overrides.
 
 Modes: ``naive`` (plain log-probs), ``fused`` (fused log-prob kernels), ``packed`` (fused + remove-padding),
-``nockpt`` / ``packed_nockpt`` (the same without gradient checkpointing).
+``nockpt`` / ``packed_nockpt`` (the same without gradient checkpointing); ``fused_eager`` / ``nockpt_eager``: with
+``actor.use_torch_compile=False`` (no compiled RMSNorm / MLP blocks where the device layer would compile them).
 
 Devices (``--devices 1,2``): one device runs in-process; more run through Ray (one worker per device). Scaling:
 ``strong`` keeps the global batch (``--prompts``), ``weak`` multiplies it by the device count; each multi-device
@@ -41,8 +42,10 @@ _FUSED = ["actor_rollout_ref.model.use_fused_kernels=True",
           "actor_rollout_ref.model.fused_kernel_options.impl_backend=auto"]
 _PACKED = ["actor_rollout_ref.model.use_remove_padding=True"]
 _NO_CKPT = ["actor_rollout_ref.model.enable_gradient_checkpointing=False"]
+_EAGER = ["actor_rollout_ref.actor.use_torch_compile=False"]
 MODES = {"naive": ["actor_rollout_ref.model.use_fused_kernels=False"], "fused": _FUSED, "packed": _FUSED + _PACKED,
-         "nockpt": _FUSED + _NO_CKPT, "packed_nockpt": _FUSED + _PACKED + _NO_CKPT}
+         "nockpt": _FUSED + _NO_CKPT, "packed_nockpt": _FUSED + _PACKED + _NO_CKPT,
+         "fused_eager": _FUSED + _EAGER, "nockpt_eager": _FUSED + _NO_CKPT + _EAGER}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,7 +95,7 @@ def _overrides(args, model_dir: str, data: str, out_dir: str, prompts: int, devi
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}", f"actor_rollout_ref.rollout.n={args.n}",
         f"actor_rollout_ref.rollout.name={args.engine}", "actor_rollout_ref.rollout.ignore_eos=True",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"trainer.n_gpus_per_node={devices}", f"trainer.controller={'local' if devices == 1 else 'ray'}",
         f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=False",
         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[file]", "trainer.progress_bar=False",
