@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--prompt-length", type=int, default=128)
     p.add_argument("--response-length", type=int, default=256)
+    p.add_argument("--min-prompt-length", type=int, default=None,
+                   help="prompts of lengths spread evenly from this to --prompt-length (default: all the same), so "
+                        "batches carry padding that remove-padding can drop")
     p.add_argument("--micro-batch", type=int, default=None, help="rows per micro-batch per device (default: all)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--modes", default="naive,fused", help=f"comma list of {', '.join(MODES)}")
@@ -70,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _prompt_data(args, folder: str, prompts: int) -> str:
-    """Prompts of exactly ``prompt_length`` tokens with the char tokenizer (one token per character)."""
+    """Prompts of exactly ``prompt_length`` tokens with the char tokenizer (one token per character); with
+    ``--min-prompt-length``, lengths spread evenly between the two (row i of every batch gets the same length)."""
     from npu_rl.data.io import write_parquet
     from npu_rl.models.synthetic import char_tokenizer
 
@@ -78,9 +82,16 @@ def _prompt_data(args, folder: str, prompts: int) -> str:
     overhead = len(char_tokenizer().apply_chat_template([{"role": "user", "content": ""}], tokenize=False,
                                                         add_generation_prompt=True))
     overhead -= 2 * (len("<|im_start|>") - 1) + len("<|im_end|>") - 1  # each special token is one id
-    text = "x" * max(1, args.prompt_length - overhead)
-    rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": text}], "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": {"index": i}} for i in range(count)]
+    shortest = args.min_prompt_length or args.prompt_length
+    if args.min_prompt_length and not overhead < shortest <= args.prompt_length:
+        raise SystemExit(f"npu-rl bench trainer: --min-prompt-length must be in ({overhead}, {args.prompt_length}]")
+
+    def length(i: int) -> int:
+        return shortest + (args.prompt_length - shortest) * (i % prompts) // max(prompts - 1, 1)
+
+    rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": "x" * max(1, length(i) - overhead)}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": {"index": i}}
+            for i in range(count)]
     return write_parquet(rows, os.path.join(folder, f"prompts-{prompts}.parquet"))
 
 
