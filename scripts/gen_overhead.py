@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import tempfile
 import time
 
@@ -28,7 +29,15 @@ def main() -> None:
     p.add_argument("--prompt-length", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--engines", default="plain,fsdp hooks,gathered + twin", help="comma list of the three")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (host threads) first")
+    p.add_argument("--compiled", action="store_true", help="compiled decoding (static cache + torch.compile) where "
+                   "the engine allows it (not on the FSDP-hooks module)")
+    p.add_argument("--generate-kwargs", default="{}", help="JSON: extra transformers generation settings "
+                   "(what rollout.engine_kwargs.hf passes), e.g. '{\"cache_implementation\": \"static\"}'")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from npu_rl.device import get_backend
     from npu_rl.models.synthetic import random_causal_lm
     from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh
@@ -48,11 +57,17 @@ def main() -> None:
                     {"uid": [str(i) for i in range(args.rows)]}, {})
     sampling = SamplingParams(n=1, do_sample=False, max_new_tokens=args.new_tokens, stop_token_ids=[],
                               return_logprobs=True)
-    engines = {"plain": HFRolloutEngine(plain, 0), "fsdp hooks": HFRolloutEngine(sharded, 0, gather_full_weights=False),
-               "gathered + twin": HFRolloutEngine(sharded, 0)}
+    extra = json.loads(args.generate_kwargs)
+    common = dict(generate_kwargs=extra, compiled_decode=args.compiled)
+    engines = {"plain": HFRolloutEngine(plain, 0, **common),
+               "fsdp hooks": HFRolloutEngine(sharded, 0, gather_full_weights=False, **common),
+               "gathered + twin": HFRolloutEngine(sharded, 0, **common)}
+    engines = {name: engines[name] for name in args.engines.split(",")}
     results, tokens = {}, {}
     for name, engine in engines.items():
+        start = time.perf_counter()
         engine.generate(prompts, sampling)  # warm-up
+        print(f"{name}: warm-up generate {time.perf_counter() - start:.1f} s", flush=True)
         times = []
         for _ in range(args.repeats):
             backend.synchronize()
@@ -63,13 +78,14 @@ def main() -> None:
         results[name] = sorted(times)[len(times) // 2]
         tokens[name] = out["responses"].cpu()
     print(f"{args.shape}, {args.rows} rows x {args.prompt_length} prompt + {args.new_tokens} new tokens, greedy, "
-          f"{backend.device_name()}, torch {torch.__version__}")
+          f"{backend.device_name()}, torch {torch.__version__}, {torch.get_num_threads()} host threads")
     print("| module | generate s | ms per decoded token | tokens equal plain |")
     print("|---|---|---|---|")
     for name, seconds in results.items():
-        same = bool(torch.equal(tokens[name], tokens["plain"]))
+        same = bool(torch.equal(tokens[name], tokens["plain"])) if "plain" in tokens else "-"
         print(f"| {name} | {seconds:.2f} | {1e3 * seconds / args.new_tokens:.1f} | {same} |")
-    print("gather metrics:", engines["gathered + twin"].last_generate_metrics)
+    for name, engine in engines.items():
+        print(f"{name}: {engine.last_generate_metrics}")
 
 
 if __name__ == "__main__":

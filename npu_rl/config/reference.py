@@ -44,7 +44,8 @@ DESCRIPTIONS = {
     "actor_rollout_ref.actor.use_kl_loss": "add a KL-to-reference term to the actor loss (GRPO)",
     "actor_rollout_ref.actor.kl_loss_coef": "weight of the KL loss",
     "actor_rollout_ref.actor.kl_loss_type": "kl (k1) | abs | mse (k2) | low_var_kl (k3)",
-    "actor_rollout_ref.actor.use_torch_compile": "kept for verl scripts; no effect here",
+    "actor_rollout_ref.actor.use_torch_compile": "compile the RMSNorm and MLP blocks of training forwards (CUDA only)",
+    "actor_rollout_ref.ref.use_torch_compile": "compile the reference's RMSNorm and MLP blocks (CUDA only)",
     "actor_rollout_ref.actor.ppo_epochs": "passes over each batch",
     "actor_rollout_ref.actor.shuffle": "shuffle rows between mini-batches",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "devices one sequence is split over (Ulysses)",
@@ -95,7 +96,9 @@ def _field_comments(cls) -> dict[str, str]:
         if tok.type == tokenize.NAME and tok.start[1] == 4 and current is None:
             current = tok.string
         elif tok.type == tokenize.COMMENT and current:
-            out[current] = tok.string.lstrip("# ").strip()
+            text = tok.string.lstrip("# ").strip()
+            if not text.startswith(("type:", "noqa")):  # a checker's pragma is not a description
+                out[current] = text
         if tok.type == tokenize.NEWLINE:
             current = None
     return out

@@ -302,8 +302,6 @@ def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = T
 # Keys kept so that verl scripts run unchanged, but with no effect here (a non-default value gets a note).
 NO_EFFECT = {
     "actor_rollout_ref.hybrid_engine": "actor, rollout and reference always share the devices",
-    "actor_rollout_ref.actor.use_torch_compile": "there is no torch.compile path; fused kernels: model.use_fused_kernels",
-    "actor_rollout_ref.ref.use_torch_compile": "there is no torch.compile path",
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": "entropy is always computed in row chunks or fused",
     "actor_rollout_ref.actor.entropy_checkpointing": "entropy is always computed in row chunks or fused",
     "actor_rollout_ref.rollout.layered_summon": "weights are always streamed one parameter at a time",

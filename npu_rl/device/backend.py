@@ -183,6 +183,28 @@ class Backend:
         forced = os.environ.get("NPU_RL_VARLEN_KERNEL", "").strip()
         return (forced, *order) if forced else order
 
+    @property
+    def compiled_decode(self) -> bool:
+        """Whether the hf rollout decodes with transformers' static KV cache and a compiled forward replayed as
+        device graphs (``torch.compile(mode="reduce-overhead")``): CUDA only. Measured on an H200 (0.5B shape, 64
+        rows x 256 tokens): 4.5 ms per decoded token against 19.9 eager, after a one-off compile of ~20 s per batch
+        shape. Ascend compiles through torchair, which transformers' generate does not use; CPU has no graphs to
+        replay. ``NPU_RL_COMPILED_DECODE=0|1`` overrides; ``rollout.enforce_eager=True`` turns it off."""
+        forced = os.environ.get("NPU_RL_COMPILED_DECODE", "").strip()
+        if forced:
+            return forced not in ("0", "false", "False")
+        return self.name == "cuda"
+
+    @property
+    def compiles_model_blocks(self) -> bool:
+        """Whether ``actor.use_torch_compile`` / ``ref.use_torch_compile`` compile the models' RMSNorm and MLP blocks
+        for training forwards (:func:`npu_rl.workers.model_runner.compile_elementwise_blocks`): CUDA only (Ascend's
+        compiler path is torchair, not verified here). ``NPU_RL_COMPILE_BLOCKS=0|1`` overrides."""
+        forced = os.environ.get("NPU_RL_COMPILE_BLOCKS", "").strip()
+        if forced:
+            return forced not in ("0", "false", "False")
+        return self.name == "cuda"
+
     def local_rank_env(self) -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
 

@@ -75,8 +75,11 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
 
     from npu_rl.rollout.hf import HFRolloutEngine
 
+    from npu_rl.device import get_backend
+
     hf_kwargs = to_plain(rollout_config.engine_kwargs.hf) or {}
-    common = dict(generate_kwargs=hf_kwargs, sleep_level=int(rollout_config.sleep_level),
+    compiled = not rollout_config.enforce_eager and get_backend().compiled_decode
+    common = dict(generate_kwargs=hf_kwargs, compiled_decode=compiled, sleep_level=int(rollout_config.sleep_level),
                   bucket_megabytes=float(rollout_config.update_weights_bucket_megabytes))
     if actor_module is not None:
         return HFRolloutEngine(actor_module, tokenizer.pad_token_id, shares_actor_module=True, **common)

@@ -18,6 +18,13 @@ does), so it can also record the log-probs of the distribution each token was ac
 - Memory: one step's [B*n, V] log-probs at a time (the token drawn at step t is read back from ``input_ids`` at
   step t + 1), never the [steps, B*n, V] scores that ``output_scores=True`` would keep.
 
+Compiled decoding (``compiled_decode``: ``Backend.compiled_decode``, off with ``rollout.enforce_eager``):
+transformers' static KV cache, with which ``generate`` compiles the model's forward (``torch.compile``,
+``mode="reduce-overhead"``: replayed as device graphs). Decoding a small model is host-bound (one Python pass over
+every layer per token); replayed graphs remove that. The first ``generate`` of each batch shape compiles (tens of
+seconds). Not used on a module with FSDP2 hooks (``gather_full_weights=False``), on a PEFT model, or when
+``rollout.engine_kwargs.hf`` names its own ``cache_implementation``.
+
 FSDP2. On a sharded actor module, ``generate`` runs inside :func:`npu_rl.parallel.unshard.unsharded`: the full
 weights are gathered once per call (not once per decoded token), each rank decodes its own prompts without
 collectives, and the weights are freed afterwards; the gather's time and memory land in ``last_generate_metrics``
@@ -33,7 +40,7 @@ from __future__ import annotations
 import difflib
 import logging
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterable
 
 import torch
@@ -98,12 +105,29 @@ class SamplingProcessor(LogitsProcessor):
         return logprobs
 
 
+@contextmanager
+def _plain_attention(module: torch.nn.Module):
+    """``sdpa`` for the block on a model set to the packed-attention implementation (which is sdpa outside packed
+    mode, but reads a context variable first: a graph break in every layer under ``torch.compile``)."""
+    from npu_rl.parallel.attention import ATTN_IMPLEMENTATION
+
+    config = getattr(module, "config", None)
+    if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+        yield
+        return
+    module.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        module.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
 class HFRolloutEngine:
     """transformers ``generate`` behind the :class:`~npu_rl.rollout.base.RolloutEngine` protocol."""
 
     def __init__(self, module: torch.nn.Module, pad_token_id: int, *, shares_actor_module: bool = True,
                  generate_kwargs: dict[str, Any] | None = None, sleep_level: int = 1,
-                 bucket_megabytes: float = 512, gather_full_weights: bool = True):
+                 bucket_megabytes: float = 512, gather_full_weights: bool = True, compiled_decode: bool = False):
         if pad_token_id is None:
             raise ValueError("HFRolloutEngine needs a pad token id (load the tokenizer with load_tokenizer)")
         self.module = module
@@ -114,6 +138,7 @@ class HFRolloutEngine:
         self.sleep_level = sleep_level
         self.bucket_megabytes = bucket_megabytes
         self.gather_full_weights = gather_full_weights
+        self.compiled_decode = compiled_decode
         self._plain_view: PlainView | None = None  # built on the first generate on a sharded module
         self.last_generate_metrics: dict[str, float] = {}  # unshard timings and memory of the last generate
         self._gate = VersionGate()
@@ -135,7 +160,16 @@ class HFRolloutEngine:
             return param.device
         return get_backend().device()
 
-    def _generation_config(self, sampling: SamplingParams) -> GenerationConfig:
+    def _compiles(self, module: torch.nn.Module) -> bool:
+        """Whether this generate decodes with the static cache and a compiled forward (module docstring)."""
+        if not self.compiled_decode or "cache_implementation" in self.generate_kwargs:
+            return False
+        from torch.distributed.fsdp import FSDPModule
+
+        # FSDP2's per-layer hooks are not traced; PEFT's adapter layers under compile are not verified
+        return not any(isinstance(m, FSDPModule) or hasattr(m, "lora_A") for m in module.modules())
+
+    def _generation_config(self, sampling: SamplingParams, compiled: bool = False) -> GenerationConfig:
         # Every sampling knob is set explicitly (neutral where SamplingProcessor does the work), so that nothing
         # is filled in from the model folder's generation_config.json.
         neutral_warpers = {} if sampling.greedy else dict(  # (greedy: transformers applies no warper anyway)
@@ -146,6 +180,8 @@ class HFRolloutEngine:
             eos_token_id=list(sampling.stop_token_ids), pad_token_id=self.pad_token_id,
             return_dict_in_generate=False, **neutral_warpers,
         )
+        if compiled:
+            config.cache_implementation = "static"  # transformers then compiles the forward (module docstring)
         config.update(**self.generate_kwargs)
         return config
 
@@ -172,20 +208,31 @@ class HFRolloutEngine:
                     if self._plain_view is None:
                         self._plain_view = PlainView(self.module)
                     module = self._plain_view.bind(self.module)
+                compiled = self._compiles(module)
+                decode_start = time.perf_counter()
                 try:
-                    sequences = module.generate(
-                        input_ids=input_ids, attention_mask=attention_mask,
-                        generation_config=self._generation_config(sampling),
-                        logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
-                    )
+                    with _plain_attention(module) if compiled else nullcontext():
+                        sequences = module.generate(
+                            input_ids=input_ids, attention_mask=attention_mask,
+                            generation_config=self._generation_config(sampling, compiled),
+                            logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
+                        )
+                    decode_s = time.perf_counter() - decode_start  # generate returns tokens: synchronised
                 finally:
                     if module is not self.module:
                         self._plain_view.release()
         finally:
             self.module.train(was_training)
-        self.last_generate_metrics = unshard_stats.as_metrics("rollout")
         generated = sequences[:, input_ids.shape[1]:]
         num_rows, num_generated = generated.shape
+        # Decoding is host-bound for small models (one Python pass over the layers per token): the time per decoded
+        # step and the host threads torch uses here tell a slow rollout apart from a slow dispatch around it.
+        self.last_generate_metrics = unshard_stats.as_metrics("rollout") | {
+            "timing_s/rollout_decode": decode_s,
+            "rollout/decode_ms_per_step": 1000 * decode_s / max(num_generated, 1),
+            "rollout/host_threads": float(torch.get_num_threads()),
+            "rollout/decode_compiled": float(compiled),
+        }
         if num_generated > response_length:
             raise RuntimeError(f"generate returned {num_generated} new tokens for max_new_tokens={response_length}")
         responses = generated.new_full((num_rows, response_length), self.pad_token_id)

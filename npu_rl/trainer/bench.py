@@ -9,7 +9,8 @@ tokens. The first step is a warm-up and is left out of the averages. Rollouts us
 (HF generate where vLLM is not installed). Extra ``key=value`` arguments are config overrides.
 
 Modes: ``naive`` (plain log-probs), ``fused`` (fused log-prob kernels), ``packed`` (fused + remove-padding),
-``nockpt`` / ``packed_nockpt`` (the same without gradient checkpointing).
+``nockpt`` / ``packed_nockpt`` (the same without gradient checkpointing); ``fused_eager`` / ``nockpt_eager``: with
+``actor.use_torch_compile=False`` (no compiled RMSNorm / MLP blocks where the device layer would compile them).
 
 Devices (``--devices 1,2``): one device runs in-process; more run through Ray (one worker per device). Scaling:
 ``strong`` keeps the global batch (``--prompts``), ``weak`` multiplies it by the device count; each multi-device
@@ -33,12 +34,18 @@ import tempfile
 COLUMNS = [("timing_s/step", "step s"), ("timing_s/gen", "gen s"), ("timing_s/old_log_prob", "old logp s"),
            ("timing_s/ref", "ref s"), ("timing_s/update_actor", "update s"), ("perf/throughput", "tokens/s per device"),
            ("perf/mfu/actor", "MFU (update)"), ("perf/max_memory_allocated_gb", "peak GiB")]
+# Kept in --out's JSON (not printed): where the rollout's time goes inside the worker against around it.
+DIAGNOSTICS = ["timing_s/generate_sequences", "timing_s/rollout_decode", "rollout/decode_ms_per_step",
+               "rollout/host_threads", "rollout/decode_compiled", "timing_s/rollout_unshard",
+               "timing_s/rollout_reshard"]
 _FUSED = ["actor_rollout_ref.model.use_fused_kernels=True",
           "actor_rollout_ref.model.fused_kernel_options.impl_backend=auto"]
 _PACKED = ["actor_rollout_ref.model.use_remove_padding=True"]
 _NO_CKPT = ["actor_rollout_ref.model.enable_gradient_checkpointing=False"]
+_EAGER = ["actor_rollout_ref.actor.use_torch_compile=False"]
 MODES = {"naive": ["actor_rollout_ref.model.use_fused_kernels=False"], "fused": _FUSED, "packed": _FUSED + _PACKED,
-         "nockpt": _FUSED + _NO_CKPT, "packed_nockpt": _FUSED + _PACKED + _NO_CKPT}
+         "nockpt": _FUSED + _NO_CKPT, "packed_nockpt": _FUSED + _PACKED + _NO_CKPT,
+         "fused_eager": _FUSED + _EAGER, "nockpt_eager": _FUSED + _NO_CKPT + _EAGER}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--prompt-length", type=int, default=128)
     p.add_argument("--response-length", type=int, default=256)
+    p.add_argument("--min-prompt-length", type=int, default=None,
+                   help="prompts of lengths spread evenly from this to --prompt-length (default: all the same), so "
+                        "batches carry padding that remove-padding can drop")
     p.add_argument("--micro-batch", type=int, default=None, help="rows per micro-batch per device (default: all)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--modes", default="naive,fused", help=f"comma list of {', '.join(MODES)}")
@@ -63,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _prompt_data(args, folder: str, prompts: int) -> str:
-    """Prompts of exactly ``prompt_length`` tokens with the char tokenizer (one token per character)."""
+    """Prompts of exactly ``prompt_length`` tokens with the char tokenizer (one token per character); with
+    ``--min-prompt-length``, lengths spread evenly between the two (row i of every batch gets the same length)."""
     from npu_rl.data.io import write_parquet
     from npu_rl.models.synthetic import char_tokenizer
 
@@ -71,9 +82,16 @@ def _prompt_data(args, folder: str, prompts: int) -> str:
     overhead = len(char_tokenizer().apply_chat_template([{"role": "user", "content": ""}], tokenize=False,
                                                         add_generation_prompt=True))
     overhead -= 2 * (len("<|im_start|>") - 1) + len("<|im_end|>") - 1  # each special token is one id
-    text = "x" * max(1, args.prompt_length - overhead)
-    rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": text}], "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": {"index": i}} for i in range(count)]
+    shortest = args.min_prompt_length or args.prompt_length
+    if args.min_prompt_length and not overhead < shortest <= args.prompt_length:
+        raise SystemExit(f"npu-rl bench trainer: --min-prompt-length must be in ({overhead}, {args.prompt_length}]")
+
+    def length(i: int) -> int:
+        return shortest + (args.prompt_length - shortest) * (i % prompts) // max(prompts - 1, 1)
+
+    rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": "x" * max(1, length(i) - overhead)}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": {"index": i}}
+            for i in range(count)]
     return write_parquet(rows, os.path.join(folder, f"prompts-{prompts}.parquet"))
 
 
@@ -88,7 +106,7 @@ def _overrides(args, model_dir: str, data: str, out_dir: str, prompts: int, devi
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}", f"actor_rollout_ref.rollout.n={args.n}",
         f"actor_rollout_ref.rollout.name={args.engine}", "actor_rollout_ref.rollout.ignore_eos=True",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"trainer.n_gpus_per_node={devices}", f"trainer.controller={'local' if devices == 1 else 'ray'}",
         f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=False",
         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[file]", "trainer.progress_bar=False",
@@ -103,6 +121,7 @@ def _averages(jsonl: str) -> dict[str, float]:
     rows = [r for r in rows if "timing_s/step" in r]
     kept = rows[1:] or rows  # the first step warms up kernels and allocators
     keys = [key for key, _ in COLUMNS] + sorted({k for r in kept for k in r if k.startswith("perf/rank")})
+    keys += [key for key in DIAGNOSTICS if any(key in r for r in kept)]
     out = {key: sum(r.get(key, 0.0) for r in kept) / len(kept) for key in keys}
     out["peak_all_steps_gb"] = max(r.get("perf/max_memory_allocated_gb", 0.0) for r in rows)
     out["memory_reports"] = max(r.get("perf/num_memory_reports", 0.0) for r in rows)

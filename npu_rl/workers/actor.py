@@ -26,7 +26,7 @@ from npu_rl.workers.model_runner import MicroBatching
 
 def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, plan: RunPlan, forward_micro: MicroBatching,
                         sp_size: int, trainable: bool, optim_config=None, total_training_steps=None,
-                        update: UpdateSettings | None = None) -> TrainingEngine:
+                        update: UpdateSettings | None = None, compile_blocks: bool = False) -> TrainingEngine:
     """A causal LM from ``actor_rollout_ref.model`` on an engine: the actor's (trained) or the reference's.
     With ``lora_rank`` > 0 the trained one is a PEFT model: the frozen base loaded straight in the compute dtype,
     fp32 adapters (models/lora.py)."""
@@ -43,6 +43,7 @@ def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, plan:
     return TrainingEngine(model, fsdp_config, role=role, response_length=plan.max_response_length,
                           forward_micro=forward_micro, sp_size=sp_size, use_remove_padding=model_cfg.use_remove_padding,
                           optim_config=optim_config if trainable else None, total_training_steps=total_training_steps,
+                          compile_blocks=compile_blocks,
                           update=update, seed=plan.seed)
 
 
@@ -75,7 +76,7 @@ class ActorWorker:
         self.engine = build_policy_engine(
             self.model_cfg, cfg.fsdp_config, role="actor", plan=self.plan, forward_micro=self.logprob_micro,
             sp_size=cfg.ulysses_sequence_parallel_size, trainable=True, optim_config=cfg.optim,
-            total_training_steps=total_training_steps, update=update)
+            total_training_steps=total_training_steps, update=update, compile_blocks=cfg.use_torch_compile)
 
     @property
     def model(self) -> torch.nn.Module:

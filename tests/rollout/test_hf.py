@@ -166,3 +166,71 @@ def test_model_folder_sampling_defaults_do_not_leak(eos_model_dir):
     assert len({tuple(row.tolist()) for row in out["responses"]}) > 1  # top_k=1 would make all four samples equal
     mask = out["response_mask"].bool()
     assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out)[mask])  # no penalty, no top-k
+
+
+def test_compiled_decode_path_gives_the_eager_tokens_and_logprobs(eos_model):
+    """The static KV cache that compiled decoding uses (compiled on CUDA; on CPU transformers runs it eagerly):
+    same tokens, same masks, log-probs equal to a full forward, as the dynamic cache gives."""
+    model, tokenizer = eos_model
+    prompts = make_prompts(tokenizer)
+    eager = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy(max_new_tokens=16))
+    engine = HFRolloutEngine(model, tokenizer.pad_token_id, compiled_decode=True)
+    static = engine.generate(prompts, greedy(max_new_tokens=16))
+    assert engine.last_generate_metrics["rollout/decode_compiled"] == 1.0
+    assert torch.equal(static["responses"], eager["responses"])
+    assert torch.equal(static["response_mask"], eager["response_mask"])
+    mask = static["response_mask"].bool()
+    assert_close(static["rollout_logprobs"][mask], manual_logprobs(model, static)[mask], rtol=1e-5, atol=1e-4)
+    torch.manual_seed(0)  # sampling: log-probs of the warped distribution, as on the eager path
+    sampling = SamplingParams(n=2, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=12, stop_token_ids=[EOS],
+                              return_logprobs=True)
+    out = engine.generate(prompts, sampling)
+    mask = out["response_mask"].bool()
+    assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out, 0.8, 20, 0.9)[mask], rtol=1e-5,
+                 atol=1e-4)
+
+
+def test_compiled_decode_stays_off_where_it_is_not_verified(eos_model):
+    model, tokenizer = eos_model
+    assert not HFRolloutEngine(model, tokenizer.pad_token_id)._compiles(model)  # not asked for
+    own_cache = HFRolloutEngine(model, tokenizer.pad_token_id, compiled_decode=True,
+                                generate_kwargs={"cache_implementation": "dynamic"})
+    assert not own_cache._compiles(model)  # rollout.engine_kwargs.hf chose a cache
+    from peft import LoraConfig, get_peft_model
+
+    import copy
+
+    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert not HFRolloutEngine(peft_model, tokenizer.pad_token_id, compiled_decode=True)._compiles(peft_model)
+
+
+def test_device_layer_chooses_compiled_decode(monkeypatch):
+    from npu_rl.device.backend import Backend, make_backend
+
+    monkeypatch.delenv("NPU_RL_COMPILED_DECODE", raising=False)
+    assert make_backend("cuda").compiled_decode and not make_backend("cpu").compiled_decode
+    assert not Backend("npu", "hccl", None, "NPU").compiled_decode  # transformers' generate does not use torchair
+    monkeypatch.setenv("NPU_RL_COMPILED_DECODE", "0")
+    assert not make_backend("cuda").compiled_decode
+    monkeypatch.setenv("NPU_RL_COMPILED_DECODE", "1")
+    assert make_backend("cpu").compiled_decode
+
+
+def test_compiled_decode_on_a_packed_attention_model_runs_sdpa_and_restores_it(eos_model):
+    """A model set to the packed-attention implementation decodes with plain sdpa (the packed function reads a
+    context variable: a graph break per layer under compile) and gets its implementation back afterwards."""
+    import copy
+
+    from npu_rl.parallel.attention import ATTN_IMPLEMENTATION, use_varlen_attention
+
+    model, tokenizer = eos_model
+    packed = use_varlen_attention(copy.deepcopy(model))
+    seen = []
+    hook = packed.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args: seen.append(module.config._attn_implementation))
+    prompts = make_prompts(tokenizer)
+    out = HFRolloutEngine(packed, tokenizer.pad_token_id, compiled_decode=True).generate(prompts, greedy())
+    hook.remove()
+    assert set(seen) == {"sdpa"} and packed.config._attn_implementation == ATTN_IMPLEMENTATION
+    eager = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy())
+    assert torch.equal(out["responses"], eager["responses"])

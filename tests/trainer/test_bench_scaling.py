@@ -37,3 +37,24 @@ def test_profile_categories():
     assert categorize("ncclDevKernel_AllGather_RING_LL") == "communication"
     assert categorize("multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>") == "optimizer"
     assert categorize("vectorized_elementwise_kernel<silu_kernel>") == "elementwise / norm / other"
+
+
+def test_prompt_lengths_spread_between_the_two_bounds(tmp_path):
+    import argparse
+
+    from npu_rl.data.io import read_rows
+    from npu_rl.models.synthetic import char_tokenizer
+    from npu_rl.trainer.bench import _prompt_data
+
+    tokenizer = char_tokenizer()
+
+    def lengths(minimum):
+        args = argparse.Namespace(prompt_length=64, min_prompt_length=minimum, steps=1)
+        rows = read_rows(_prompt_data(args, str(tmp_path / str(minimum)), prompts=4))
+        return [len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, return_dict=True)["input_ids"])
+                for r in rows]
+
+    assert lengths(None) == [64] * 4
+    assert lengths(40) == [40, 48, 56, 64]
+    with pytest.raises(SystemExit, match="min-prompt-length"):
+        lengths(2)
