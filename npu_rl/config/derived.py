@@ -72,6 +72,9 @@ class RunPlan:
     policy_loss_mode: str = "vanilla"  # actor.policy_loss.loss_mode, or bypass_mode (algorithm.rollout_correction)
     bypass_correction: Any = None  # the bypass_mode loss's RolloutCorrectionSpec (algorithm.rollout_correction)
     ref_in_actor: bool = False  # LoRA: the reference is the actor with its adapter off (no reference worker)
+    # torch.compile may be used where the device layer allows it (compiled decoding, compiled blocks); False when
+    # msprobe's precision dumps are on (msprobe refuses TorchDynamo)
+    allow_compile: bool = True
 
 
 def _role_plan(world: int, sp: int, mini_batch_size: int, n: int) -> RolePlan:
@@ -83,6 +86,7 @@ def build_plan(config: PPOConfig) -> RunPlan:
     """The plan of a validated config (see :func:`plan_problems` for the checks behind each number)."""
     from npu_rl.config.rollout_correction import correction_spec, policy_loss_mode
     from npu_rl.core import estimator_needs
+    from npu_rl.utils.profiling import uses_precision_debugger
 
     arr = config.actor_rollout_ref
     world, n = world_size(config), arr.rollout.n
@@ -110,6 +114,7 @@ def build_plan(config: PPOConfig) -> RunPlan:
         policy_loss_mode=policy_loss_mode(config),
         bypass_correction=correction_spec(config.algorithm.rollout_correction)
         if config.algorithm.rollout_correction.bypass_mode else None,
+        allow_compile=not uses_precision_debugger(config),
     )
 
 

@@ -48,13 +48,14 @@ def sampling_params_from_config(rollout_config: RolloutConfig, validate: bool, m
 
 
 def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_module: torch.nn.Module | None,
-                         tokenizer, lora_rank: int = 0) -> RolloutEngine:
+                         tokenizer, lora_rank: int = 0, allow_compile: bool = True) -> RolloutEngine:
     """The engine ``rollout_config.name`` asks for.
 
     ``model_path``: an HF folder or a built-in name (vLLM loads it; with ``load_format=dummy`` it starts from random
     weights and the first ``update_weights`` fills them). ``actor_module``: the actor's module in this process;
     the ``hf`` engine generates with it (no weight sync). Without one, ``hf`` loads its own copy. ``lora_rank``
     (> 0: the actor trains a LoRA adapter): vLLM starts with LoRA enabled and takes the adapter as tensors.
+    ``allow_compile=False`` (``RunPlan.allow_compile``): the hf engine decodes eagerly even where it would compile.
     """
     from npu_rl.models.loader import resolve_model_path
 
@@ -78,7 +79,7 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
     from npu_rl.device import get_backend
 
     hf_kwargs = to_plain(rollout_config.engine_kwargs.hf) or {}
-    compiled = not rollout_config.enforce_eager and get_backend().compiled_decode
+    compiled = allow_compile and not rollout_config.enforce_eager and get_backend().compiled_decode
     common = dict(generate_kwargs=hf_kwargs, compiled_decode=compiled, sleep_level=int(rollout_config.sleep_level),
                   bucket_megabytes=float(rollout_config.update_weights_bucket_megabytes))
     if actor_module is not None:

@@ -56,6 +56,13 @@ def role_profilers(config) -> dict[str, Any]:
             "critic": config.critic.profiler, "reward_model": config.reward_model.profiler}
 
 
+def uses_precision_debugger(config) -> bool:
+    """Whether msprobe's precision dumps are on (globally or for a role). msprobe wraps torch's APIs and refuses
+    TorchDynamo (torch >= 2.7), so such a run compiles nothing (``RunPlan.allow_compile``)."""
+    tools = {config.global_profiler.tool} | {p.tool for p in role_profilers(config).values() if p.enable}
+    return "precision_debugger" in tools
+
+
 def check_profiler_config(config, device: str) -> list[str]:
     """Problems with the profiler keys (empty when fine or off); the validator reports them."""
     glob = config.global_profiler

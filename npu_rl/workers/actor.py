@@ -76,7 +76,8 @@ class ActorWorker:
         self.engine = build_policy_engine(
             self.model_cfg, cfg.fsdp_config, role="actor", plan=self.plan, forward_micro=self.logprob_micro,
             sp_size=cfg.ulysses_sequence_parallel_size, trainable=True, optim_config=cfg.optim,
-            total_training_steps=total_training_steps, update=update, compile_blocks=cfg.use_torch_compile)
+            total_training_steps=total_training_steps, update=update,
+            compile_blocks=cfg.use_torch_compile and self.plan.allow_compile)
 
     @property
     def model(self) -> torch.nn.Module:

@@ -44,7 +44,8 @@ class ActorRolloutWorker(ReportsMemory):
         # lora.merge (verl's key): the engine runs without LoRA and _sync_weights streams W + scale * B @ A
         rollout_lora_rank = 0 if model_cfg.lora.merge else model_cfg.lora_rank
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
-                                           self.tokenizer, lora_rank=rollout_lora_rank)
+                                           self.tokenizer, lora_rank=rollout_lora_rank,
+                                           allow_compile=self.plan.allow_compile)
         self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
         if agent_rollout_enabled(self.rollout_cfg):
             self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length,

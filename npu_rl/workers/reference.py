@@ -27,7 +27,8 @@ class ReferenceWorker:
                               ref.log_prob_max_token_len_per_gpu)
         self.engine = build_policy_engine(self.model_cfg, ref.fsdp_config, role="ref", plan=self.plan,
                                           forward_micro=micro, sp_size=ref.ulysses_sequence_parallel_size,
-                                          trainable=False, compile_blocks=ref.use_torch_compile)
+                                          trainable=False,
+                                          compile_blocks=ref.use_torch_compile and self.plan.allow_compile)
 
     def dispatch_layout(self):
         return self.engine.dispatch_layout() if self.engine is not None else None
