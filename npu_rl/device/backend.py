@@ -190,23 +190,23 @@ class Backend:
         rows x 256 tokens): 4.5 ms per decoded token against 19.9 eager, after a one-off compile of ~20 s per batch
         shape. Ascend compiles through torchair, which transformers' generate does not use; CPU has no graphs to
         replay. ``NPU_RL_COMPILED_DECODE=0|1`` overrides; ``rollout.enforce_eager=True`` turns it off."""
-        forced = os.environ.get("NPU_RL_COMPILED_DECODE", "").strip()
-        if forced:
-            return forced not in ("0", "false", "False")
-        return self.name == "cuda"
+        return _env_switch("NPU_RL_COMPILED_DECODE", self.name == "cuda")
 
     @property
     def compiles_model_blocks(self) -> bool:
         """Whether ``actor.use_torch_compile`` / ``ref.use_torch_compile`` compile the models' RMSNorm and MLP blocks
         for training forwards (:func:`npu_rl.workers.model_runner.compile_elementwise_blocks`): CUDA only (Ascend's
         compiler path is torchair, not verified here). ``NPU_RL_COMPILE_BLOCKS=0|1`` overrides."""
-        forced = os.environ.get("NPU_RL_COMPILE_BLOCKS", "").strip()
-        if forced:
-            return forced not in ("0", "false", "False")
-        return self.name == "cuda"
+        return _env_switch("NPU_RL_COMPILE_BLOCKS", self.name == "cuda")
 
     def local_rank_env(self) -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _env_switch(name: str, default: bool) -> bool:
+    """An on/off environment override (``0`` / ``false`` off, anything else on); unset or empty: ``default``."""
+    value = os.environ.get(name, "").strip()
+    return default if not value else value.lower() not in ("0", "false")
 
 
 # --------------------------------------------------------------------------- selection

@@ -55,6 +55,13 @@ LAYOUT_KWARG = "npu_rl_varlen_layout"
 _OVERRIDE: list[VarlenKernel | None] = [None]
 
 
+def _active_layout() -> VarlenLayout | None:
+    """The layout of the enclosing :func:`varlen_attention` block. Not read under ``torch.compile`` (a context
+    variable is a graph break in every layer): compiled forwards (the hf engine's decoding) are never packed, and a
+    packed forward passes its layout as the :data:`LAYOUT_KWARG` keyword anyway."""
+    return None if torch.compiler.is_compiling() else _ACTIVE.get()
+
+
 @contextmanager
 def varlen_attention(layout: VarlenLayout):
     """Run models set to ``npu_rl_varlen`` in packed mode with ``layout`` inside the block."""
@@ -101,7 +108,7 @@ def set_varlen_kernel(kernel: VarlenKernel | None) -> None:
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
                **kwargs):
     """The registered attention function; HF layout in: ``[B, H, S, D]``; out: ``([B, S, H, D], None)``."""
-    layout = kwargs.pop(LAYOUT_KWARG, None) or _ACTIVE.get()
+    layout = kwargs.pop(LAYOUT_KWARG, None) or _active_layout()
     if layout is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -127,7 +134,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 def _mask(*args, **kwargs):
     """No mask in packed mode (segments come from the layout); otherwise exactly sdpa's mask."""
-    if _ACTIVE.get() is not None:
+    if _active_layout() is not None:
         return None
     from transformers.masking_utils import sdpa_mask
 

@@ -74,9 +74,8 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
 
         return VllmRolloutEngine(rollout_config, folder, pad_token_id=tokenizer.pad_token_id, lora_rank=lora_rank)
 
-    from npu_rl.rollout.hf import HFRolloutEngine
-
     from npu_rl.device import get_backend
+    from npu_rl.rollout.hf import HFRolloutEngine
 
     hf_kwargs = to_plain(rollout_config.engine_kwargs.hf) or {}
     compiled = allow_compile and not rollout_config.enforce_eager and get_backend().compiled_decode

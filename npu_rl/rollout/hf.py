@@ -40,7 +40,7 @@ from __future__ import annotations
 import difflib
 import logging
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Iterable
 
 import torch
@@ -103,23 +103,6 @@ class SamplingProcessor(LogitsProcessor):
         logprobs = torch.stack(self._chosen, dim=1)
         self._previous, self._chosen = None, []
         return logprobs
-
-
-@contextmanager
-def _plain_attention(module: torch.nn.Module):
-    """``sdpa`` for the block on a model set to the packed-attention implementation (which is sdpa outside packed
-    mode, but reads a context variable first: a graph break in every layer under ``torch.compile``)."""
-    from npu_rl.parallel.attention import ATTN_IMPLEMENTATION
-
-    config = getattr(module, "config", None)
-    if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
-        yield
-        return
-    module.set_attn_implementation("sdpa")
-    try:
-        yield
-    finally:
-        module.set_attn_implementation(ATTN_IMPLEMENTATION)
 
 
 class HFRolloutEngine:
@@ -211,12 +194,11 @@ class HFRolloutEngine:
                 compiled = self._compiles(module)
                 decode_start = time.perf_counter()
                 try:
-                    with _plain_attention(module) if compiled else nullcontext():
-                        sequences = module.generate(
-                            input_ids=input_ids, attention_mask=attention_mask,
-                            generation_config=self._generation_config(sampling, compiled),
-                            logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
-                        )
+                    sequences = module.generate(
+                        input_ids=input_ids, attention_mask=attention_mask,
+                        generation_config=self._generation_config(sampling, compiled),
+                        logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
+                    )
                     decode_s = time.perf_counter() - decode_start  # generate returns tokens: synchronised
                 finally:
                     if module is not self.module:
