@@ -268,6 +268,11 @@ def lora_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, module
 
 
+def has_lora_layers(model: nn.Module) -> bool:
+    """Whether any PEFT LoRA layer sits in ``model`` (a whole model or one block)."""
+    return next(lora_layers(model), None) is not None
+
+
 def hf_model(model: nn.Module) -> nn.Module:
     """The plain HF model inside a PEFT model (the model itself otherwise)."""
     return model.get_base_model() if is_lora_model(model) else model

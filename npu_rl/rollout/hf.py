@@ -48,7 +48,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from npu_rl.device import get_backend
 from npu_rl.parallel.dist import world_size
-from npu_rl.parallel.unshard import PlainView, UnshardStats, unsharded
+from npu_rl.parallel.unshard import PlainView, UnshardStats, is_sharded, unsharded
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask
@@ -147,10 +147,10 @@ class HFRolloutEngine:
         """Whether this generate decodes with the static cache and a compiled forward (module docstring)."""
         if not self.compiled_decode or "cache_implementation" in self.generate_kwargs:
             return False
-        from torch.distributed.fsdp import FSDPModule
+        from npu_rl.models.lora import has_lora_layers
 
         # FSDP2's per-layer hooks are not traced; PEFT's adapter layers under compile are not verified
-        return not any(isinstance(m, FSDPModule) or hasattr(m, "lora_A") for m in module.modules())
+        return not (is_sharded(module) or has_lora_layers(module))
 
     def _generation_config(self, sampling: SamplingParams, compiled: bool = False) -> GenerationConfig:
         # Every sampling knob is set explicitly (neutral where SamplingProcessor does the work), so that nothing

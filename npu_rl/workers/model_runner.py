@@ -90,11 +90,13 @@ def compile_elementwise_blocks(model: torch.nn.Module) -> int:
     update on the H200 (docs/benchmarks.md) put unfused elementwise work at 19-25% of its time. Attention stays
     eager (the packed path carries a per-batch layout). Blocks holding LoRA layers are left alone. Returns how many
     blocks were compiled."""
+    from npu_rl.models.lora import has_lora_layers
+
     count = 0
     for name, module in model.named_modules():
         kind = type(module).__name__
         block = kind.endswith("RMSNorm") or (name.rpartition(".")[2] == "mlp" and kind.endswith("MLP"))
-        if block and not any(hasattr(m, "lora_A") for m in module.modules()):
+        if block and not has_lora_layers(module):
             module.compile()
             count += 1
     return count
