@@ -40,16 +40,16 @@ def check_faults(config, check_paths: bool = True) -> list[str]:
 def _model_problems(config) -> list[str]:
     from npu_rl.config.derived import critic_enabled
     from npu_rl.models.check import model_folder_problems
-    from npu_rl.models.loader import is_builtin
+    from npu_rl.models.loader import is_builtin, local_model_folder
 
     keys = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, True)]
     if critic_enabled(config):
         keys.append(("critic.model.path", config.critic.model.path, False))
     problems = []
     for key, path, need_tokenizer in keys:
-        folder = os.path.expanduser(str(path))
-        if is_builtin(str(path)) or not os.path.isfile(os.path.join(folder, "config.json")):
-            continue  # built-in (converted on first use), or reported by the path check
+        folder = None if is_builtin(str(path)) else local_model_folder(str(path))
+        if folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
+            continue  # built-in (converted on first use), a Hub id not downloaded yet, or reported by the path check
         problems += [f"{key}: {p}" for p in model_folder_problems(folder, need_tokenizer)]
     return problems
 
@@ -64,11 +64,18 @@ def _data_problems(config) -> list[str]:
 
     key = str(config.data.reward_fn_key)
     problems = []
+    from npu_rl.data.sources import resolve_data_path
+
     for files_key in ("train_files", "val_files"):
-        for path in as_list(getattr(config.data, files_key)):
-            path = str(path)
-            if path.startswith("builtin://") or not os.path.isfile(os.path.expanduser(path)):
+        resolved = []
+        for item in as_list(getattr(config.data, files_key)):
+            if str(item).startswith("builtin://"):
                 continue
+            try:  # globs, save_to_disk folders, DatasetDict roots, hf:// (already fetched by the path check)
+                resolved += resolve_data_path(str(item), "train" if files_key == "train_files" else "validation")
+            except (OSError, ValueError, TypeError):
+                continue  # reported by the path check
+        for path in resolved:
             try:
                 rows = read_rows(path)
             except (OSError, ValueError):

@@ -13,6 +13,7 @@ import difflib
 import functools
 import importlib.resources
 import os
+import re
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -98,6 +99,15 @@ def _check_group_choice(group: str, choice, config_path: str | None) -> list[str
     return [f"{group}={choice!r} does not exist; available: {', '.join(names)}"]
 
 
+def quote_query_value(override: str) -> str:
+    """``key=path?split=train`` -> ``key='path?split=train'``: Hydra's grammar refuses an unquoted ``=`` in a value,
+    and a data path's query (``hf://datasets/o/n?split=train``, ``folder?split=test``) has one."""
+    key, sep, value = override.partition("=")
+    if not sep or not value or value[0] in "'\"[{" or "'" in value or not re.search(r"\?[\w]+=", value):
+        return override
+    return f"{key}='{value}'"
+
+
 def normalise_overrides(overrides: list[str], config_path: str | None = None,
                         notes: list[str] | None = None) -> list[str]:
     """Check every override's key; turn ``+key=v`` for a key the schema already has into ``++key=v``.
@@ -110,6 +120,7 @@ def normalise_overrides(overrides: list[str], config_path: str | None = None,
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    overrides = [quote_query_value(o) for o in overrides]
     parser = OverridesParser.create()
     try:
         parsed = parser.parse_overrides(overrides)

@@ -200,13 +200,10 @@ def _check_estimator_inputs(c: _Checker, config: PPOConfig) -> None:
 
 
 def _check_paths(c: _Checker, config: PPOConfig) -> None:
-    from npu_rl.models.loader import resolve_model_path
+    from npu_rl.data.sources import data_files_problems
 
     for key in ("train_files", "val_files"):
-        files = as_list(getattr(config.data, key))
-        c.require(bool(files), f"data.{key} is empty")
-        for path in files:
-            c.attempt(lambda: _require_data_file(key, str(path)))
+        c.problems.extend(data_files_problems(key, getattr(config.data, key)))
     c.attempt(lambda: _check_model_path(config.actor_rollout_ref.model.path), "actor_rollout_ref.model.path: ")
     if config.actor_rollout_ref.model.lora_rank > 0:
         from npu_rl.models.lora import check_against_model
@@ -215,46 +212,13 @@ def _check_paths(c: _Checker, config: PPOConfig) -> None:
     if _estimator_resolves(config) and critic_enabled(config):
         c.attempt(lambda: _check_model_path(config.critic.model.path), "critic.model.path: ")
     if config.reward_model.enable:
-        c.attempt(lambda: resolve_model_path(config.reward_model.model.path), "reward_model.model.path: ")
-
-
-def _require_data_file(key: str, path: str) -> None:
-    try:
-        ok = data_file_exists(path)
-    except ValueError as exc:
-        raise ValueError(f"data.{key}: {exc}") from exc
-    if not ok and os.path.isdir(os.path.expanduser(path)):
-        raise IsADirectoryError(f"data.{key}: {path!r} is a folder; give the parquet/jsonl file inside it")
-    if not ok:
-        raise FileNotFoundError(f"data.{key}: file {path!r} does not exist (run `npu-rl preprocess gsm8k` or point the "
-                                "key at a parquet/jsonl file)")
-
-
-def data_file_exists(path: str) -> bool:
-    """A data file on disk, or a valid built-in data set (``builtin://arith/train``, generated on first use)."""
-    if path.startswith("builtin://"):
-        from npu_rl.data.builtin import check_builtin
-
-        check_builtin(path)  # raises naming what is wrong with the URI
-        return True
-    if path.startswith("hf://"):
-        return True  # resolved (downloaded on this explicit request, or read from the cache) when the data loads
-    expanded = os.path.expanduser(path)
-    if os.path.isdir(expanded):
-        from npu_rl.data.io import is_hf_dataset_dir
-
-        if not is_hf_dataset_dir(expanded):
-            raise ValueError(f"{path!r} is a folder but not one written by datasets' save_to_disk (no state.json + "
-                             "dataset_info.json); give a parquet/jsonl file or a save_to_disk folder")
-        return True
-    return os.path.isfile(expanded)
+        c.attempt(lambda: _check_model_path(config.reward_model.model.path), "reward_model.model.path: ")
 
 
 def _check_model_path(path: str) -> None:
-    from npu_rl.models.loader import is_builtin, resolve_model_path
+    from npu_rl.models.loader import check_model_path
 
-    if not is_builtin(path):  # a built-in model is converted on first use; don't do that at validation
-        resolve_model_path(path)
+    check_model_path(path)  # a local folder, the embedded model or a Hub id (npu_rl.models.hub)
 
 
 def _check_device(c: _Checker, config: PPOConfig) -> None:

@@ -1,7 +1,7 @@
 """Prompt data: verl-schema parquet/JSONL, preprocessing of local data sets, built-in generated tasks, the loader.
 
 Entry points (imported lazily, so ``npu_rl.data.preprocess`` and the reward workers stay free of torch):
-``build_dataloader`` / ``build_dataset`` (loader.py), ``resolve_data_files`` / ``resolve_builtin`` (builtin.py),
+``build_dataloader`` / ``build_dataset`` (loader.py), ``resolve_data_files`` (sources.py: local files, globs, save_to_disk folders, hf://), ``resolve_builtin`` (builtin.py),
 ``preprocess_main`` (preprocess.py, the body of ``npu-rl preprocess``), ``ArithSpec`` / ``generate_arith``.
 """
 
@@ -16,7 +16,7 @@ _EXPORTS = {
     "PromptDataLoader": "npu_rl.data.loader",
     "PromptCollator": "npu_rl.data.loader",
     "PromptDataset": "npu_rl.data.dataset",
-    "resolve_data_files": "npu_rl.data.builtin",
+    "resolve_data_files": "npu_rl.data.sources",
     "resolve_builtin": "npu_rl.data.builtin",
     "preprocess_main": "npu_rl.data.preprocess",
     "ArithSpec": "npu_rl.data.arith",

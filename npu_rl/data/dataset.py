@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from npu_rl.data.builtin import resolve_data_files
+from npu_rl.data.sources import resolve_data_files
 from npu_rl.data.io import read_rows
 
 logger = logging.getLogger(__name__)

@@ -169,8 +169,10 @@ def build_dataset(data_config, tokenizer, split: str = "train", files: Any = Non
                          "schema (npu-rl preprocess) instead")
     if files is None:
         files = data_config.train_files if split == "train" else data_config.val_files
+    from npu_rl.data.sources import resolve_data_files
+
     return PromptDataset(
-        files,
+        resolve_data_files(files, "train" if split == "train" else "validation"),
         tokenizer,
         prompt_key=data_config.prompt_key,
         max_prompt_length=data_config.max_prompt_length,

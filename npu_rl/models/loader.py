@@ -75,22 +75,67 @@ def _convert_gguf(name: str, out_dir: str) -> None:
 
 
 def resolve_model_path(path: str) -> str:
-    """An existing HF folder for ``path``: expands ``~``, converts a built-in model on first use."""
+    """An existing HF folder for ``path``: a local folder (``~`` expanded), a built-in model (converted on first
+    use), or a Hugging Face Hub id (``owner/name[@revision]``: the cached snapshot, downloaded once when online;
+    ``npu_rl.models.hub``). Other schemes (``hdfs://`` ...) are refused with the reason."""
+    from npu_rl.models import hub
+
+    path = str(path)
     if is_builtin(path):
         out_dir = os.path.join(cache_dir(), "models", path.lower())
         if not os.path.isfile(os.path.join(out_dir, "config.json")):
             os.makedirs(os.path.dirname(out_dir), exist_ok=True)
             _convert_gguf(path, out_dir)
         return out_dir
+    refused = hub.refused_scheme(path)
+    if refused:
+        raise ValueError(refused)
     folder = os.path.expanduser(path)
+    hub_id = None if os.path.exists(folder) else hub.parse_hub_id(path)
+    if hub_id is not None:
+        return hub.resolve_hub_model(hub_id)
+    return _local_model_folder(folder)
+
+
+def _local_model_folder(folder: str) -> str:
     if not os.path.isdir(folder):
         raise FileNotFoundError(
-            f"model folder {folder!r} does not exist (model.path); give an HF folder with config.json, or the "
-            f"embedded model: {', '.join(BUILTIN_MODELS)}"
+            f"model folder {folder!r} does not exist (model.path); give an HF folder with config.json, a Hugging "
+            f"Face Hub id (owner/name[@revision]), or the embedded model: {', '.join(BUILTIN_MODELS)}"
         )
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise FileNotFoundError(f"{folder!r} has no config.json: not a Hugging Face model folder")
     return folder
+
+
+def local_model_folder(path: str) -> str | None:
+    """The folder ``path`` names on this machine without converting or downloading: a local folder, or a Hub id's
+    cached snapshot; None otherwise."""
+    from npu_rl.models import hub
+
+    folder = os.path.expanduser(str(path))
+    if os.path.exists(folder) or hub.refused_scheme(str(path)):
+        return folder if os.path.isdir(folder) else None
+    hub_id = hub.parse_hub_id(str(path))
+    return hub.cached_model(hub_id) if hub_id is not None else None
+
+
+def check_model_path(path: str) -> str | None:
+    """Validation of a model path without loading or converting anything: the local folder, or the cached Hub
+    snapshot (None when online and not cached yet: the Hub was asked that the repo exists)."""
+    from npu_rl.models import hub
+
+    path = str(path)
+    if is_builtin(path):
+        return None  # converted on first use; not at validation
+    refused = hub.refused_scheme(path)
+    if refused:
+        raise ValueError(refused)
+    folder = os.path.expanduser(path)
+    hub_id = None if os.path.exists(folder) else hub.parse_hub_id(path)
+    if hub_id is not None:
+        return hub.check_hub_model(hub_id)
+    return _local_model_folder(folder)
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, custom_chat_template: str | None = None):

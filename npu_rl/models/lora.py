@@ -469,12 +469,17 @@ def check_against_model(model_cfg: Any, key: str = "actor_rollout_ref.model") ->
         return
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from npu_rl.models.loader import cache_dir, is_builtin, resolve_model_path
+    from npu_rl.models.loader import cache_dir, check_model_path, is_builtin
 
     path = str(model_cfg.path)
-    if is_builtin(path) and not os.path.isfile(os.path.join(cache_dir(), "models", path.lower(), "config.json")):
-        return
-    folder = resolve_model_path(path)
+    if is_builtin(path):
+        folder = os.path.join(cache_dir(), "models", path.lower())
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            return
+    else:
+        folder = check_model_path(path)  # a Hub id not downloaded yet: checked when the workers build
+        if folder is None:
+            return
     trust = bool(getattr(model_cfg, "trust_remote_code", False))
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust)
     for name, value in dict(getattr(model_cfg, "override_config", None) or {}).items():

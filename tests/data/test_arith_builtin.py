@@ -7,7 +7,8 @@ import os
 import pytest
 
 from npu_rl.data.arith import ArithSpec, generate_arith
-from npu_rl.data.builtin import cache_dir, check_builtin, resolve_builtin, resolve_data_files
+from npu_rl.data.builtin import cache_dir, check_builtin, resolve_builtin
+from npu_rl.data.sources import resolve_data_files
 from npu_rl.data.io import read_rows
 
 

@@ -161,31 +161,37 @@ def test_unknown_dataset():
 
 
 def test_a_datasets_save_to_disk_folder_is_a_data_file(tmp_path, tiny_tokenizer):
-    """data.train_files may name a folder written by datasets' save_to_disk (load_from_disk); a DatasetDict root
-    and a plain folder are refused with the fix in the message."""
+    """data.train_files may name a folder written by datasets' save_to_disk (load_from_disk), or a DatasetDict root
+    (its split named with ?split=, else train / validation-or-test by key); a plain folder is refused with the fix."""
     datasets = pytest.importorskip("datasets", reason="the datasets package is not installed")
-    from npu_rl.config.validate import data_file_exists
-    from npu_rl.data.builtin import resolve_data_files
     from npu_rl.data.io import read_rows
+    from npu_rl.data.sources import data_files_problems, resolve_data_files
 
     rows = convert("aime24")["test"][:3]
     ds = datasets.Dataset.from_list(rows)
     ds.save_to_disk(str(tmp_path / "one"))
     datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dict"))
-    assert data_file_exists(str(tmp_path / "one"))
+    assert data_files_problems("train_files", str(tmp_path / "one")) == []
     assert resolve_data_files(str(tmp_path / "one")) == [str(tmp_path / "one")]
     back = read_rows(str(tmp_path / "one"))
     assert back == rows
     with pytest.raises(ValueError, match="DatasetDict with splits .*train.*give one split"):
         read_rows(str(tmp_path / "dict"))
     assert read_rows(str(tmp_path / "dict" / "test")) == rows
+    root = str(tmp_path / "dict")
+    assert resolve_data_files(root, "train") == [os.path.join(root, "train")]
+    assert resolve_data_files(root, "validation") == [os.path.join(root, "test")]  # no 'validation': then 'test'
+    assert resolve_data_files(root + "?split=test", "train") == [os.path.join(root, "test")]
+    assert data_files_problems("val_files", [root]) == []
+    (problem,) = data_files_problems("train_files", root + "?split=dev")
+    assert "has splits ['train', 'test'], not split 'dev'" in problem and "?split=train" in problem
     (tmp_path / "plain").mkdir()
-    with pytest.raises(ValueError, match="not one written by datasets' save_to_disk"):
-        data_file_exists(str(tmp_path / "plain"))
+    (problem,) = data_files_problems("train_files", str(tmp_path / "plain"))
+    assert "not one written by datasets' save_to_disk" in problem and "*.parquet" in problem
 
 
 def test_hub_data_sets_are_refused_offline_before_any_download(tmp_path, monkeypatch):
-    from npu_rl.data.builtin import resolve_hub
+    from npu_rl.data.sources import resolve_data_path as resolve_hub
 
     monkeypatch.setenv("NPU_RL_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -193,6 +199,10 @@ def test_hub_data_sets_are_refused_offline_before_any_download(tmp_path, monkeyp
         resolve_hub("hf://datasets/openai/gsm8k/main?split=train")
     with pytest.raises(ValueError, match="expected hf://datasets/<owner>/<name>"):
         resolve_hub("hf://datasets/gsm8k?split=train")
+    with pytest.raises(ValueError, match="name a split .*or a file in the repo"):
+        resolve_hub("hf://datasets/openai/gsm8k/main")
+    with pytest.raises(ValueError, match="only data set repos"):
+        resolve_hub("hf://openai/gsm8k/main/train.parquet")
 
 
 def test_compressed_jsonl_is_read_and_a_damaged_one_named(tmp_path):

@@ -1,0 +1,256 @@
+"""Where prompt data comes from: each entry of ``data.train_files`` / ``data.val_files`` -> local files that
+``npu_rl.data.io.read_rows`` reads. Resolved, and so checked, at validation, before any model loads.
+
+    ~/data/gsm8k/train.parquet                 a parquet or JSON-lines file (``.jsonl``, ``.json``, ``.jsonl.xz`` ...)
+    ~/data/gsm8k/train-*.parquet               a glob (as verl's ``datasets.load_dataset("parquet", ...)`` takes)
+    ~/data/gsm8k_ds/train                      a folder written by ``Dataset.save_to_disk``
+    ~/data/gsm8k_ds  or  ~/data/gsm8k_ds?split=test   a ``DatasetDict.save_to_disk`` root: the split named, else
+                                               ``train`` for train_files and ``validation`` / ``test`` for val_files
+    builtin://arith/train                      the sets made in-process (``npu_rl.data.builtin``)
+    hf://datasets/<owner>/<name>[@<rev>]/<path-in-repo>   a file (or glob) of a Hub data set repo, as
+                                               huggingface_hub's HfFileSystem names it: downloaded into the Hub cache
+    hf://datasets/<owner>/<name>[/<config>]?split=train[&revision=<rev>]   a Hub data set through ``datasets``
+                                               (``load_dataset``), cached as parquet under ``$NPU_RL_CACHE/hub``
+
+Offline (``HF_HUB_OFFLINE=1``) the Hub forms read only the caches: the Hub cache for files, ``datasets``' own cache
+(``HF_DATASETS_CACHE``) and ours for data sets. Other schemes (``hdfs://``, ``s3://`` ...) are refused with the
+reason. A Hub model id where a data file belongs, or a bare ``owner/name``, gets the ``hf://datasets/`` spelling.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+from typing import Optional
+from urllib.parse import parse_qsl, urlsplit
+
+from npu_rl.data.builtin import cache_dir, is_builtin, resolve_builtin
+from npu_rl.data.io import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, PARQUET_SUFFIXES, expand_path, is_hf_dataset_dir, \
+    write_parquet
+
+HUB_SCHEME = "hf://"
+HUB_DATASETS = "hf://datasets/"
+DATA_SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES + tuple(s + c for s in JSONL_SUFFIXES for c in COMPRESSED_SUFFIXES)
+VAL_SPLITS = ("validation", "test", "val", "valid")
+_GLOB = re.compile(r"[*?\[]")
+_TRUE = ("1", "ON", "YES", "TRUE")
+
+
+def _offline() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in _TRUE
+
+
+def _split_query(item: str) -> tuple[str, dict[str, str]]:
+    """``path?split=x&revision=y`` -> (path, {split, revision}); a ``?`` that starts no such query stays (a glob)."""
+    head, sep, query = item.partition("?")
+    if sep and re.fullmatch(r"(split|revision)=[^&]*(&(split|revision)=[^&]*)*", query):
+        return head, dict(parse_qsl(query, keep_blank_values=True))
+    return item, {}
+
+
+def resolve_data_path(item: str, default_split: Optional[str] = None) -> list[str]:
+    """One entry of ``data.*_files`` -> its local files (several for a glob). Raises naming the entry."""
+    if not isinstance(item, str):
+        raise TypeError(f"data file {item!r} is a {type(item).__name__}, expected a path string")
+    if is_builtin(item):
+        return [resolve_builtin(item)]
+    if item.startswith(HUB_SCHEME):
+        return _resolve_hub(item)
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", item)
+    if scheme:
+        raise ValueError(f"{item!r}: {scheme.group(1)}:// data paths are not read here (verl copies hdfs:// with its "
+                         "hdfs_io); copy the files to a local folder and give that path, or use hf://datasets/...")
+    full = expand_path(item)
+    if os.path.exists(full):
+        return [_local(full, item, None, default_split)]
+    path, query = _split_query(item)
+    if query:
+        unknown = set(query) - {"split"}
+        if unknown:
+            raise ValueError(f"{item!r}: a local data path takes only ?split=<name>, not {sorted(unknown)}")
+        return [_local(expand_path(path), item, query.get("split"), default_split)]
+    if _GLOB.search(item):
+        matches = sorted(glob.glob(full))
+        if not matches:
+            raise FileNotFoundError(f"data files {item!r}: the pattern matches no file")
+        return [_local(m, item, None, default_split) for m in matches]
+    hint = ""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", item) and not item.lower().endswith(DATA_SUFFIXES):
+        hint = (f"; for the Hugging Face Hub data set {item}, write hf://datasets/{item}?split=train (through "
+                f"datasets) or hf://datasets/{item}/<file>.parquet")
+    raise FileNotFoundError(f"data file {item!r} does not exist" + (f" (resolved to {full})" if full != item else "")
+                            + (hint or " (run `npu-rl preprocess gsm8k` or point the key at a parquet/jsonl file)"))
+
+
+def _local(full: str, item: str, split: Optional[str], default_split: Optional[str]) -> str:
+    if not os.path.exists(full):
+        raise FileNotFoundError(f"data file {item!r} does not exist (resolved to {full})")
+    if os.path.isfile(full):
+        if split:
+            raise ValueError(f"{item!r}: ?split= names a split of a DatasetDict folder; {full} is a file")
+        return full
+    if is_hf_dataset_dir(full):
+        if split:
+            raise ValueError(f"{item!r}: {full} is a single split written by save_to_disk; drop ?split=")
+        return full
+    dict_file = os.path.join(full, "dataset_dict.json")
+    if os.path.isfile(dict_file):
+        with open(dict_file, encoding="utf-8") as f:
+            splits = list(json.load(f).get("splits", []))
+        choice = split or _default_split(splits, default_split)
+        if choice not in splits:
+            wanted = f"split {split!r}" if split else f"a {default_split!r} split"
+            raise ValueError(f"{item!r}: the DatasetDict folder {full} has splits {splits}, not {wanted}; name one: "
+                             f"{item.split('?')[0]}?split={splits[0] if splits else 'train'}")
+        return os.path.join(full, choice)
+    raise ValueError(f"data file {item!r} is a folder ({full}) but not one written by datasets' save_to_disk (no "
+                     "state.json + dataset_info.json, nor dataset_dict.json); give the parquet/jsonl file inside it "
+                     f"or a glob ({os.path.join(item, '*.parquet')})")
+
+
+def _default_split(splits: list[str], default_split: Optional[str]) -> Optional[str]:
+    if default_split in (None, "train"):
+        return default_split
+    return next((s for s in VAL_SPLITS if s in splits), default_split)
+
+
+# --------------------------------------------------------------------------------------------- the Hugging Face Hub
+def _resolve_hub(item: str) -> list[str]:
+    if not item.startswith(HUB_DATASETS):
+        raise ValueError(f"{item!r}: only data set repos are read as data (hf://datasets/<owner>/<name>/...)")
+    path, query = _split_query(item)
+    names = [p for p in urlsplit(path).path.split("/") if p]  # after "hf://datasets"
+    if len(names) < 2:
+        raise ValueError(f"{item!r}: expected hf://datasets/<owner>/<name>/<file> or "
+                         "hf://datasets/<owner>/<name>[/<config>]?split=<split>")
+    repo, _, revision = "/".join(names[:2]).partition("@")
+    rest = "/".join(names[2:])
+    if rest and (rest.lower().endswith(DATA_SUFFIXES) or _GLOB.search(rest)):
+        if query:
+            raise ValueError(f"{item!r}: a file path in a Hub repo takes no ?split= (the file is the split)")
+        return _hub_files(repo, revision or None, rest, item)
+    if "split" not in query:
+        raise ValueError(f"{item!r}: name a split (hf://datasets/{repo}{'/' + rest if rest else ''}?split=train) or "
+                         f"a file in the repo (hf://datasets/{repo}/<path>.parquet)")
+    if len(names) > 3:
+        raise ValueError(f"{item!r}: expected hf://datasets/<owner>/<name>[/<config>]?split=<split>; "
+                         f"{rest!r} is neither a config name nor a parquet/jsonl file")
+    return [_hub_dataset(repo, rest or None, query["split"], query.get("revision") or revision or None, item)]
+
+
+def _hub_files(repo: str, revision: Optional[str], pattern: str, item: str) -> list[str]:
+    """Files of a Hub data set repo (a glob matches the repo's listing, or the cached snapshot offline)."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    cache = _hub_cache_dir()
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    try:
+        if _offline():
+            folder = snapshot_download(repo, repo_type="dataset", revision=revision, cache_dir=cache,
+                                       local_files_only=True, allow_patterns=[pattern])
+            files = sorted(glob.glob(os.path.join(folder, pattern)))
+            if not files:
+                raise FileNotFoundError(pattern)
+            return files
+        if _GLOB.search(pattern):
+            from huggingface_hub import HfApi
+
+            import fnmatch
+
+            listing = HfApi(endpoint=endpoint).list_repo_files(repo, repo_type="dataset", revision=revision)
+            names = sorted(n for n in listing if fnmatch.fnmatch(n, pattern))
+            if not names:
+                raise ValueError(f"{item!r}: the pattern matches no file of the data set repo {repo} "
+                                 f"(it has {len(listing)} files)")
+        else:
+            names = [pattern]
+        return [hf_hub_download(repo, name, repo_type="dataset", revision=revision, cache_dir=cache,
+                                endpoint=endpoint) for name in names]
+    except ValueError:
+        raise
+    except Exception as exc:  # not cached offline; repo / file missing; no connection
+        where = "the Hub cache (" + cache + ", HF_HUB_OFFLINE is set)" if _offline() else (endpoint or
+                                                                                              "https://huggingface.co")
+        raise FileNotFoundError(f"{item!r}: cannot get it from {where}: {type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+
+def _hub_cache_dir() -> str:
+    from npu_rl.models.hub import hub_cache_dir  # one reading of HF_HOME / HF_HUB_CACHE
+
+    return hub_cache_dir()
+
+
+def _hub_dataset(repo: str, config: Optional[str], split: str, revision: Optional[str], item: str) -> str:
+    """A Hub data set through ``datasets.load_dataset``, kept as one parquet file under ``$NPU_RL_CACHE/hub``.
+    Offline, ``datasets`` reads its own cache (``HF_DATASETS_CACHE``) when the set was loaded there before."""
+    key = {"repo": repo, "config": config, "split": split, "revision": revision}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = os.path.join(cache_dir(), "hub", f"{repo.replace('/', '--')}-{digest}", f"{split}.parquet")
+    if os.path.isfile(path):
+        return path
+    try:
+        from datasets import load_dataset
+    except ImportError as exc:
+        raise ValueError(f"{item!r}: reading a Hub data set needs pip install datasets") from exc
+    try:
+        data = load_dataset(repo, config, split=split, revision=revision)
+    except Exception as exc:  # DatasetNotFoundError, ConnectionError, ValueError (unknown split) ...
+        offline = (" HF_HUB_OFFLINE is set and datasets' cache has no copy of it: load it once online, or save it "
+                   "with save_to_disk and give that folder.") if _offline() else ""
+        raise FileNotFoundError(f"{item!r}: datasets.load_dataset({repo!r}, {config!r}, split={split!r}) failed: "
+                                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}.{offline}"
+                                ) from exc
+    write_parquet(data.to_list(), path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------- the lists
+def resolve_data_files(files: object, default_split: Optional[str] = None) -> list[str]:
+    """``data.train_files`` / ``val_files`` (a path or a list of them) -> absolute local paths.
+
+    ``default_split`` picks a DatasetDict root's split when the path names none (``train`` for train_files,
+    ``validation`` for val_files: then ``test`` and ``val`` are tried too)."""
+    if files is None:
+        raise ValueError("no data files given (data.train_files / data.val_files is empty)")
+    if isinstance(files, str):
+        items = [files]
+    else:
+        try:
+            items = list(files)  # lists, tuples and OmegaConf ListConfig
+        except TypeError as exc:
+            raise TypeError(f"data files must be a path or a list of paths, got {type(files).__name__}") from exc
+    if not items:
+        raise ValueError("no data files given (data.train_files / data.val_files is an empty list)")
+    paths: list[str] = []
+    for item in items:
+        paths += resolve_data_path(item, default_split)
+    return paths
+
+
+def data_files_problems(key: str, files: object) -> list[str]:
+    """Validation of ``data.<key>``: every entry resolves (downloads from the Hub happen here, once, when online)."""
+    default_split = "train" if key == "train_files" else "validation"
+    try:
+        items = [files] if isinstance(files, str) else list(files or [])
+    except TypeError:
+        return [f"data.{key} must be a path or a list of paths, got {type(files).__name__}"]
+    if not items:
+        return [f"data.{key} is empty"]
+    problems = []
+    for item in items:
+        try:
+            resolve_data_path(item, default_split) if not is_builtin(item) else _check_builtin(item)
+        except (OSError, ValueError, TypeError) as exc:
+            problems.append(f"data.{key}: {exc}")
+    return problems
+
+
+def _check_builtin(item: str) -> None:
+    from npu_rl.data.builtin import check_builtin
+
+    check_builtin(item)  # generating a built-in set is the run's job, not validation's
