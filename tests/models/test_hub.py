@@ -105,3 +105,34 @@ def test_offline_uses_the_cache_and_names_it_when_missing(fake_hub, tmp_path, mo
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "elsewhere")):
         check_model_path(REPO)
+
+
+def _prefill_cache(hub_root: str, repo_id: str, files: dict[str, bytes], sha: str = "a" * 40) -> str:
+    """The layout huggingface_hub writes (refs/main -> snapshots/<sha>/...), as an earlier `hf download` left it."""
+    storage = os.path.join(hub_root, "models--" + repo_id.replace("/", "--"))
+    os.makedirs(os.path.join(storage, "refs"))
+    with open(os.path.join(storage, "refs", "main"), "w") as f:
+        f.write(sha)
+    snapshot = os.path.join(storage, "snapshots", sha)
+    for name, data in files.items():
+        os.makedirs(os.path.dirname(os.path.join(snapshot, name)), exist_ok=True)
+        with open(os.path.join(snapshot, name), "wb") as f:
+            f.write(data)
+    return snapshot
+
+
+def test_the_examples_default_model_resolves_where_it_is_cached(tiny_model_dir, tmp_path, monkeypatch):
+    import re
+
+    from tests.conftest import REPO_ROOT
+
+    with open(os.path.join(REPO_ROOT, "examples", "common.sh")) as f:
+        default = re.search(r'model\.path="\$\{MODEL_PATH:-([^}]+/[^}]+)\}"', f.read()).group(1)
+    home = str(tmp_path / "hf")
+    snapshot = _prefill_cache(os.path.join(home, "hub"), default, folder_files(tiny_model_dir))
+    offline_env(monkeypatch, home)
+    assert check_model_path(default) == snapshot
+    assert resolve_model_path(default) == snapshot
+    partial = _prefill_cache(os.path.join(home, "hub"), "org/config-only", {"config.json": b"{}"})
+    assert hub.cached_model(hub.HubId("org/config-only")) is None  # no weights there: not a usable snapshot
+    assert os.path.isdir(partial)
