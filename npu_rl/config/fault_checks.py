@@ -34,7 +34,50 @@ def check_faults(config, check_paths: bool = True) -> list[str]:
         problems.append(str(exc))
     problems += _model_problems(config)
     problems += _data_problems(config)
+    problems += _capability_problems(config)
     return problems
+
+
+def _resolved_data(config, files_key: str) -> list[str]:
+    """The local files of ``data.<files_key>`` (globs, save_to_disk folders, DatasetDict roots, hf:// already
+    fetched by the path check); built-in sets and entries the path check reports are left out."""
+    from npu_rl.config.derived import as_list
+    from npu_rl.data.sources import resolve_data_path
+
+    resolved = []
+    for item in as_list(getattr(config.data, files_key)):
+        if str(item).startswith("builtin://"):
+            continue
+        try:
+            resolved += resolve_data_path(str(item), "train" if files_key == "train_files" else "validation")
+        except (OSError, ValueError, TypeError):
+            continue
+    return resolved
+
+
+def _capability_problems(config) -> list[str]:
+    """Runs accepted by the schema that cannot do what they ask: a vision-language actor or image rows, a
+    generative reward model (npu_rl.models.kinds, npu_rl.data.sources.multimodal_problems)."""
+    from npu_rl.data.sources import multimodal_problems
+    from npu_rl.models.kinds import actor_model_problem, reward_function_problem, reward_model_problem
+    from npu_rl.models.loader import is_builtin, local_model_folder
+
+    problems = []
+    actor_path = str(config.actor_rollout_ref.model.path)
+    folder = None if is_builtin(actor_path) else local_model_folder(actor_path)
+    if folder:
+        problems.append(actor_model_problem("actor_rollout_ref.model.path", folder))
+    if config.reward_model.enable:
+        rm_path = str(config.reward_model.model.path)
+        folder = None if is_builtin(rm_path) else local_model_folder(rm_path)
+        if folder:
+            problems.append(reward_model_problem("reward_model.model.path", folder))
+    fn = config.custom_reward_function
+    if fn.path:
+        problems.append(reward_function_problem(str(fn.path), str(fn.name or "compute_score")))
+    for files_key in ("train_files", "val_files"):
+        problems += multimodal_problems(files_key, _resolved_data(config, files_key))
+    return [p for p in problems if p]
 
 
 def _model_problems(config) -> list[str]:
@@ -64,17 +107,8 @@ def _data_problems(config) -> list[str]:
 
     key = str(config.data.reward_fn_key)
     problems = []
-    from npu_rl.data.sources import resolve_data_path
-
     for files_key in ("train_files", "val_files"):
-        resolved = []
-        for item in as_list(getattr(config.data, files_key)):
-            if str(item).startswith("builtin://"):
-                continue
-            try:  # globs, save_to_disk folders, DatasetDict roots, hf:// (already fetched by the path check)
-                resolved += resolve_data_path(str(item), "train" if files_key == "train_files" else "validation")
-            except (OSError, ValueError, TypeError):
-                continue  # reported by the path check
+        resolved = _resolved_data(config, files_key)
         for path in resolved:
             try:
                 rows = read_rows(path)

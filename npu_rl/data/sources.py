@@ -254,3 +254,27 @@ def _check_builtin(item: str) -> None:
     from npu_rl.data.builtin import check_builtin
 
     check_builtin(item)  # generating a built-in set is the run's job, not validation's
+
+
+MULTIMODAL_COLUMNS = ("images", "videos", "audios")  # verl's data.image_key / video_key / audio_key defaults
+
+
+def multimodal_problems(key: str, paths: list[str]) -> list[str]:
+    """Rows that carry images / videos / audio (verl's geo3k layout): refused, since prompts are read as text only
+    and the media would be dropped without a word."""
+    from npu_rl.data.io import read_rows
+
+    problems = []
+    for path in paths:
+        try:
+            rows = read_rows(path)
+        except (OSError, ValueError):
+            continue  # unreadable: the data loader says why
+        for column in MULTIMODAL_COLUMNS:
+            hit = next((i for i, row in enumerate(rows) if row.get(column)), None)
+            if hit is not None:
+                problems.append(f"data.{key}: {path}: row {hit} has {column!r} (a multi-modal data set, as verl's "
+                                f"geo3k); npu-rl reads prompts as text only and would drop the {column}. Use a "
+                                "text data set (and a text model), or verl for vision-language RL")
+                break
+    return problems

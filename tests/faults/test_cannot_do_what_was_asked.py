@@ -1,0 +1,69 @@
+"""Runs the schema accepts but that could not do what they ask are refused at validation with the reason: a
+vision-language actor or image rows (verl's Qwen2.5-VL on geo3k), a generative reward model (verl's FAPO recipe)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from npu_rl.config.loader import ConfigError, load_config
+from npu_rl.data.io import write_parquet
+from tests.trainer.conftest import base_overrides
+
+
+def _config(model_dir, tmp_path, *extra):
+    return load_config(base_overrides(model_dir, str(tmp_path / "run")) + ["algorithm.adv_estimator=grpo"] + list(extra),
+                       "ppo_trainer")
+
+
+def _edit_config(folder, **changes):
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def test_a_vision_language_actor_is_refused(tiny_model_dir, tmp_path):
+    vlm = shutil.copytree(tiny_model_dir, tmp_path / "vlm")
+    _edit_config(vlm, architectures=["Qwen2_5_VLForConditionalGeneration"], vision_config={"depth": 2})
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.path: .*vlm is a vision-language model "
+                                          r"\(Qwen2_5_VLForConditionalGeneration\); npu-rl trains text-only"):
+        _config(str(vlm), tmp_path)
+
+
+def test_image_rows_are_refused_naming_file_and_row(tiny_model_dir, tmp_path):
+    text = {"data_source": "hiyouga/geometry3k", "prompt": [{"role": "user", "content": "<image>Find x."}],
+            "reward_model": {"style": "rule", "ground_truth": "3"}}
+    rows = [dict(text, images=[]), dict(text, images=[{"bytes": b"\x89PNG", "path": None}])]
+    path = write_parquet(rows, str(tmp_path / "geo3k" / "train.parquet"))
+    with pytest.raises(ConfigError) as exc:
+        _config(tiny_model_dir, tmp_path, f"data.train_files={path}", "data.image_key=images")
+    assert f"data.train_files: {path}: row 1 has 'images' (a multi-modal data set" in str(exc.value)
+    write_parquet([dict(text, images=[])], path)  # an empty image list is a text row
+    _config(tiny_model_dir, tmp_path, f"data.train_files={path}", "custom_reward_function.path=" + _reward(tmp_path))
+
+
+def _reward(tmp_path, body="def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                          "    return 0.0\n") -> str:
+    path = tmp_path / "reward.py"
+    path.write_text(body)
+    return str(path)
+
+
+def test_a_generative_reward_model_is_refused(tiny_model_dir, tmp_path):
+    genrm = shutil.copytree(tiny_model_dir, tmp_path / "genrm")  # a causal LM: FAPO's GenRM is one
+    rm = ["reward_model.enable=True", f"reward_model.model.path={genrm}"]
+    with pytest.raises(ConfigError, match=r"reward_model.model.path: .*genrm is a generative model "
+                                          r"\(Qwen2ForCausalLM\), i.e. a generative reward model"):
+        _config(tiny_model_dir, tmp_path, *rm)
+    _edit_config(genrm, architectures=["Qwen2ForSequenceClassification"], num_labels=1)
+    _config(tiny_model_dir, tmp_path, *rm)  # a classifier reward model is what reward_model.* scores with
+
+
+def test_a_reward_function_calling_the_genrm_router_is_refused(tiny_model_dir, tmp_path):
+    body = ("async def compute_score(data_source, solution_str, ground_truth, extra_info, reward_router_address,\n"
+            "                        reward_model_tokenizer):\n    return 0.0\n")
+    with pytest.raises(ConfigError, match="takes reward_router_address: it calls verl's generative reward model"):
+        _config(tiny_model_dir, tmp_path, f"custom_reward_function.path={_reward(tmp_path, body)}")
