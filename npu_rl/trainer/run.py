@@ -66,6 +66,17 @@ def write_ray_timeline(config: PPOConfig) -> str | None:
     return path
 
 
+def check_rows(config: PPOConfig, datasets) -> None:
+    """What the data rows ask for that the config does not offer (an agent loop or interaction by name), before any
+    model loads; a row never names code to run."""
+    from npu_rl.agent.validate import agent_row_problems
+    from npu_rl.config.errors import ConfigError
+
+    problems = agent_row_problems(config, [(where, row) for ds in datasets for where, row in zip(ds.sources, ds.rows)])
+    if problems:
+        raise ConfigError(problems)
+
+
 def run_dir_for(config: PPOConfig) -> str:
     return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
 
@@ -93,6 +104,7 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     prompts = PromptStream(build_dataloader(config.data, tokenizer, "train"))
     needs_val = config.trainer.val_before_train or config.trainer.test_freq > 0 or config.trainer.val_only
     val_loader = build_dataloader(config.data, tokenizer, "val") if needs_val else None
+    check_rows(config, [prompts.loader.dataset] + ([val_loader.dataset] if val_loader is not None else []))
     reward_fn = build_reward_manager(config, tokenizer)
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
 
