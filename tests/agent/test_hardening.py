@@ -71,7 +71,7 @@ def test_rows_are_checked_before_the_models_load(tmp_path, tiny_model_dir, monke
                    "reward_model": {"ground_truth": "2"}, "agent_name": f"{tmp_path}/evil_loop.py:Evil"}]
                  ).to_parquet(data)
     monkeypatch.setattr(run, "build_worker_group", lambda *a: pytest.fail("models were loaded"))
-    code = main_ppo.main([f"data.train_files={data}", f"data.val_files={data}", "data.train_batch_size=1",
+    code = main_ppo.main([f"data.train_files={data}", f"data.val_files={data}", "data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
                           "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True",
                           f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.device=cpu",
                           f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.logger=[console]"],
