@@ -13,7 +13,7 @@ Output batch (the fields of :mod:`npu_rl.rollout.base`, for ``B*n`` rows):
 token: tool output is context), ``response_mask`` [B*n, R] (1 only on model-generated tokens), ``rollout_logprobs``
 (when asked; 0 off the mask); non-tensors of the input repeated, plus ``__num_turns__``, ``tool_rewards``,
 ``turn_scores``, ``num_tool_calls``, ``called_tool`` (validation reports the numeric ones per data source);
-``meta["metrics"]`` has verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
+The metrics returned beside the batch have verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
 
 A loop that raises (``SystemExit`` included), or returns something else than an ``AgentOutput``, fails only its own
 sample: logged naming the row and the loop, counted in ``agent_loop/failed_samples``, kept in the batch with an
@@ -35,7 +35,7 @@ from npu_rl.agent.loops import (AgentContext, AgentOutput, AgentSample, AgentSam
                                 row_agent_loop)
 from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
-from npu_rl.rollout.base import SamplingParams
+from npu_rl.rollout.base import Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ async def _run_all(context: AgentContext, server: TurnBatchingServer, names: Seq
 
 
 def run_agent_loops(prompts: Batch, context: AgentContext, batch_generate: BatchGenerate, n: int,
-                    pad_token_id: int, response_length: int, return_logprobs: bool) -> Batch:
+                    pad_token_id: int, response_length: int, return_logprobs: bool) -> Generation:
     """``n`` conversations per prompt (interleaved rows), assembled into the rollout batch (module docstring)."""
     rows = prompts.repeat(n, interleave=True)
     names = row_agent_names(rows, context.settings.default_agent_loop)
@@ -165,10 +165,9 @@ def run_agent_loops(prompts: Batch, context: AgentContext, batch_generate: Batch
         raise RuntimeError(f"every agent conversation of this batch failed ({len(failed)} samples), so there is "
                            f"nothing to train on; the first: {failed[0]}")
     batch = assemble_agent_batch(rows, outputs, pad_token_id, response_length, return_logprobs)
-    batch.meta["metrics"] = agent_metrics(outputs) | {
+    return Generation(batch, agent_metrics(outputs) | {
         "agent_loop/engine_calls": float(server.num_engine_calls),
-        "agent_loop/requests_per_engine_call/mean": float(np.mean(server.requests_per_call or [0]))}
-    return batch
+        "agent_loop/requests_per_engine_call/mean": float(np.mean(server.requests_per_call or [0]))})
 
 
 def assemble_agent_batch(rows: Batch, outputs: Sequence[AgentOutput], pad_token_id: int, response_length: int,

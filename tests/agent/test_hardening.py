@@ -191,8 +191,9 @@ def test_a_failing_interaction_fails_its_sample_named(tiny_tokenizer, interactio
     batch = prompt_batch(tok, ["a", "b"])
     batch.non_tensors["extra_info"] = [{"interaction_kwargs": {"name": interaction.name}}, {}]
     ctx = context(tok, None, interactions={interaction.name: interaction}, default_agent_loop="tool_agent")
-    out = run_agent_loops(batch, ctx, generate, n=1, pad_token_id=0, response_length=300, return_logprobs=False)
-    assert out.meta["metrics"]["agent_loop/failed_samples"] == 1
+    gen = run_agent_loops(batch, ctx, generate, n=1, pad_token_id=0, response_length=300, return_logprobs=False)
+    out = gen.batch
+    assert gen.metrics["agent_loop/failed_samples"] == 1
     assert out["response_mask"][0].sum() == 0 and out["response_mask"][1].sum() > 0
     assert f"row 0: {words}" in caplog.text
 
@@ -211,9 +212,10 @@ def test_system_exit_in_a_loop_is_a_failed_sample_and_an_all_failed_batch_raises
     register_agent_loops_file(str(tmp_path / "loops.yaml"))
     tok = tiny_tokenizer
     generate, _ = scripted_batch_generate(tok, {"a": ["x"], "b": ["y"], "c": ["z"]})
-    out = run_agent_loops(prompt_batch(tok, ["a", "b", "c"], ["quitter", "garbage", None]), context(tok, None),
+    gen = run_agent_loops(prompt_batch(tok, ["a", "b", "c"], ["quitter", "garbage", None]), context(tok, None),
                           generate, 1, 0, 50, False)
-    assert out.meta["metrics"]["agent_loop/failed_samples"] == 2
+    out = gen.batch
+    assert gen.metrics["agent_loop/failed_samples"] == 2
     assert "row 0: agent loop 'quitter' raised SystemExit" in caplog.text
     assert "row 1: agent loop 'garbage' returned str, not an AgentOutput" in caplog.text
     with pytest.raises(RuntimeError, match="every agent conversation of this batch failed.*'quitter' raised"):
