@@ -2,7 +2,7 @@
 
 verl's ``algorithm.rollout_correction`` (docs/algorithms.md has the keys and the math). With
 ``log r = old_logprobs - rollout_logprobs`` per token (``pi_train / pi_rollout``; the log-ratio is clamped to
-[-20, 20] before any ``exp``, as in verl):
+[-20, 20] before any ``exp``, as in verl, except in the ``k3_kl`` metric, which verl computes unclamped):
 
 - importance weights (``rollout_is``): ``token``: ``w_t = exp(log r_t)``; ``sequence``: ``w = exp(sum_t log r_t)`` for
   every token of the row. ``rollout_is_threshold``: a number ``U`` truncates (TIS: ``min(w, U)``); a string
@@ -242,7 +242,9 @@ def rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor,
 def rejection_metrics(option: str, statistic: torch.Tensor, keep_tokens: torch.Tensor, response_mask: torch.Tensor,
                       lower: float | None, upper: float) -> dict[str, torch.Tensor]:
     """``rollout_rs_{option}_*``: the statistic's mean / max / min / std over tokens (sequence options: over
-    sequences for max / min), its per-sequence summary, the share above / below the bounds, the share masked."""
+    sequences for max / min), its per-sequence summary (mean, unbiased std, max, min, largest |value|, the share of
+    sequences above the upper bound and, for k1 options, below the lower one), the share above / below the bounds,
+    the share masked. The same keys as verl's ``compute_rs_metrics``."""
     prefix = f"rollout_rs_{option}"
     valid, rows = response_mask.bool(), _valid_rows(response_mask)
     dtype = statistic.dtype
@@ -262,6 +264,9 @@ def rejection_metrics(option: str, statistic: torch.Tensor, keep_tokens: torch.T
         f"{prefix}_fraction_high": masked_mean((over > hi).to(dtype), under),
         f"{prefix}_fraction_low": masked_mean((over < lo).to(dtype), under) if k1 else torch.zeros((), dtype=dtype),
         f"{prefix}_seq_mean": _rows_mean(per_seq, rows),
+        f"{prefix}_seq_std": _unbiased_std(per_seq, rows),
+        f"{prefix}_seq_fraction_high": _rows_mean((per_seq > hi).to(dtype), rows),
+        **({f"{prefix}_seq_fraction_low": _rows_mean((per_seq < lo).to(dtype), rows)} if k1 else {}),
         f"{prefix}_seq_max": _masked_extreme(per_seq, rows, largest=True),
         f"{prefix}_seq_min": _masked_extreme(per_seq, rows, largest=False),
         f"{prefix}_seq_max_deviation": _masked_extreme(per_seq.abs(), rows, largest=True),
@@ -328,30 +333,36 @@ def offpolicy_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor
     (``*_log_ppl``: of ``-mean_t logp``); ``log_ppl_diff`` = mean over sequences of ``mean_t rollout - mean_t old``
     (``_abs_diff``, ``_max``, ``_min`` likewise); ``ppl_ratio`` = mean over sequences of ``exp(log_ppl_diff)``;
     ``chi2_token`` = mean over tokens of ``r^2`` minus 1; ``chi2_seq`` = mean over sequences of ``(prod_t r)^2``
-    minus 1. Sequences without a valid token are left out (verl counts them).
+    minus 1. As in verl, ``k3_kl`` takes ``log r`` unclamped, the chi-squares clamp it (and the row sum) to
+    [-20, 20]. Sequences without a valid token are left out (verl counts them). Deliberate difference: verl asserts
+    that the batch has a valid token; here such a batch gives 0 for every metric (both chi-squares included, where
+    the formula would give -1).
     """
     rows = _valid_rows(response_mask)
     old, rollout = old_logprobs.detach(), rollout_logprobs.detach()
     log_ratio = old - rollout
     safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    unclamped = torch.where(response_mask.bool(), log_ratio, torch.zeros_like(log_ratio))  # padding may hold junk
     mean_old = masked_mean(old, response_mask, dim=-1)
     mean_rollout = masked_mean(rollout, response_mask, dim=-1)
     diff = mean_rollout - mean_old
     seq_log = _row_sum(log_ratio, response_mask).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    any_token, zero = rows.any(), torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
     return {
         "training_ppl": _rows_mean(torch.exp(-mean_old), rows),
         "training_log_ppl": _rows_mean(-mean_old, rows),
         "rollout_ppl": _rows_mean(torch.exp(-mean_rollout), rows),
         "rollout_log_ppl": _rows_mean(-mean_rollout, rows),
         "kl": masked_mean(rollout - old, response_mask),
-        "k3_kl": masked_mean(torch.exp(safe) - safe - 1.0, response_mask),
+        "k3_kl": masked_mean(torch.exp(unclamped) - unclamped - 1.0, response_mask),
         "log_ppl_diff": _rows_mean(diff, rows),
         "log_ppl_abs_diff": _rows_mean(diff.abs(), rows),
         "log_ppl_diff_max": _masked_extreme(diff, rows, largest=True),
         "log_ppl_diff_min": _masked_extreme(diff, rows, largest=False),
         "ppl_ratio": _rows_mean(torch.exp(diff), rows),
-        "chi2_token": masked_mean(torch.exp(2.0 * safe), response_mask) - 1.0,
-        "chi2_seq": _rows_mean(torch.exp(2.0 * seq_log), rows) - 1.0,
+        # no valid token: 0 (nothing measured), not mean(empty) - 1 = -1, which no chi-square can be
+        "chi2_token": torch.where(any_token, masked_mean(torch.exp(2.0 * safe), response_mask) - 1.0, zero),
+        "chi2_seq": torch.where(any_token, _rows_mean(torch.exp(2.0 * seq_log), rows) - 1.0, zero),
     }
 
 

@@ -249,3 +249,55 @@ def test_bypass_gradient_is_split_invariant(spec, loss_type):
         grad, loss = gradient(loss_fn, new, splits, mask)
         assert_close(grad, whole_grad)
         assert_close(loss, whole_loss)
+
+
+# verl's compute_rs_metrics (verl/trainer/ppo/rollout_corr_helper.py) emits these per option; seq_fraction_low only
+# for the k1 options (they have a lower bound).
+VERL_RS_SUFFIXES = ("mean", "max", "min", "std", "fraction_high", "fraction_low", "seq_mean", "seq_std", "seq_max",
+                    "seq_min", "seq_max_deviation", "seq_fraction_high", "masked_fraction", "seq_masked_fraction")
+
+
+@pytest.mark.parametrize("option", ["token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+                                    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3"])
+def test_every_rejection_metric_verl_emits(option):
+    m = run(rollout_rs=option, rollout_rs_threshold=2.0).metrics
+    expected = {f"rollout_rs_{option}_{s}" for s in VERL_RS_SUFFIXES}
+    if option.endswith("k1"):
+        expected.add(f"rollout_rs_{option}_seq_fraction_low")
+    assert {k for k in m if k.startswith(f"rollout_rs_{option}_")} == expected
+
+
+def test_rejection_sequence_summary_by_hand():
+    # token_k1 at 2 (bounds log 0.5 .. log 2 on -log r): per-row means of -log r:
+    #   row 0: -(log 3 + log 0.6 + 0) / 3 = -log(1.8) / 3 = -0.196; row 1: -(log 1.5 + log 4) / 2 = -log(6) / 2 = -0.896
+    m = run(rollout_rs="token_k1", rollout_rs_threshold=2.0).metrics
+    a, b = -math.log(1.8) / 3, -math.log(6.0) / 2
+    assert_close(m["rollout_rs_token_k1_seq_std"], t(abs(a - b) / math.sqrt(2)))  # unbiased std of two values
+    assert_close(m["rollout_rs_token_k1_seq_fraction_high"], t(0.0))  # neither above log 2 = 0.693
+    assert_close(m["rollout_rs_token_k1_seq_fraction_low"], t(0.5))  # row 1 below log 0.5 = -0.693
+    # seq_max_k3 at 1: per-row max of r - 1 - log r: row 0 3 - 1 - log 3 = 0.901, row 1 4 - 1 - log 4 = 1.614
+    m = run(rollout_rs="seq_max_k3", rollout_rs_threshold=1.0).metrics
+    a, b = 2 - math.log(3.0), 3 - math.log(4.0)
+    assert_close(m["rollout_rs_seq_max_k3_seq_std"], t(abs(a - b) / math.sqrt(2)))
+    assert_close(m["rollout_rs_seq_max_k3_seq_fraction_high"], t(0.5))  # row 1 above 1
+    assert "rollout_rs_seq_max_k3_seq_fraction_low" not in m
+    one_row = rollout_correction(OLD[:1], ROLLOUT[:1], MASK[:1],
+                                 RolloutCorrectionSpec(rollout_rs="seq_max_k3", rollout_rs_threshold=1.0)).metrics
+    assert_close(one_row["rollout_rs_seq_max_k3_seq_std"], t(0.0))  # one sequence: 0, as verl
+
+
+def test_k3_kl_is_not_clamped_as_in_verl():
+    # log r = 25 on one token, beyond the +-20 clamp the chi-squares use: k3 = e^25 - 25 - 1
+    old, rollout, mask = t([[24.0, 0.0]]), t([[-1.0, 0.0]]), t([[1, 0]])
+    m = offpolicy_metrics(old, rollout, mask)
+    assert_close(m["k3_kl"], t(math.exp(25.0) - 26.0))
+    assert_close(m["chi2_token"], t(math.exp(40.0) - 1.0))  # r^2 with log r clamped to 20, as verl
+
+
+def test_a_batch_without_a_valid_token_reports_zero_not_minus_one():
+    # verl asserts there is a valid token; here every metric is 0, the chi-squares included (mean of nothing - 1
+    # would say -1, which no chi-square can be)
+    m = offpolicy_metrics(t([[-1.0, -2.0]]), t([[-1.5, -1.5]]), t([[0, 0]]))
+    assert_close(m["chi2_token"], t(0.0))
+    assert_close(m["chi2_seq"], t(0.0))
+    assert all(float(v) == 0.0 for v in m.values()), m
