@@ -30,18 +30,13 @@ from urllib.parse import parse_qsl, urlsplit
 from npu_rl.data.builtin import cache_dir, is_builtin, resolve_builtin
 from npu_rl.data.io import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, PARQUET_SUFFIXES, expand_path, is_hf_dataset_dir, \
     write_parquet
+from npu_rl.utils.hf_env import hub_cache_dir, is_offline
 
 HUB_SCHEME = "hf://"
 HUB_DATASETS = "hf://datasets/"
 DATA_SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES + tuple(s + c for s in JSONL_SUFFIXES for c in COMPRESSED_SUFFIXES)
 VAL_SPLITS = ("validation", "test", "val", "valid")
 _GLOB = re.compile(r"[*?\[]")
-_TRUE = ("1", "ON", "YES", "TRUE")
-
-
-def _offline() -> bool:
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.upper() in _TRUE
 
 
 def _split_query(item: str) -> tuple[str, dict[str, str]]:
@@ -146,10 +141,10 @@ def _hub_files(repo: str, revision: Optional[str], pattern: str, item: str) -> l
     """Files of a Hub data set repo (a glob matches the repo's listing, or the cached snapshot offline)."""
     from huggingface_hub import hf_hub_download, snapshot_download
 
-    cache = _hub_cache_dir()
+    cache = hub_cache_dir()
     endpoint = os.environ.get("HF_ENDPOINT") or None
     try:
-        if _offline():
+        if is_offline():
             folder = snapshot_download(repo, repo_type="dataset", revision=revision, cache_dir=cache,
                                        local_files_only=True, allow_patterns=[pattern])
             files = sorted(glob.glob(os.path.join(folder, pattern)))
@@ -173,16 +168,10 @@ def _hub_files(repo: str, revision: Optional[str], pattern: str, item: str) -> l
     except ValueError:
         raise
     except Exception as exc:  # not cached offline; repo / file missing; no connection
-        where = "the Hub cache (" + cache + ", HF_HUB_OFFLINE is set)" if _offline() else (endpoint or
+        where = "the Hub cache (" + cache + ", HF_HUB_OFFLINE is set)" if is_offline() else (endpoint or
                                                                                               "https://huggingface.co")
         raise FileNotFoundError(f"{item!r}: cannot get it from {where}: {type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-
-
-def _hub_cache_dir() -> str:
-    from npu_rl.models.hub import hub_cache_dir  # one reading of HF_HOME / HF_HUB_CACHE
-
-    return hub_cache_dir()
 
 
 def _hub_dataset(repo: str, config: Optional[str], split: str, revision: Optional[str], item: str) -> str:
@@ -201,7 +190,7 @@ def _hub_dataset(repo: str, config: Optional[str], split: str, revision: Optiona
         data = load_dataset(repo, config, split=split, revision=revision)
     except Exception as exc:  # DatasetNotFoundError, ConnectionError, ValueError (unknown split) ...
         offline = (" HF_HUB_OFFLINE is set and datasets' cache has no copy of it: load it once online, or save it "
-                   "with save_to_disk and give that folder.") if _offline() else ""
+                   "with save_to_disk and give that folder.") if is_offline() else ""
         raise FileNotFoundError(f"{item!r}: datasets.load_dataset({repo!r}, {config!r}, split={split!r}) failed: "
                                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}.{offline}"
                                 ) from exc

@@ -26,11 +26,12 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from npu_rl.utils.hf_env import hub_cache_dir, is_offline
+
 REFUSED_SCHEMES = ("hdfs", "s3", "gs", "gcs", "oss", "obs", "abfs", "az", "http", "https", "file", "ms", "modelscope")
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)?)(?:@(?P<rev>[\w./-]+))?$")
 # weights and tokenizer files; other formats (onnx, gguf, tflite, flax, openvino ...) are never downloaded
 _WANTED = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py"]
-_TRUE = ("1", "ON", "YES", "TRUE")
 
 
 @dataclass(frozen=True)
@@ -61,18 +62,6 @@ def parse_hub_id(path: str) -> Optional[HubId]:
     if not match or ".." in path or "--" in match.group("repo"):
         return None
     return HubId(match.group("repo"), match.group("rev"))
-
-
-def is_offline() -> bool:
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.upper() in _TRUE
-
-
-def hub_cache_dir() -> str:
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.path.expanduser(os.path.expandvars(os.environ["HF_HUB_CACHE"]))
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
-    return os.path.join(os.path.expanduser(os.path.expandvars(home)), "hub")
 
 
 def cached_model(hub_id: HubId) -> Optional[str]:
