@@ -81,9 +81,37 @@ def run_dir_for(config: PPOConfig) -> str:
     return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
 
 
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What a finished run produced (``npu_rl.Trainer.train`` returns it; the CLI uses ``exit_code``)."""
+
+    exit_code: int
+    global_step: int
+    run_dir: str  # logs/<time>: metrics.jsonl, the run record, curves
+    metrics_path: str
+    checkpoint: str | None  # the newest saved step's folder (global_step_N), None when nothing was saved
+
+
 def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     """Train with ``config`` (already validated); returns the exit code. ``argv``: the command line to record in the
     run folder (default ``sys.argv``)."""
+    return train(config, argv).exit_code
+
+
+def latest_checkpoint(config: PPOConfig) -> str | None:
+    """The newest saved step's folder under ``trainer.default_local_dir`` that exists, else None."""
+    from npu_rl.trainer.checkpoint import latest_step, step_dir
+
+    root = os.path.abspath(os.path.expanduser(config.trainer.default_local_dir))
+    try:
+        step = latest_step(root)
+    except (OSError, ValueError):  # a marker naming a step that is not there: no checkpoint to name
+        return None
+    return step_dir(root, step) if step is not None else None
+
+
+def train(config: PPOConfig, argv: list[str] | None = None) -> RunResult:
+    """Train with ``config`` (already validated); what the run produced."""
     from npu_rl.data.loader import build_dataloader
     from npu_rl.device import get_backend
     from npu_rl.models.loader import load_tokenizer
@@ -144,10 +172,11 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
         group.shutdown()
         if getattr(group, "owned_pool", None) is not None:
             group.owned_pool.remove()
-    _summary(trainer, tracker.jsonl_path, time.perf_counter() - start)
+    checkpoint = latest_checkpoint(config)
+    _summary(trainer, tracker.jsonl_path, time.perf_counter() - start, checkpoint)
     write_ray_timeline(config)
     _draw_curves(run_dir)
-    return code
+    return RunResult(code, trainer.global_step, run_dir, tracker.jsonl_path, checkpoint)
 
 
 def _draw_curves(run_dir: str) -> None:
@@ -165,7 +194,7 @@ def _draw_curves(run_dir: str) -> None:
         print(f"npu-rl: no curves drawn: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _summary(trainer, jsonl_path: str, seconds: float) -> None:
+def _summary(trainer, jsonl_path: str, seconds: float, checkpoint: str | None) -> None:
     """The validation headline before and after, from the run's own metrics file."""
     import json
 
@@ -184,7 +213,6 @@ def _summary(trainer, jsonl_path: str, seconds: float) -> None:
             print(f"npu-rl: {key}: {first[1][key]:.3f} (step {first[0]}) -> {last[1].get(key, float('nan')):.3f} "
                   f"(step {last[0]})", file=sys.stderr)
     print(f"npu-rl: metrics: {jsonl_path}", file=sys.stderr)
-    ckpt = os.path.abspath(trainer.config.trainer.default_local_dir)
-    if os.path.isfile(os.path.join(ckpt, "latest_checkpointed_iteration.txt")):
-        print(f"npu-rl: checkpoints: {ckpt} (npu-rl merge {ckpt}/global_step_{trainer.global_step} --out <dir> "
-              "gives a Hugging Face folder)", file=sys.stderr)
+    if checkpoint is not None:  # the step saved last, which is not the last step run when save_freq skipped it
+        print(f"npu-rl: checkpoints: {os.path.dirname(checkpoint)} (npu-rl merge {checkpoint} --out <dir> gives a "
+              "Hugging Face folder)", file=sys.stderr)
