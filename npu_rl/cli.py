@@ -21,7 +21,7 @@ commands:
   plot        training curves (PNG + self-contained HTML) of one or several run folders
   bench       benchmarks: kernels | rollout | trainer
 
-`npu-rl <command> --help` for a command's options."""
+`npu-rl <command> --help` for a command's options; `npu-rl --version` the version."""
 
 
 def _train(argv: list[str]) -> int:
@@ -108,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
+        return 0
+    if argv[0] in ("--version", "-V", "version"):
+        import npu_rl
+
+        print(f"npu-rl {npu_rl.__version__}")
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

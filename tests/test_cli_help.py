@@ -35,3 +35,13 @@ def test_doctor_fails_when_the_chosen_device_is_unusable(monkeypatch, capsys):
     assert "the chosen device cannot be used" in err and "set_env.sh" in err and "DEVICE=auto" in err
     monkeypatch.setenv("DEVICE", "cpu")
     assert cli(["doctor"]) in (0, 1)  # 1 only for known-bad package combinations on this machine
+
+
+def test_version_and_parity_help(capsys):
+    import npu_rl
+    from npu_rl.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"npu-rl {npu_rl.__version__}\n"
+    assert main(["doctor", "--parity", "--help"]) == 0
+    assert "usage: npu-rl doctor --parity" in capsys.readouterr().out

@@ -38,7 +38,8 @@ def test_embedded_default_runs_two_steps(tmp_path):
     proc, rows = _train(tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "config 'quickstart' (the embedded default" in proc.stderr
-    assert "npu-rl: metrics:" in proc.stderr and "npu-rl: checkpoints:" in proc.stderr
+    assert "npu-rl: metrics:" in proc.stdout and "npu-rl: checkpoints:" in proc.stdout  # the run's output: stdout
+    assert "step 2:" in proc.stdout and "training:" not in proc.stdout + proc.stderr  # no bar redrawn into a pipe
     assert sorted(_val(rows)) == [0, 2]
     assert os.path.isfile(tmp_path / "run" / "global_step_2" / "trainer_state.pt")
     steps = [r for r in rows if "actor/pg_loss" in r]

@@ -96,6 +96,9 @@ def staged_output(out: str):
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.merging-", dir=parent)
     try:
         yield staging
+        from npu_rl.utils.paths import apply_umask
+
+        apply_umask(staging)  # mkdtemp made it 0700: the merged model gets the user's umask like any folder
         if os.path.isdir(out):
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.replaced-", dir=parent)
             os.rename(out, os.path.join(old, "previous"))

@@ -179,6 +179,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config-name", default="quickstart", help="the config to start from (default: the "
                         "embedded default, quickstart)")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. actor_rollout_ref.rollout.name=hf")
+    if any(a in ("-h", "--help") for a in argv):  # `--parity --help` would read --help as the model
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     if args.prompts < 1:
         parser.error("--prompts must be at least 1")

@@ -486,7 +486,10 @@ class TrainerConfig:
     seed: int = 42
     controller: str = "auto"  # auto (ray when more than one device) | local | ray
     max_consecutive_nan_steps: int = 3  # non-finite loss/grad: skip the update; this many in a row stops the run
-    progress_bar: bool = True
+    progress_bar: bool = True  # drawn only when stderr is a terminal (never redrawn into a file or Ray's logs)
+    # the step line's keys (prefixes, e.g. [critic/score/mean,actor/kl_loss]); null: score, the losses the algorithm
+    # has (actor/pg_loss, actor/kl_loss, critic/vf_loss), entropy, KL, grad norm, length, timing, throughput
+    console_keys: Optional[list[str]] = None
     save_on_interrupt: bool = True  # SIGINT / SIGTERM: finish the step, save it, print the resume command, exit 130/143
     # resume_mode=disable into a default_local_dir holding checkpoints is refused unless this is True (then the old
     # global_step_* folders and the marker are removed first, so the folder never mixes two runs)

@@ -12,6 +12,8 @@ import os
 import tempfile
 from typing import Any, Iterable
 
+from npu_rl.utils.paths import apply_umask
+
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 COMPRESSED_SUFFIXES = (".xz", ".gz")  # read transparently by read_jsonl (the packaged data sets are .jsonl.xz)
@@ -143,6 +145,7 @@ def write_parquet(rows: Iterable[dict[str, Any]], path: str) -> str:
     os.close(fd)
     try:
         pq.write_table(table, tmp)
+        apply_umask(tmp)  # mkstemp made it 0600; the file gets the modes of any other file the user writes
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -78,7 +78,20 @@ def resolve_data_path(item: str, default_split: Optional[str] = None) -> list[st
         hint = (f"; for the Hugging Face Hub data set {item}, write hf://datasets/{item}?split=train (through "
                 f"datasets) or hf://datasets/{item}/<file>.parquet")
     raise FileNotFoundError(f"data file {item!r} does not exist" + (f" (resolved to {full})" if full != item else "")
-                            + (hint or " (run `npu-rl preprocess gsm8k` or point the key at a parquet/jsonl file)"))
+                            + (hint or _preprocess_hint(item, full)))
+
+
+def _preprocess_hint(item: str, full: str) -> str:
+    """The command that writes the missing file where the key looks (verl's default is ~/data/rlhf/gsm8k, its
+    preprocess scripts' ~/data/gsm8k: name the folder, so the two never disagree)."""
+    from npu_rl.data.preprocess import CONVERTERS
+
+    names = sorted(CONVERTERS)
+    name = next((n for n in names if n in item.lower()), None)
+    if name is None or os.path.basename(full) not in ("train.parquet", "test.parquet"):
+        return (" (point the key at a parquet/jsonl file; `npu-rl preprocess " + "|".join(names)
+                + " --output-dir DIR` writes DIR/train.parquet and DIR/test.parquet)")
+    return f" (run `npu-rl preprocess {name} --output-dir {os.path.dirname(item)}`, or point the key at a parquet/jsonl file)"
 
 
 def _local(full: str, item: str, split: Optional[str], default_split: Optional[str]) -> str:

@@ -69,6 +69,9 @@ def _convert_gguf(name: str, out_dir: str) -> None:
         gen.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else gen.eos_token_id
         gen.save_pretrained(tmp)
+        from npu_rl.utils.paths import apply_umask
+
+        apply_umask(tmp)  # mkdtemp made it 0700
         os.replace(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

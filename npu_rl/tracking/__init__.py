@@ -17,9 +17,11 @@ import sys
 import time
 from typing import Any, Protocol  # noqa: F401
 
+# The step line's default keys (prefixes): the losses appear when the algorithm has them (actor/kl_loss with
+# use_kl_loss, critic/vf_loss with a critic). trainer.console_keys replaces the list.
 CONSOLE_KEYS = (
-    "critic/score/mean", "val-core", "actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm",
-    "response_length/mean", "timing_s/step", "perf/throughput",
+    "critic/score/mean", "val-core", "actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "actor/entropy",
+    "actor/ppo_kl", "actor/grad_norm", "response_length/mean", "timing_s/step", "perf/throughput",
 )
 
 
@@ -36,19 +38,23 @@ def _fmt(value: float) -> str:
 
 
 def _write_below_progress_bar(line: str) -> None:
+    """Step lines are the run's output: stdout (``npu-rl train > log`` keeps them), written below the progress bar
+    (which lives on stderr)."""
     from tqdm import tqdm
 
-    tqdm.write(line, file=sys.stderr)
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 class ConsoleBackend:
-    """One line per step with the keys people watch; everything goes to the JSONL file."""
+    """One line per step with the keys people watch (``keys``: prefixes); everything goes to the JSONL file."""
 
-    def __init__(self, write=None):
+    def __init__(self, write=None, keys: tuple[str, ...] | None = None):
         self._write = write or _write_below_progress_bar
+        self.keys = tuple(keys) if keys else CONSOLE_KEYS
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        shown = {k: v for k, v in metrics.items() if k.startswith(CONSOLE_KEYS)}
+        shown = {k: v for k, v in metrics.items() if k.startswith(self.keys)}
         self._write(f"step {step}: " + "  ".join(f"{k}={_fmt(v)}" for k, v in sorted(shown.items())))
 
     def close(self) -> None:
@@ -75,7 +81,7 @@ class Tracker:
     """Fans a step's metrics out to every chosen backend."""
 
     def __init__(self, loggers: list[str], project: str, experiment: str, run_dir: str,
-                 config: dict[str, Any] | None = None, console_write=None):
+                 config: dict[str, Any] | None = None, console_write=None, console_keys=None):
         self.run_dir = run_dir
         self.jsonl_path = os.path.join(run_dir, "metrics.jsonl")
         self.generations_path = os.path.join(run_dir, "val_generations.jsonl")
@@ -85,7 +91,7 @@ class Tracker:
 
         for name in loggers:
             try:
-                self.backends.append(self._make(name, project, experiment, config or {}, console_write))
+                self.backends.append(self._make(name, project, experiment, config or {}, console_write, console_keys))
             except ImportError as exc:
                 module, requirement = PACKAGES.get(name, (name, name))
                 raise ImportError(f"trainer.logger={name!r} needs the {module} package: pip install {requirement} "
@@ -93,9 +99,9 @@ class Tracker:
         if not any(isinstance(b, JsonlBackend) for b in self.backends):
             self.backends.append(JsonlBackend(self.jsonl_path))  # every run keeps its metrics on disk
 
-    def _make(self, name, project, experiment, config, console_write) -> TrackerBackend:
+    def _make(self, name, project, experiment, config, console_write, console_keys=None) -> TrackerBackend:
         if name == "console":
-            return ConsoleBackend(console_write)
+            return ConsoleBackend(console_write, console_keys)
         if name in ("file", "jsonl"):
             return JsonlBackend(self.jsonl_path)
         from npu_rl.tracking.backends import PACKAGES, make_backend

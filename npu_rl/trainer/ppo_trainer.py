@@ -354,7 +354,9 @@ class PPOTrainer:
 def _progress_bar(enabled: bool, initial: int, total: int):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc="training", unit="step", disable=not enabled, dynamic_ncols=True)
+    # a bar redrawn into a file or Ray's log is noise: only on a terminal
+    return tqdm(total=total, initial=initial, desc="training", unit="step", dynamic_ncols=True,
+                disable=not enabled or not sys.stderr.isatty())
 
 
 def _postfix(step_metrics: dict[str, float], val_metrics: dict[str, float]) -> dict[str, str]:

@@ -78,7 +78,35 @@ def check_rows(config: PPOConfig, datasets) -> None:
 
 
 def run_dir_for(config: PPOConfig) -> str:
-    return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
+    """``logs/<time>`` under ``trainer.default_local_dir``. A run that resumes here (``resume_mode=auto`` with a
+    checkpoint) continues the log folder of the run it resumes, so metrics.jsonl and the curves stay one run; rows
+    logged after that checkpoint (then lost with the crash) are dropped, since the resumed run does those steps
+    again."""
+    root = os.path.abspath(os.path.expanduser(config.trainer.default_local_dir))
+    fresh = os.path.join(root, "logs", time.strftime("%Y%m%d-%H%M%S"))
+    checkpoint = latest_checkpoint(config)
+    if config.trainer.resume_mode != "auto" or config.trainer.val_only or checkpoint is None:
+        return fresh
+    import glob
+
+    earlier = sorted(glob.glob(os.path.join(root, "logs", "*", "metrics.jsonl")))
+    if not earlier:
+        return fresh
+    _drop_rows_after(earlier[-1], int(os.path.basename(checkpoint).rpartition("_")[2]))
+    return os.path.dirname(earlier[-1])
+
+
+def _drop_rows_after(path: str, step: int) -> None:
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +187,8 @@ def train(config: PPOConfig, argv: list[str] | None = None) -> RunResult:
 
     save_run_record(run_dir, config, argv)
     tracker = Tracker(as_list(config.trainer.logger), config.trainer.project_name, config.trainer.experiment_name,
-                      run_dir, recorded_config(config))  # secrets masked: trackers store what they are given
+                      run_dir, recorded_config(config),  # secrets masked: trackers store what they are given
+                      console_keys=config.trainer.console_keys)
     print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
           f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
     trainer = PPOTrainer(config, plan, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
@@ -195,7 +224,8 @@ def _draw_curves(run_dir: str) -> None:
 
 
 def _summary(trainer, jsonl_path: str, seconds: float, checkpoint: str | None) -> None:
-    """The validation headline before and after, from the run's own metrics file."""
+    """The validation headline before and after, from the run's own metrics file: on stdout, with the step lines
+    (the run's output; notes and warnings go to stderr)."""
     import json
 
     first, last = None, None
@@ -207,12 +237,12 @@ def _summary(trainer, jsonl_path: str, seconds: float, checkpoint: str | None) -
                 if core:
                     first = first or (row["step"], core)
                     last = (row["step"], core)
-    print(f"npu-rl: finished step {trainer.global_step}/{trainer.total_steps} in {seconds:.0f} s", file=sys.stderr)
+    print(f"npu-rl: finished step {trainer.global_step}/{trainer.total_steps} in {seconds:.0f} s")
     if first and last:
         for key in first[1]:
             print(f"npu-rl: {key}: {first[1][key]:.3f} (step {first[0]}) -> {last[1].get(key, float('nan')):.3f} "
-                  f"(step {last[0]})", file=sys.stderr)
-    print(f"npu-rl: metrics: {jsonl_path}", file=sys.stderr)
+                  f"(step {last[0]})")
+    print(f"npu-rl: metrics: {jsonl_path}")
     if checkpoint is not None:  # the step saved last, which is not the last step run when save_freq skipped it
         print(f"npu-rl: checkpoints: {os.path.dirname(checkpoint)} (npu-rl merge {checkpoint} --out <dir> gives a "
-              "Hugging Face folder)", file=sys.stderr)
+              "Hugging Face folder)")

@@ -34,3 +34,26 @@ def check_output_file(path: str, key: str) -> str:
     check_output_dir(os.path.dirname(full) or ".", key)
     return full
 
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str) -> None:
+    """Give ``path`` (and, for a folder, everything under it) the modes a plain ``open`` / ``mkdir`` would have under
+    the user's umask. ``tempfile.mkstemp`` / ``mkdtemp`` create owner-only (0600 / 0700) files and folders, and a
+    rename keeps those modes, so atomically written outputs need this to be shared like any other file."""
+    mask = current_umask()
+    file_mode, dir_mode = 0o666 & ~mask, 0o777 & ~mask
+    if os.path.isdir(path):
+        os.chmod(path, dir_mode)
+        for root, dirs, files in os.walk(path):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), dir_mode)
+            for name in files:
+                os.chmod(os.path.join(root, name), file_mode)
+    else:
+        os.chmod(path, file_mode)

@@ -49,6 +49,9 @@ def test_resume_after_a_kill_mid_step_matches_an_uninterrupted_run(tiny_model_di
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stderr and "global_step_2" in second.stderr  # our messages go to stderr
     assert sorted(step_rows(killed)) == [1, 2, 3, 4]
+    import glob
+
+    assert len(glob.glob(os.path.join(killed, "logs", "*", "metrics.jsonl"))) == 1  # one run, one curve
     _assert_same_weights(final_weights(killed, 4), final_weights(straight, 4))
 
 
