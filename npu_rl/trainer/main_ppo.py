@@ -84,9 +84,14 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
           "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
     from npu_rl.utils.safe_load import CorruptFileError
 
+    from npu_rl.trainer.ppo_trainer import NonFiniteLossError
+
     entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
     try:
         return run(config, entry + argv)  # the command is recorded in the run folder
+    except NonFiniteLossError as exc:  # said in words (which term, which key), not as a traceback
+        print(f"npu-rl: error: {exc}", file=sys.stderr)
+        return 1
     except (CorruptFileError, ConfigError) as exc:  # a checkpoint that does not verify or asks to run code, a data
         print(f"npu-rl: {exc}", file=sys.stderr)     # row asking for what the config does not offer: said plainly
         return 2
