@@ -35,7 +35,7 @@ from npu_rl.config.schema import PPOConfig
 from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_kl_controller
 from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
-from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
+from npu_rl.trainer.checkpoint import CheckpointManager, disk_full_error, load_trainer_state
 from npu_rl.trainer.estimator_inputs import estimator_extras
 from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
@@ -343,10 +343,17 @@ class PPOTrainer:
 
     def save_checkpoint(self) -> str:
         tmp = self.checkpoints.begin(self.global_step)
-        self.roles.actor_rollout.save_checkpoint(f"{tmp}/actor")
-        if self.plan.use_critic:
-            self.roles.critic.save_checkpoint(f"{tmp}/critic")
-        return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
+        try:
+            self.roles.actor_rollout.save_checkpoint(f"{tmp}/actor")
+            if self.plan.use_critic:
+                self.roles.critic.save_checkpoint(f"{tmp}/critic")
+            return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
+        except Exception as exc:
+            self.checkpoints.abandon(tmp)  # latest stays on the previous step
+            full = disk_full_error(exc, tmp)
+            if full is not None:  # said in words, not as DCP's "enforce fail ... unexpected pos"
+                raise full from exc
+            raise
 
     def _resume(self) -> None:
         cfg = self.config.trainer
