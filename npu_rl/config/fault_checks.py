@@ -82,7 +82,7 @@ def _capability_problems(config) -> list[str]:
 
 def _model_problems(config) -> list[str]:
     from npu_rl.config.derived import critic_enabled
-    from npu_rl.models.check import model_folder_problems
+    from npu_rl.models.check import model_path_problems
     from npu_rl.models.loader import is_builtin, local_model_folder
 
     keys = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, True)]
@@ -93,7 +93,7 @@ def _model_problems(config) -> list[str]:
         folder = None if is_builtin(str(path)) else local_model_folder(str(path))
         if folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
             continue  # built-in (converted on first use), a Hub id not downloaded yet, or reported by the path check
-        problems += [f"{key}: {p}" for p in model_folder_problems(folder, need_tokenizer)]
+        problems += [f"{key}: {p}" for p in model_path_problems(folder, need_tokenizer)]
     return problems
 
 
