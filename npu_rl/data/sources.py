@@ -115,7 +115,7 @@ def _local(full: str, item: str, split: Optional[str], default_split: Optional[s
             raise ValueError(f"{item!r}: the DatasetDict folder {full} has splits {splits}, not {wanted}; name one: "
                              f"{item.split('?')[0]}?split={splits[0] if splits else 'train'}")
         return os.path.join(full, choice)
-    raise ValueError(f"data file {item!r} is a folder ({full}) but not one written by datasets' save_to_disk (no "
+    raise ValueError(f"{item!r} is a folder ({full}) but not one written by datasets' save_to_disk (no "
                      "state.json + dataset_info.json, nor dataset_dict.json); give the parquet/jsonl file inside it "
                      f"or a glob ({os.path.join(item, '*.parquet')})")
 
