@@ -263,12 +263,19 @@ def local_files(tmp_path_factory, tiny_model_dir):
     folder = tmp_path_factory.mktemp("verl_script_data")
     for name in ("train.parquet", "test.parquet"):
         (folder / name).write_bytes(b"")
+    import json
+    import shutil
+
+    rm = shutil.copytree(tiny_model_dir, folder / "rm")  # a classifier, as the scripts' RMs (a causal LM is refused)
+    rm_config = json.loads((rm / "config.json").read_text())
+    rm_config.update(architectures=["Qwen2ForSequenceClassification"], num_labels=1)
+    (rm / "config.json").write_text(json.dumps(rm_config))
     reward = folder / "reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return {'score': 0.0, 'accuracy_reward': 0.0, 'format_reward': 0.0}\n")
     return {"data.train_files": str(folder / "train.parquet"), "data.val_files": str(folder / "test.parquet"),
             "actor_rollout_ref.model.path": tiny_model_dir, "critic.model.path": tiny_model_dir,
-            "reward_model.model.path": tiny_model_dir, "reward.reward_model.model_path": tiny_model_dir,
+            "reward_model.model.path": str(rm), "reward.reward_model.model_path": str(rm),
             "reward.custom_reward_function.path": str(reward), "custom_reward_function.path": str(reward)}
 
 
