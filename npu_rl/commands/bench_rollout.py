@@ -225,6 +225,19 @@ def write_section(path: str, section: str) -> None:
         handle.write(new)
 
 
+def compiled_with_vllm(engines: list[str]) -> str | None:
+    """Compiled hf decoding and vLLM in one process: refused. Seen on the H200 (vLLM 0.22.0, torch 2.11): after the
+    hf engine's ``torch.compile(mode="reduce-overhead")`` graphs had run, vLLM's first decode step failed with
+    "CUDA error: an illegal memory access"; vLLM alone in a process ran. Training never holds both engines."""
+    from npu_rl.device import get_backend
+
+    compiles = "hf_compiled" in engines or ("hf" in engines and get_backend().compiled_decode)
+    if "vllm" in engines and compiles:
+        return ("compiled hf decoding and vLLM cannot share a process (on an H200 vLLM then failed with an illegal "
+                "memory access): bench vllm with hf_eager, and hf_compiled in a separate invocation")
+    return None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="npu-rl bench rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,smollm2-135m-instruct", help="comma-separated: tiny, model paths")
@@ -251,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.engines) - set(ENGINES)
     if unknown:
         print(f"npu-rl bench rollout: unknown engine(s) {sorted(unknown)}; use {', '.join(ENGINES)}", file=sys.stderr)
+        return 2
+    problem = compiled_with_vllm(args.engines)
+    if problem:
+        print(f"npu-rl bench rollout: {problem}", file=sys.stderr)
         return 2
     if "vllm" in args.engines:
         from npu_rl.rollout.factory import VLLM_INSTALL_HINT, vllm_available

@@ -154,6 +154,19 @@ def run_ours(args) -> dict:
     return out
 
 
+def side_argv(argv: list[str]) -> list[str]:
+    """The arguments each side's interpreter gets: all but ``--out`` and its value (the parent writes the file)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.side:
@@ -167,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if importlib.util.find_spec("trl") is None:
             print("npu-rl bench trl: TRL is not installed (pip install trl)", file=sys.stderr)
             return 2
-    forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--out")]
+    forwarded = side_argv(list(argv if argv is not None else sys.argv[1:]))
     results = {}
     for side in sides:
         proc = subprocess.run([sys.executable, "-m", "npu_rl.commands.bench_trl", "--side", side, *forwarded],

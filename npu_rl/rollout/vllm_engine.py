@@ -235,7 +235,8 @@ class VllmRolloutEngine:
         self._weights_valid = self.llm_kwargs.get("load_format") != "dummy"
         self._asleep_level = 0
         self._weights_awake = True
-        self.weight_sync_path = choose_path(self.llm)  # reload_weights(weights_iterator=) or load_weights in place
+        # reload_weights(weights_iterator=) or load_weights in place (always with LoRA: vllm_weights.py)
+        self.weight_sync_path = choose_path(self.llm, lora=self.lora_rank > 0)
         logger.info("rollout: vLLM engine ready in %.1f s (tp=%d, graphs=%s, executor=%s, sleep mode=%s, "
                     "weight sync=%s)", self.start_seconds, self.tp_size,
                     "off (eager)" if self.llm_kwargs["enforce_eager"] else f"{self.caps.graph_name}, FULL_DECODE_ONLY",
