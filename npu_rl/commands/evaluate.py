@@ -146,7 +146,8 @@ def response_texts(batch, tokenizer) -> list[str]:
 
 def sample_record(batch, i: int, text: str, tokenizer, acc: float, task: str) -> dict:
     """One shown sample: the prompt's last 200 characters, the response, the reference answer, the score(s)."""
-    prompt_ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
+    prompt = batch["prompts"][i]  # input_ids holds prompt + response
+    prompt_ids = prompt[batch["attention_mask"][i][: prompt.shape[0]].bool()].tolist()
     record = {"prompt_tail": tokenizer.decode(prompt_ids, skip_special_tokens=True)[-200:], "response": text,
               "ground_truth": str(batch["ground_truth"][i]), "score": acc}
     if task == "gsm8k":

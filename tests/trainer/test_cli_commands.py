@@ -44,6 +44,8 @@ def test_eval_gsm8k_scores_strict_and_flexible_and_shows_samples(tiny_model_dir,
     assert 0.0 <= results["accuracy_flexible"] <= 1.0
     assert [set(s) for s in results["samples"]] == [{"prompt_tail", "response", "ground_truth", "score",
                                                      "flexible"}] * 2
+    for sample in results["samples"]:  # the prompt part only (an H200 run showed the response there too)
+        assert sample["response"] == "" or not sample["prompt_tail"].endswith(sample["response"])
     printed = capsys.readouterr().out
     assert printed.count("--- sample ") == 2 and ">>> " + results["samples"][0]["response"] in printed
 
