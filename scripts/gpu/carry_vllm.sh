@@ -52,7 +52,8 @@ for w in $wheels; do
     --platform manylinux_2_39_x86_64 --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 \
     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dl" "$w"
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dl" "$w" ||
+  "$py" -m pip wheel -q --no-deps -w "$dl" "$w"  # a pure-Python sdist only (antlr4-python3-runtime)
 done
 "$py" "$here/slim_wheel.py" "$dl"/vllm-0.22.0-*.whl "$dest/vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 

@@ -64,7 +64,7 @@ case "$call" in
         --out "$out/gsm8k_before.json"
       TAIL=30 step gsm8k_train 390 python3 -m npu_rl.cli train trainer.default_local_dir=/tmp/runs/gsm8k \
         data.train_files=builtin://gsm8k/train data.val_files=builtin://gsm8k/test data.train_batch_size=64 \
-        data.val_batch_size=1319 data.max_prompt_length=256 data.max_response_length=384 \
+        data.val_batch_size=1319 data.max_prompt_length=320 data.max_response_length=384 \
         actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64 \
         actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128 \
         actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=128 actor_rollout_ref.actor.optim.lr=1e-5 \
