@@ -13,7 +13,7 @@ Output batch (the fields of :mod:`npu_rl.rollout.base`, for ``B*n`` rows):
 token: tool output is context), ``response_mask`` [B*n, R] (1 only on model-generated tokens), ``rollout_logprobs``
 (when asked; 0 off the mask); non-tensors of the input repeated, plus ``__num_turns__``, ``tool_rewards``,
 ``turn_scores``, ``num_tool_calls``, ``called_tool`` (validation reports the numeric ones per data source);
-``meta["metrics"]`` has verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
+The metrics returned beside the batch have verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from npu_rl.agent.loops import (AgentContext, AgentOutput, AgentSample, TokenOutput, resolve_agent_loop)
 from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
-from npu_rl.rollout.base import SamplingParams
+from npu_rl.rollout.base import Generation, SamplingParams
 
 BatchGenerate = Callable[[list[list[int]], list[int]], list[tuple[list[int], Optional[list[float]]]]]
 
@@ -101,7 +101,7 @@ async def _run_all(context: AgentContext, server: TurnBatchingServer, names: Seq
 
 
 def run_agent_loops(prompts: Batch, context: AgentContext, batch_generate: BatchGenerate, n: int,
-                    pad_token_id: int, response_length: int, return_logprobs: bool) -> Batch:
+                    pad_token_id: int, response_length: int, return_logprobs: bool) -> Generation:
     """``n`` conversations per prompt (interleaved rows), assembled into the rollout batch (module docstring)."""
     rows = prompts.repeat(n, interleave=True)
     names = row_agent_names(rows, context.settings.default_agent_loop)
@@ -109,10 +109,9 @@ def run_agent_loops(prompts: Batch, context: AgentContext, batch_generate: Batch
     context = replace(context, server=server)
     outputs = asyncio.run(_run_all(context, server, names, samples_of(rows)))
     batch = assemble_agent_batch(rows, outputs, pad_token_id, response_length, return_logprobs)
-    batch.meta["metrics"] = agent_metrics(outputs) | {
+    return Generation(batch, agent_metrics(outputs) | {
         "agent_loop/engine_calls": float(server.num_engine_calls),
-        "agent_loop/requests_per_engine_call/mean": float(np.mean(server.requests_per_call or [0]))}
-    return batch
+        "agent_loop/requests_per_engine_call/mean": float(np.mean(server.requests_per_call or [0]))})
 
 
 def assemble_agent_batch(rows: Batch, outputs: Sequence[AgentOutput], pad_token_id: int, response_length: int,
