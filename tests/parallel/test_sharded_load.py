@@ -96,7 +96,8 @@ def compare_job(folder: str, kind: str) -> dict:
     plain = _runner(build(None)).model
     mine, theirs = _local_state(sharded), _local_state(plain)
     differ = sorted(n for n in theirs if not torch.equal(mine[n], theirs[n]))
-    out = {"keys_match": mine.keys() == theirs.keys(), "differ": differ,
+    local_bytes = sum(p.to_local().numel() * p.to_local().element_size() for p in sharded.parameters())
+    out = {"keys_match": mine.keys() == theirs.keys(), "differ": differ, "local_bytes": local_bytes,
            "full": {n: t.clone() for n, t in iter_full_parameters(sharded, include_tied=True)}}
     hf = hf_model(sharded)  # the HF model under a PEFT wrapper
     if kind != "critic":
@@ -180,9 +181,14 @@ def test_sharded_load_equals_plain_load(dist_pool2, folders, tie):
         for name, tensor in plain.state_dict().items():
             assert torch.equal(result["full"][name], tensor), name
         torch.testing.assert_close(result["logits"], logits, atol=1e-5, rtol=1e-5)
-    # the rotary frequencies (non-persistent: in no file) are the ones a plain load computes
-    for result in results:
-        assert "model.rotary_emb.inv_freq" not in result["full"]
+    # the memory planner's count of this rank's fp32 shards (npu_rl/plan/memory.py): the two ranks together hold
+    # exactly the model, each its half (up to one row of padding per tensor)
+    from npu_rl.plan.memory import ModelShape, RoleMemory, TrainSettings
+
+    shape = ModelShape(64, 128, 3, 4, 2, 128, tied=tie)
+    planned = RoleMemory(shape, TrainSettings(shard=2), trainable=True).weights()
+    assert sum(r["local_bytes"] for r in results) == 2 * planned == shape.num_params * 4
+    assert all(abs(r["local_bytes"] / planned - 1) < 0.05 for r in results)
 
 
 def test_critic_value_head_is_seeded_init(dist_pool2, folders):
