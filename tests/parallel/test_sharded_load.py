@@ -74,7 +74,7 @@ def _local_state(model) -> dict[str, torch.Tensor]:
             for name, t in [*model.named_parameters(), *model.named_buffers()]}
 
 
-def compare_job(folder: str, kind: str) -> dict:
+def compare_job(folder: str, kind: str, adapter_path: str | None = None) -> dict:
     """Sharded load vs plain load (+FSDP2) on this rank: names whose local shards differ, and the full tensors."""
     from npu_rl.models.loader import load_causal_lm, load_value_model
     from npu_rl.models.lora import LoraSpec, apply_lora, hf_model
@@ -89,7 +89,8 @@ def compare_job(folder: str, kind: str) -> dict:
             return load_value_model(folder, dtype="fp32", device=device)
         model = load_causal_lm(folder, dtype="bf16" if kind == "lora" else "fp32", device=device)
         if kind == "lora":
-            model = apply_lora(model, LoraSpec(rank=4, alpha=8, target_modules="all-linear"), seed=3)
+            spec = LoraSpec(rank=4, alpha=8, target_modules="all-linear", adapter_path=adapter_path)
+            model = apply_lora(model, spec, seed=3)
         return model
 
     sharded = _runner(build("meta"), weights_folder).model
@@ -208,17 +209,29 @@ def test_critic_value_head_is_seeded_init(dist_pool2, folders):
                 assert torch.equal(result["full"][name], tensor), name
 
 
-def test_lora_adapters_equal_one_process(dist_pool2, folders):
+@pytest.mark.parametrize("saved", [False, True])
+def test_lora_adapters_equal_one_process(dist_pool2, folders, tmp_path, saved):
+    """Fresh adapters (drawn from the seed) and a saved adapter (read from its folder) on a meta base."""
     pytest.importorskip("peft")
     from npu_rl.models.loader import load_causal_lm
-    from npu_rl.models.lora import LoraSpec, apply_lora
+    from npu_rl.models.lora import LoraSpec, apply_lora, save_adapter
 
     folder = folders[True]
-    results = dist_pool2.run(compare_job, folder, "lora")
-    one = apply_lora(load_causal_lm(folder, dtype="bf16"), LoraSpec(rank=4, alpha=8, target_modules="all-linear"),
-                     seed=3)
+    adapter_path = None
+    if saved:  # an adapter whose B is not zero, saved in PEFT format
+        trained = apply_lora(load_causal_lm(folder, dtype="bf16"), LoraSpec(rank=4, alpha=8), seed=11)
+        with torch.no_grad():
+            for name, param in trained.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(generator=torch.Generator().manual_seed(len(name)))
+        adapter_path = save_adapter(trained, str(tmp_path / "adapter"))
+    results = dist_pool2.run(compare_job, folder, "lora", adapter_path)
+    one = apply_lora(load_causal_lm(folder, dtype="bf16"),
+                     LoraSpec(rank=4, alpha=8, target_modules="all-linear", adapter_path=adapter_path), seed=3)
     expected = {n: p.detach() for n, p in one.named_parameters()}
     assert any("lora_A" in n for n in expected)
+    if saved:
+        assert any("lora_B" in n and p.abs().sum() > 0 for n, p in expected.items())
     for result in results:
         assert result["keys_match"] and result["differ"] == []
         for name, tensor in expected.items():
