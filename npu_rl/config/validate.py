@@ -112,7 +112,8 @@ def _check_numbers(c: _Checker, config: PPOConfig) -> None:
     data = config.data
     c.require(data.max_prompt_length > 0, "data.max_prompt_length must be > 0")
     c.require(data.max_response_length > 0, "data.max_response_length must be > 0")
-    c.require(data.train_batch_size > 0, "data.train_batch_size must be > 0")
+    c.require(data.train_batch_size > 0 or config.async_training.mode == "fully_async",
+              "data.train_batch_size must be > 0 (0 streams: the fully asynchronous trainer only)")
     if data.gen_batch_size is not None:
         c.require(data.gen_batch_size > 0, "data.gen_batch_size must be > 0")
     fg = config.algorithm.filter_groups
@@ -293,6 +294,9 @@ def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = T
     from npu_rl.config.fault_checks import check_faults
 
     c.problems += check_faults(config, check_paths)
+    from npu_rl.config.async_schema import async_problems
+
+    c.problems += async_problems(config)
     if check_device:
         _check_device(c, config)
     if c.problems:

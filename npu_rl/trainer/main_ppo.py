@@ -42,11 +42,12 @@ def _notes(config, args: argparse.Namespace) -> list[str]:
     return ignored_settings(config, baseline)
 
 
-def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
+def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
+         module: str = "npu_rl.trainer.main_ppo") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from npu_rl.trainer.interrupt import set_command
 
-    prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", "npu_rl.trainer.main_ppo"]
+    prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", module]
     set_command(prog + argv)
     args, unknown = parse_args(argv, default_config)
     flags = [u for u in unknown if u.startswith("-")]
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
           "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
     from npu_rl.utils.safe_load import CorruptFileError
 
-    entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
+    entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", module]
     try:
         return run(config, entry + argv)  # the command is recorded in the run folder
     except CorruptFileError as exc:  # a checkpoint that does not verify, or asks to run code: said plainly
