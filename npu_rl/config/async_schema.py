@@ -20,63 +20,49 @@ ASYNC_MODES = ("sync", "one_step_off", "fully_async")
 
 @dataclass
 class AsyncTrainingConfig:
-    mode: str = "sync"
-    """npu-rl: which trainer runs: ``sync`` (``npu_rl.trainer.main_ppo``), ``one_step_off`` or ``fully_async``. Set
-    by the entry point; the other keys of this tree take effect only in the two asynchronous modes."""
+    """The asynchronous trainers' settings (verl's names and defaults); read only when ``mode`` is not ``sync``."""
 
-    staleness_threshold: float = 0.1
-    """Fully async: the rollout pool generates at most ``(1 + staleness_threshold) x trigger_parameter_sync_step x
-    require_batches x ppo_mini_batch_size`` prompts' samples per policy version (0: synchronous streaming). A sample
-    reaching the trainer more than ``ceil(staleness_threshold)`` versions old is dropped and counted."""
-
-    trigger_parameter_sync_step: int = 4
-    """Fully async: updates between two weight pushes to the rollout pool."""
-
-    require_batches: int = 1
-    """Fully async: mini-batches (``actor.ppo_mini_batch_size`` prompts each) the trainer takes per update."""
-
-    partial_rollout: bool = True
-    """Fully async: interrupt in-flight generations at a weight push and resume them on the new weights. Not built:
-    ``False`` is required (in-flight generations finish on the old weights, then the push)."""
-
-    use_trainer_do_validate: bool = False
-    """Validation on the trainer pool instead of the rollout pool. Not built: validation runs on the rollout pool
-    right after a weight push, with the trainer's current weights."""
-
-    use_dynamic_resource_scheduling: bool = False
-    """verl: lend the trainer's devices to rollout replicas. Not built (must stay False)."""
-
-    dynamic_schedule_policy: str = "default"
-    """verl: the dynamic scheduling policy; read only with ``use_dynamic_resource_scheduling``."""
-
-    dynamic_schedule_deactivate_ratio: float = 0.3
-    """verl: dynamic scheduling; read only with ``use_dynamic_resource_scheduling``."""
-
-    dynamic_schedule_enable_rebalance: bool = True
-    """verl: dynamic scheduling; read only with ``use_dynamic_resource_scheduling``."""
-
-    concurrent_samples_per_replica: int = 16
-    """verl: concurrent requests per server replica. Here each rollout rank generates one prompt batch per call."""
+    mode: str = "sync"  # npu-rl: sync | one_step_off | fully_async; set by the entry point (verl: the module)
+    # fully async: at most (1 + this) x trigger_parameter_sync_step x require_batches x ppo_mini_batch_size prompts
+    # are generated per policy version; a sample more than ceil(this) weight pushes old is dropped, counted
+    staleness_threshold: float = 0.1  # fully async: freshness control (0: synchronous streaming); docs/async.md
+    trigger_parameter_sync_step: int = 4  # fully async: updates between two weight pushes to the rollout pool
+    require_batches: int = 1  # fully async: ppo_mini_batch_size-prompt mini-batches the trainer takes per update
+    partial_rollout: bool = True  # fully async: resume interrupted generations after a push; not built (set False)
+    use_trainer_do_validate: bool = False  # validate on the trainer pool; not built (the rollout pool validates)
+    use_dynamic_resource_scheduling: bool = False  # lend trainer devices to rollout replicas; not built
+    dynamic_schedule_policy: str = "default"  # read only with use_dynamic_resource_scheduling
+    dynamic_schedule_deactivate_ratio: float = 0.3  # read only with use_dynamic_resource_scheduling
+    dynamic_schedule_enable_rebalance: bool = True  # read only with use_dynamic_resource_scheduling
+    concurrent_samples_per_replica: int = 16  # verl's server replicas; here a rollout rank generates a batch a call
 
 
 @dataclass
 class RolloutPoolConfig:
-    """Top-level ``rollout``: the devices of the separate rollout pool (verl: "only for resource isolation")."""
+    """Top-level ``rollout``: the separate rollout pool of the asynchronous trainers (verl: resource isolation)."""
 
-    nnodes: int = 1
-    """Nodes of the rollout pool."""
+    nnodes: int = 1  # nodes of the rollout pool
+    n_gpus_per_node: int = 8  # devices per node of the rollout pool (CPU: processes); one rollout rank each
+    total_rollout_steps: Optional[int] = None  # fully async: prompts to generate in all (null: the epochs' prompts)
+    n: int = 4  # verl's fully-async YAML has it; the samples per prompt are actor_rollout_ref.rollout.n
+    test_freq: int = -1  # verl's fully-async README; here trainer.test_freq decides when to validate
 
-    n_gpus_per_node: int = 8
-    """Devices per node of the rollout pool (on CPU: processes). One rollout rank per device."""
 
-    total_rollout_steps: Optional[int] = None
-    """Fully async: the number of prompts to generate in all (verl counts prompts); None: the epochs' prompts."""
+def async_notes(config: Any, defaults: Any, current: Any) -> list[str]:
+    """In sync mode, a note for each ``async_training.*`` / ``rollout.*`` key the user changed (they take effect
+    only with the asynchronous entry points). ``defaults`` / ``current``: the baseline and the config as OmegaConf."""
+    if config.async_training.mode != "sync":
+        return []
+    from omegaconf import OmegaConf
 
-    n: int = 4
-    """verl's fully-async YAML has it; the samples per prompt are ``actor_rollout_ref.rollout.n``."""
-
-    test_freq: int = -1
-    """verl's fully-async README: validate every this many weight pushes. Here ``trainer.test_freq`` decides."""
+    notes = []
+    for tree in ("async_training", "rollout"):
+        for key, value in OmegaConf.to_container(OmegaConf.select(current, tree)).items():
+            if key != "mode" and value != OmegaConf.select(defaults, f"{tree}.{key}"):
+                notes.append(f"{tree}.{key}={value!r} has no effect with npu_rl.trainer.main_ppo: it is read by "
+                             "the asynchronous trainers (python -m npu_rl.experimental.one_step_off_policy.main_ppo "
+                             "or ...fully_async_policy.fully_async_main; docs/async.md)")
+    return notes
 
 
 def staleness_versions(threshold: float) -> int:
@@ -102,9 +88,6 @@ def async_problems(config: Any) -> list[str]:
         problems.append(f"rollout.nnodes={pool.nnodes} x rollout.n_gpus_per_node={pool.n_gpus_per_node}: the rollout "
                         "pool needs at least one device")
     arr = config.actor_rollout_ref
-    if arr.rollout.mode == "async" or arr.rollout.multi_turn.enable:
-        problems.append("agent loops (rollout.mode=async / multi_turn.enable) on the separate rollout pool are not "
-                        "built yet: the pool generates single-turn batches")
     if arr.model.lora_rank or arr.model.lora_adapter_path:
         problems.append(f"{entry} with LoRA is not built yet (the weight push sends full weights): train the full "
                         "model, or use python -m npu_rl.trainer.main_ppo")

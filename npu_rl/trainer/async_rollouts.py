@@ -64,8 +64,10 @@ class RolloutPool:
 
     def __init__(self, group, actor_rollout):
         self.group, self.actor_rollout = group, actor_rollout
-        self.pushed_version = 0  # the version the pool holds
-        self.pushed: list[int] = [0]  # every version pushed, in order (staleness counts pushes)
+        # the version the pool holds; -1: not pushed yet (the model folder's weights, or vLLM's dummy load), so the
+        # first rollout starts with a push and the pool holds exactly the trainer's weights
+        self.pushed_version = -1
+        self.pushed: list[int] = []  # every version pushed, in order (staleness counts pushes)
 
     def push(self, version: int) -> dict[str, float]:
         """The trainer's current weights (``version``) into every rollout rank; the pool must be idle or finish
@@ -252,6 +254,8 @@ class StreamingRollouts:
 
     # ------------------------------------------------------------------------------------ the rollouter thread
     def _start(self) -> None:
+        if self.pool.pushed_version != self.updates:  # the first rollout, or after a resume
+            self._first_push = self.pool.push(self.updates)
         if self.thread is None:
             self.thread = threading.Thread(target=self._rollouter, name="npu_rl-rollouter", daemon=True)
             self.thread.start()
@@ -292,8 +296,9 @@ class StreamingRollouts:
 
     # ------------------------------------------------------------------------------------ the trainer's side
     def next_rollout(self) -> tuple[Batch, WorkerOutput]:
+        self._first_push: dict[str, float] = {}
         self._start()
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = dict(self._first_push)
         kept: list[Batch] = []
         need, waited = self.take_prompts, 0.0
         while need > 0:
@@ -370,8 +375,8 @@ class StreamingRollouts:
         self.updates = int(state.get("updates", 0))
         self.dropped_on_resume = int(state.get("queued_prompts", 0))
         self.prompts_left = state.get("prompts_left", self.prompts_left)
-        self.pool.pushed = [int(v) for v in state.get("pushed", [0])]
-        self.pool.push(self.updates)
+        self.pool.pushed = [int(v) for v in state.get("pushed", [])]
+        self.pool.pushed_version = -1  # the pool holds the initial weights: _start pushes the loaded ones
 
     def close(self) -> dict[str, float]:
         """Stop the rollouter after its in-flight batch (Ctrl-C drains cleanly), then release the pool."""

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from npu_rl.agent.rollout import AgentRollout, agent_rollout_enabled
 from npu_rl.config.derived import RunPlan
 from npu_rl.config.schema import ModelConfig, RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
@@ -40,6 +41,10 @@ class RolloutPoolWorker(ReportsMemory):
         self.stop_ids = stop_token_ids(self.tokenizer, cfg.path)
         self.engine = build_rollout_engine(self.rollout_cfg, cfg.path, None, self.tokenizer,
                                            allow_compile=self.plan.allow_compile)
+        self.agent = None  # rollout.mode=async / multi_turn: the same agent loops as the colocated worker
+        if agent_rollout_enabled(self.rollout_cfg):
+            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length,
+                                      chat_kwargs=self.plan.chat_template_kwargs)
 
     @register(Dispatch.ALL, blocking=False)
     def join_weight_group(self, backend: str, host: str, port: int, world_size: int) -> None:
@@ -65,7 +70,8 @@ class RolloutPoolWorker(ReportsMemory):
         sampling = sampling_params_from_config(self.rollout_cfg, validate, self.plan.max_response_length,
                                                self.stop_ids)
         start = time.perf_counter()
-        generated = self.engine.generate(prompts, sampling)
+        generated = (self.agent.generate(self.engine, prompts, sampling) if self.agent is not None
+                     else self.engine.generate(prompts, sampling))
         batch = generated.batch.to("cpu")
         batch = batch.union(Batch({"policy_version": torch.full((len(batch),), self.policy_version,
                                                                 dtype=torch.int64)}))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import sys
 
+from npu_rl.experimental import verl_flags
 from npu_rl.trainer.main_ppo import main as _main
 
 MODULE = "npu_rl.experimental.fully_async_policy.fully_async_main"
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = verl_flags(list(sys.argv[1:] if argv is None else argv))
     return _main(argv + ["async_training.mode=fully_async"], default_config="fully_async_ppo_trainer",
                  module=MODULE)
 
