@@ -73,7 +73,7 @@ def test_samples_with_different_turn_counts_share_engine_calls(tiny_tokenizer):
     assert torch.equal(out["rollout_logprobs"] != 0, out["response_mask"].bool())
 
 
-def test_agent_name_per_row_and_user_loop_by_path(tiny_tokenizer, tmp_path):
+def test_agent_name_per_row_and_user_loop_from_the_config(tiny_tokenizer, tmp_path):
     tok = tiny_tokenizer
     path = tmp_path / "my_loop.py"
     path.write_text(textwrap.dedent("""
@@ -89,10 +89,15 @@ def test_agent_name_per_row_and_user_loop_by_path(tiny_tokenizer, tmp_path):
                 await self.generate_turn(conv)
                 return AgentOutput.of(conv, num_turns=4)
         """))
+    from npu_rl.agent.loops import register_agent_loops_file
+
+    loops = tmp_path / "loops.yaml"
+    loops.write_text(f"- name: twice\n  _target_: {path}:Twice\n")
+    assert register_agent_loops_file(str(loops)) == ["twice"]  # the config names the code; the row only the name
     script = {"a": ["x", "y"], "b": [CALL % "1+1", "2"]}
     generate, calls = scripted_batch_generate(tok, script)
     ctx = context(tok, None, tools={"calculator": CalculatorTool()})  # default: single_turn_agent
-    batch = prompt_batch(tok, ["a", "b", "a"], agent_names=[f"{path}:Twice", "tool_agent", None])
+    batch = prompt_batch(tok, ["a", "b", "a"], agent_names=["twice", "tool_agent", None])
     out = run_agent_loops(batch, ctx, generate, n=1, pad_token_id=0, response_length=300, return_logprobs=False).batch
     assert out["__num_turns__"].tolist() == [4, 4, 2]
     texts = [tok.decode(r[m.bool()].tolist()) for r, m in zip(out["responses"], out["response_mask"])]
@@ -100,10 +105,16 @@ def test_agent_name_per_row_and_user_loop_by_path(tiny_tokenizer, tmp_path):
     assert "rollout_logprobs" not in out.tensors
 
 
-def test_unknown_agent_name_fails_listing_the_known_ones(tiny_tokenizer):
+def test_unknown_agent_name_fails_its_rows_listing_the_known_ones(tiny_tokenizer):
     tok = tiny_tokenizer
-    generate, _ = scripted_batch_generate(tok, {"a": ["x"]})
-    with pytest.raises(ValueError, match="unknown agent loop 'nope'.*single_turn_agent, tool_agent"):
+    generate, _ = scripted_batch_generate(tok, {"a": ["x"], "b": ["y"]})
+    gen = run_agent_loops(prompt_batch(tok, ["a", "b"], ["nope", None]), context(tok, None), generate, 1, 0, 50,
+                          False)
+    out = gen.batch
+    assert gen.metrics["agent_loop/failed_samples"] == 1
+    assert out["response_mask"][0].sum() == 0 and out["response_mask"][1].sum() > 0
+    with pytest.raises(RuntimeError, match="every agent conversation.*'nope' is not a registered agent loop; "
+                                           "known: .*single_turn_agent, tool_agent"):
         run_agent_loops(prompt_batch(tok, ["a"], ["nope"]), context(tok, None), generate, 1, 0, 50, False)
 
 
