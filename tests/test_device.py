@@ -248,3 +248,33 @@ def test_doctor_runs_here():
                          cwd=REPO_ROOT, env={**os.environ, "DEVICE": ""})
     assert "chosen (DEVICE=" in out.stdout and ": cpu, dist backend gloo" in out.stdout, out.stdout + out.stderr
     assert "torch " in out.stdout and "vllm-ascend" in out.stdout and "CANN" in out.stdout
+
+
+def test_npu_probe_survives_torch_npu_failing_to_load(monkeypatch):
+    """torch_npu raises RuntimeError (not ImportError) when CANN's libraries cannot load: the probe reports it."""
+    real_import = backend_mod.importlib.import_module
+
+    def failing(name, *args):
+        if name == "torch_npu":
+            raise RuntimeError("libhccl.so: cannot open shared object file")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(backend_mod.importlib, "import_module", failing)
+    ok, why = backend_mod._npu_probe()
+    assert not ok and "torch_npu failed to load (libhccl.so" in why and "set_env.sh" in why
+
+
+def test_cli_turns_torch_backend_autoload_failure_into_a_hint(monkeypatch, capsys):
+    from npu_rl import cli
+
+    def doctor(argv):
+        try:
+            raise OSError("libascendcl.so: cannot open shared object file")
+        except OSError as err:  # what torch/__init__.py's _import_device_backends raises
+            raise RuntimeError("Failed to load the backend extension: torch_npu. You can disable extension "
+                               "auto-loading with TORCH_DEVICE_BACKEND_AUTOLOAD=0.") from err
+
+    monkeypatch.setitem(cli.COMMANDS, "doctor", doctor)
+    assert cli.main(["doctor"]) == 1
+    err = capsys.readouterr().err
+    assert "libascendcl.so" in err and "set_env.sh" in err and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in err
