@@ -44,8 +44,6 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['ray'] + p['optio
 
 # 2. The source, then npu-rl itself without touching the dependencies.
 COPY npu_rl ./npu_rl
-COPY kernels ./kernels
-COPY configs ./configs
 COPY docker/entrypoint.sh /usr/local/bin/npu-rl-entrypoint
 RUN python3 -m pip install --no-deps . \
     && chmod 0755 /usr/local/bin/npu-rl-entrypoint

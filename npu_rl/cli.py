@@ -31,13 +31,13 @@ def _train(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    from npu_rl.trainer.evaluate import main
+    from npu_rl.commands.evaluate import main
 
     return main(argv)
 
 
 def _merge(argv: list[str]) -> int:
-    from npu_rl.trainer.merge import main
+    from npu_rl.commands.merge import main
 
     return main(argv)
 
@@ -56,10 +56,10 @@ def _migrate(argv: list[str]) -> int:
 
 def _doctor(argv: list[str]) -> int:
     if any(a == "--parity" or a.startswith("--parity=") for a in argv):  # rollout vs actor log-probs
-        from npu_rl.trainer.parity import main as parity_main
+        from npu_rl.commands.parity import main as parity_main
 
         return parity_main(argv)
-    from npu_rl.device.doctor import main
+    from npu_rl.commands.doctor import main
 
     return main(argv)
 
@@ -72,9 +72,9 @@ def _plot(argv: list[str]) -> int:
 
 def _bench(argv: list[str]) -> int:
     targets = {
-        "kernels": "npu_rl_kernels.bench",
-        "rollout": "npu_rl.rollout.bench",
-        "trainer": "npu_rl.trainer.bench",
+        "kernels": "npu_rl.commands.bench_kernels",
+        "rollout": "npu_rl.commands.bench_rollout",
+        "trainer": "npu_rl.commands.bench_trainer",
     }
     usage = (f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]\n\n"
              "  kernels  fused log-prob / KL kernels against the plain reference (time, memory)\n"

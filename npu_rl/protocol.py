@@ -173,3 +173,13 @@ class WorkerOutput:
 
     batch: Batch | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DispatchLayout:
+    """Where one rank sits for ``DP_SPLIT``: its data-parallel rank, the number of them, and whether its output is
+    the one kept for its sequence-parallel group."""
+
+    dp_rank: int
+    dp_size: int
+    is_collector: bool = True

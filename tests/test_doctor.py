@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from npu_rl.device import ascend_matrix as matrix
-from npu_rl.device.doctor import combination_problems, matrix_problems, settings_problems
+from npu_rl.commands.doctor import combination_problems, matrix_problems, settings_problems
 from tests.conftest import REPO_ROOT
 
 GOOD_011 = {"vllm-ascend": "0.11.0", "vllm": "0.11.0", "torch": "2.7.1", "torch-npu": "2.7.1.post1",

@@ -76,10 +76,10 @@ def ray_head(tmp_path_factory):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-PROBE = ("import json, npu_rl, npu_rl.configs, npu_rl_kernels; "
+PROBE = ("import json, npu_rl, npu_rl.configs, npu_rl.kernels; "
          "from npu_rl.config.loader import load_config; "
          "c = load_config([], 'quickstart', validate=False); "
-         "print('PROBE', json.dumps([npu_rl.__file__, npu_rl.configs.__file__, npu_rl_kernels.__file__, "
+         "print('PROBE', json.dumps([npu_rl.__file__, npu_rl.configs.__file__, npu_rl.kernels.__file__, "
          "c.trainer.experiment_name]))")
 
 
@@ -87,7 +87,7 @@ def test_a_job_runs_from_the_uploaded_folder(ray_head, tmp_path):
     address, env = ray_head
     clone = str(tmp_path / "clone")
     _clone(clone)
-    quickstart = os.path.join(clone, "configs", "quickstart.yaml")
+    quickstart = os.path.join(clone, "npu_rl", "configs", "quickstart.yaml")
     text = open(quickstart).read().replace("experiment_name: quickstart_arith_grpo", "experiment_name: uploaded_copy")
     open(quickstart, "w").write(text)  # an edit made in the uploaded folder only
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")

@@ -206,6 +206,6 @@ def test_triton_ascend_front_end_files_and_api(triton_ascend_wheel):
 def test_every_triton_language_name_our_kernels_use_exists(triton_ascend_wheel):
     exported = all_names(read(triton_ascend_wheel, "triton/language/__init__.py"))
     used = set()
-    for path in glob.glob(os.path.join(REPO_ROOT, "kernels", "*.py")):
+    for path in glob.glob(os.path.join(REPO_ROOT, "npu_rl", "kernels", "*.py")):
         used |= set(re.findall(r"\btl\.([a-z_][a-z0-9_]*)\b", open(path, encoding="utf-8").read()))
     assert used and used <= exported, used - exported

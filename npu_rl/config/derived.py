@@ -86,7 +86,7 @@ def build_plan(config: PPOConfig) -> RunPlan:
     """The plan of a validated config (see :func:`plan_problems` for the checks behind each number)."""
     from npu_rl.config.rollout_correction import correction_spec, policy_loss_mode
     from npu_rl.core import estimator_needs
-    from npu_rl.utils.profiling import uses_precision_debugger
+    from npu_rl.config.profiler_schema import uses_precision_debugger
 
     arr = config.actor_rollout_ref
     world, n = world_size(config), arr.rollout.n

@@ -3,7 +3,7 @@
 verl's generated ppo_trainer.yaml has ``global_profiler: {tool, steps, profile_continuous_steps, save_path,
 global_tool_config: {nsys, torch_memory, precision_debugger}}`` and, under actor / ref / rollout / critic /
 reward_model, ``profiler: {tool, enable, all_ranks, ranks, save_path, tool_config}``. The mechanism is
-``npu_rl/utils/profiling.py``; what each tool writes is in docs/npu.md ("Profiling and precision dumps").
+``npu_rl/trainer/profiling.py``; what each tool writes is in docs/npu.md ("Profiling and precision dumps").
 """
 
 from __future__ import annotations
@@ -110,3 +110,17 @@ class GlobalProfilerConfig:
     profile_continuous_steps: bool = False  # verl: one trace across consecutive steps; npu-rl writes one per step
     save_path: Optional[str] = None  # verl: outputs/profile; npu-rl: null = <run folder>/profile
     global_tool_config: GlobalToolConfig = field(default_factory=GlobalToolConfig)
+
+
+def role_profilers(config) -> dict[str, Any]:
+    """Each role's ``profiler`` section by role name."""
+    arr = config.actor_rollout_ref
+    return {"actor": arr.actor.profiler, "ref": arr.ref.profiler, "rollout": arr.rollout.profiler,
+            "critic": config.critic.profiler, "reward_model": config.reward_model.profiler}
+
+
+def uses_precision_debugger(config) -> bool:
+    """Whether msprobe's precision dumps are on (globally or for a role). msprobe wraps torch's APIs and refuses
+    TorchDynamo (torch >= 2.7), so such a run compiles nothing (``RunPlan.allow_compile``)."""
+    tools = {config.global_profiler.tool} | {p.tool for p in role_profilers(config).values() if p.enable}
+    return "precision_debugger" in tools

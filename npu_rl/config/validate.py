@@ -163,7 +163,7 @@ def _check_registries(c: _Checker, config: PPOConfig) -> None:
             continue
         c.attempt(lambda: check_kl_type(value), f"{key}: ")
         c.require(value.rstrip("+") != "full", f"{key}={value!r}: the full-vocabulary KL exists as a kernel "
-                  "(npu_rl_kernels.full_vocab_kl) but the trainer does not feed it the reference's hidden states yet; "
+                  "(npu_rl.kernels.full_vocab_kl) but the trainer does not feed it the reference's hidden states yet; "
                   "use low_var_kl (k3), kl (k1) or mse (k2)")
     from npu_rl.reward import check_reward_config
 
@@ -268,7 +268,7 @@ def _check_device(c: _Checker, config: PPOConfig) -> None:
     except (RuntimeError, ValueError) as exc:
         c.problems.append(f"trainer.device: {exc}")
         return
-    from npu_rl.utils.profiling import check_profiler_config
+    from npu_rl.trainer.profiling import check_profiler_config
 
     c.problems.extend(check_profiler_config(config, backend.name))
     if backend.is_accelerator and config.trainer.nnodes == 1:

@@ -418,7 +418,7 @@ def all_entries() -> dict[str, str]:
     return out
 
 
-# Parts of verl's profiler trees the profiler here does not implement (npu_rl/utils/profiling.py, docs/npu.md).
+# Parts of verl's profiler trees the profiler here does not implement (npu_rl/trainer/profiling.py, docs/npu.md).
 for _root in (f"{ARR}.actor.profiler", f"{ARR}.ref.profiler", f"{ARR}.rollout.profiler", "critic.profiler",
               "reward_model.profiler", "global_profiler"):
     REFUSED[f"{_root}.relocate_results"] = ("traces are written into the run folder and not moved afterwards",

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from npu_rl.protocol import Batch, WorkerOutput
+from npu_rl.protocol import Batch, DispatchLayout, WorkerOutput
 from npu_rl.utils.metrics import reduce_over_ranks
 
 _ATTR = "__npu_rl_dispatch__"
@@ -46,16 +46,6 @@ class Dispatch(enum.Enum):
 class DispatchSpec:
     mode: Dispatch
     blocking: bool = True
-
-
-@dataclass(frozen=True)
-class DispatchLayout:
-    """Where one rank sits for ``DP_SPLIT``: its data-parallel rank, the number of them, and whether its output is
-    the one kept for its sequence-parallel group."""
-
-    dp_rank: int
-    dp_size: int
-    is_collector: bool = True
 
 
 def register(mode: Dispatch = Dispatch.ALL, *, blocking: bool = True) -> Callable:

@@ -2,7 +2,7 @@
 
     builtin://arith/train                      the generated arithmetic task (defaults of ArithSpec)
     builtin://arith/test?max_digits=2&operators=+-&seed=3
-    builtin://arith_tool/train                 3-digit multiplication with the calculator tool (npu_rl/agent/tasks.py)
+    builtin://arith_tool/train                 3-digit multiplication with the calculator tool (npu_rl/data/tool_task.py)
     builtin://gsm8k/train   builtin://gsm8k/test   builtin://math500/test   builtin://aime24/test
 
 Query parameters set ArithSpec fields (``num_operands, operators, min_digits, max_digits, num_train, num_test,
@@ -75,8 +75,8 @@ def resolve_builtin(uri: str) -> str:
         key = {"version": GENERATOR_VERSION, **spec.to_dict()}
         make = lambda: generate_arith(spec)  # noqa: E731
         splits = ("train", "test")
-    elif name == "arith_tool":  # the calculator-tool task (npu_rl/agent/tasks.py)
-        from npu_rl.agent.tasks import TOOL_TASK_DEFAULTS, generate_tool_task
+    elif name == "arith_tool":  # the calculator-tool task (npu_rl/data/tool_task.py)
+        from npu_rl.data.tool_task import TOOL_TASK_DEFAULTS, generate_tool_task
 
         spec = arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS)
         key = {"version": GENERATOR_VERSION, "task": "arith_tool", **spec.to_dict()}
@@ -106,7 +106,7 @@ def check_builtin(uri: str) -> None:
     """Fail (naming the URI) if ``resolve_builtin`` would, without generating anything: for the config validator."""
     name, split, query = _parse(uri)
     if name in ("arith", "arith_tool"):
-        from npu_rl.agent.tasks import TOOL_TASK_DEFAULTS
+        from npu_rl.data.tool_task import TOOL_TASK_DEFAULTS
 
         arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS if name == "arith_tool" else None).split_sizes()
         splits: tuple[str, ...] = ("train", "test")

@@ -1,4 +1,4 @@
-"""The device-specific half of profiling (``npu_rl/utils/profiling.py`` is the rest): which profiler module and
+"""The device-specific half of profiling (``npu_rl/trainer/profiling.py`` is the rest): which profiler module and
 activities a device has, and the range markers of nsys.
 
 - CPU: ``torch.profiler`` with the CPU activity; CUDA: plus the CUDA activity; NPU: ``torch_npu.profiler`` (its

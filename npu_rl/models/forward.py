@@ -3,7 +3,7 @@
 The model's ``lm_head`` is swapped, for the duration of one forward, for a function that receives the final
 hidden states and the (unsharded, under FSDP2) output weight and returns per-token log-probs and entropy directly.
 So the same code serves a plain module, an FSDP2-sharded one and tied embeddings, and the fused kernels
-(``npu_rl_kernels``) plug in without ever holding [tokens x vocab]. The plain path computes logits for the
+(``npu_rl.kernels``) plug in without ever holding [tokens x vocab]. The plain path computes logits for the
 response positions only, in chunks of rows, as the reference.
 
 Shapes: ``input_ids`` [B, T] = prompt (left-padded) + response (right-padded); ``responses`` [B, R] are its last R
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 class LogprobOptions:
     compute_entropy: bool = False
     use_fused_kernels: bool = False
-    fused_backend: str = "torch"  # torch | triton (npu_rl_kernels)
+    fused_backend: str = "torch"  # torch | triton (npu_rl.kernels)
     chunk_rows: int = 4096  # rows of [rows x vocab] logits at a time on the plain path
     # sum_v pi_v^2 of the tempered distribution per token (the optimal-token-baseline estimators; verl's
     # actor.calculate_sum_pi_squared). Plain path only: the fused kernels do not produce it.
@@ -103,9 +103,9 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
                              "set actor_rollout_ref.model.use_fused_kernels=False")
         weight, bias = _output_weight_and_bias(module)
         if options.use_fused_kernels:
-            import npu_rl_kernels
+            import npu_rl.kernels
 
-            logprobs, entropy = npu_rl_kernels.linear_logprob_entropy(
+            logprobs, entropy = npu_rl.kernels.linear_logprob_entropy(
                 flat_hidden, weight, flat_targets, temperature=temp, backend=options.fused_backend)
             if not options.compute_entropy:
                 entropy = None

@@ -1,6 +1,6 @@
 """Fused implementations of registered policy losses (``actor_rollout_ref.model.use_fused_kernels``).
 
-``vanilla`` through :func:`npu_rl_kernels.policy_loss_and_kl`: one pass over the [B, T] tensors gives the per-token
+``vanilla`` through :func:`npu_rl.kernels.policy_loss_and_kl`: one pass over the [B, T] tensors gives the per-token
 PPO losses, the clip flags and, given the reference's log-probs, the per-token KL of ``actor.kl_loss_type``. It is
 registered as vanilla's ``fused`` implementation: same signature, same metrics, same values as the plain loss (the
 core's aggregation does the sums; tests/workers/test_fused_update.py compares whole updates), and its KL values go
@@ -24,10 +24,10 @@ def implementation_name(backend: str) -> str:
 def _fused_vanilla(backend: str):
     def fused_vanilla_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
         """Dual-clip PPO (see ``npu_rl.core.policy_loss``) and, with ``inputs.ref_logprobs``, the per-token KL."""
-        import npu_rl_kernels
+        import npu_rl.kernels
 
         ref = inputs.ref_logprobs
-        out = npu_rl_kernels.policy_loss_and_kl(
+        out = npu_rl.kernels.policy_loss_and_kl(
             inputs.logprobs, inputs.old_logprobs, inputs.advantages, ref, clip_ratio_low=inputs.clip_ratio_low,
             clip_ratio_high=inputs.clip_ratio_high, clip_ratio_c=inputs.clip_ratio_c,
             kl_type=inputs.kl_loss_type if ref is not None else "low_var_kl", weights=inputs.rollout_is_weights,

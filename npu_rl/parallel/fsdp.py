@@ -42,7 +42,7 @@ from npu_rl.device import get_backend
 from npu_rl.parallel.mesh import ParallelMesh
 
 def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
-    from npu_rl.models.loader import to_dtype
+    from npu_rl.utils.dtypes import to_dtype
 
     return None if value is None else to_dtype(value)
 

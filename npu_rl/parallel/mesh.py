@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from npu_rl.controller.dispatch import DispatchLayout
+from npu_rl.protocol import DispatchLayout
 from npu_rl.device import Backend, get_backend
 from npu_rl.parallel.dist import init_distributed
 

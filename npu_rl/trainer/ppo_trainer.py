@@ -41,7 +41,7 @@ from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
 from npu_rl.trainer.validation import validate
 from npu_rl.utils.flops import step_flops
-from npu_rl.utils.profiling import StepProfiler
+from npu_rl.trainer.profiling import StepProfiler
 from npu_rl.utils.timer import PhaseTimer
 
 logger = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class PPOTrainer:
             return {}
         seqlens = batch["attention_mask"].sum(-1).tolist()
         flops = step_flops(self.model_config, seqlens) * self.config.actor_rollout_ref.actor.ppo_epochs
-        from npu_rl.models.loader import to_dtype
+        from npu_rl.utils.dtypes import to_dtype
 
         dtype = to_dtype(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype)
         peak = self.backend.peak_flops(dtype) * self.roles.num_devices
@@ -290,7 +290,7 @@ class PPOTrainer:
 
     def _memory_metrics(self) -> dict[str, float]:
         """Peak memory of every worker rank this step (max over ranks, and per rank); resets their counters."""
-        from npu_rl.utils.memory_report import memory_metrics, process_memory_stats
+        from npu_rl.device.memory_report import memory_metrics, process_memory_stats
 
         report = getattr(self.roles.actor_rollout, "memory_stats", None)
         per_rank = report() if report is not None else [process_memory_stats()]

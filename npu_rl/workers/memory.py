@@ -1,9 +1,9 @@
-"""A worker method that reports this process's device memory (see :mod:`npu_rl.utils.memory_report`)."""
+"""A worker method that reports this process's device memory (see :mod:`npu_rl.device.memory_report`)."""
 
 from __future__ import annotations
 
 from npu_rl.controller.dispatch import Dispatch, register
-from npu_rl.utils.memory_report import process_memory_stats
+from npu_rl.device.memory_report import process_memory_stats
 
 
 class ReportsMemory:

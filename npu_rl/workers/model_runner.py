@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from npu_rl.device import get_backend
-from npu_rl.models.loader import to_dtype
+from npu_rl.utils.dtypes import to_dtype
 from npu_rl.protocol import Batch
 
 

@@ -16,7 +16,8 @@ import torch
 from npu_rl.config.derived import RunPlan
 from npu_rl.config.schema import RewardModelConfig
 from npu_rl.controller.dispatch import Dispatch, register
-from npu_rl.models.loader import load_tokenizer, resolve_model_path, to_dtype
+from npu_rl.models.loader import load_tokenizer, resolve_model_path
+from npu_rl.utils.dtypes import to_dtype
 from npu_rl.protocol import Batch
 from npu_rl.workers.engine import TrainingEngine
 from npu_rl.workers.model_runner import MicroBatching

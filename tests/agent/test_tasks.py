@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from npu_rl.agent.tasks import TOOL_TASK_DEFAULTS, generate_tool_task, tool_task_spec
+from npu_rl.data.tool_task import TOOL_TASK_DEFAULTS, generate_tool_task, tool_task_spec
 from npu_rl.agent.tool_parser import parse_hermes
 from npu_rl.agent.tools.config import load_tools
 from npu_rl.data.builtin import resolve_builtin

@@ -129,7 +129,7 @@ def test_nothing_reads_data_from_outside_the_repository():
     """No module, test or script reaches for a folder beside the clone (the old ../shared/data)."""
     repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     offenders = []
-    for top in ("npu_rl", "kernels", "configs", "tests", "scripts"):
+    for top in ("npu_rl", "tests", "scripts"):
         for root, _, files in os.walk(os.path.join(repo_root, top)):
             for name in files:
                 if name.endswith((".py", ".sh", ".yaml")) and name != os.path.basename(__file__):

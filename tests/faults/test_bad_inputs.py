@@ -123,7 +123,7 @@ def test_a_missing_config_path(capsys):
     (["--k", "5", "--n", "2"], "--k 5: pass@k needs 1 <= k <= --n (=2)"),
 ])
 def test_eval_arguments_that_would_measure_something_else(argv, message, capsys):
-    from npu_rl.trainer.evaluate import main
+    from npu_rl.commands.evaluate import main
 
     assert main(["some-model", "--task", "arith", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -133,8 +133,8 @@ def test_output_paths_under_a_file_are_refused_before_the_work(tmp_path, capsys)
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     from npu_rl.data.preprocess import preprocess_main
-    from npu_rl.trainer.evaluate import main as eval_main
-    from npu_rl.trainer.merge import main as merge_main
+    from npu_rl.commands.evaluate import main as eval_main
+    from npu_rl.commands.merge import main as merge_main
 
     assert eval_main(["some-model", "--task", "arith", "--out", str(blocker / "results.json")]) == 2
     assert f"{blocker} is a file" in capsys.readouterr().err  # before any model is looked for

@@ -133,8 +133,8 @@ def test_crafted_dcp_metadata_runs_nothing_on_resume_merge_and_eval(root, marker
         load_checkpoint(actor, model, optimizer)
     with pytest.raises(UnsafeFileError, match=r"\.metadata was not loaded"):
         merge_checkpoint(actor, str(tmp_path / "merged"))
-    from npu_rl.trainer.evaluate import _model_folder
-    from npu_rl.trainer.merge import main as merge_main
+    from npu_rl.commands.evaluate import _model_folder
+    from npu_rl.commands.merge import main as merge_main
 
     with pytest.raises(UnsafeFileError):
         _model_folder(path, str(tmp_path / "eval_tmp"))

@@ -23,13 +23,13 @@ def _launched_kernels() -> set[str]:
     """Names of the @triton.jit functions the launchers call with a grid (``name[grid](...)``)."""
     names = set()
     for file in ("triton_linear.py", "policy_triton.py"):
-        text = open(os.path.join(REPO_ROOT, "kernels", file), encoding="utf-8").read()
+        text = open(os.path.join(REPO_ROOT, "npu_rl", "kernels", file), encoding="utf-8").read()
         names |= set(re.findall(r"\b(_\w+)\[[^\]]*\]\(", text))
     return names
 
 
 def test_the_lowering_covers_every_launched_kernel():
-    text = open(os.path.join(REPO_ROOT, "kernels", "ascend_lowering.py"), encoding="utf-8").read()
+    text = open(os.path.join(REPO_ROOT, "npu_rl", "kernels", "ascend_lowering.py"), encoding="utf-8").read()
     launched = _launched_kernels()
     assert launched == {"_fwd_kernel", "_bwd_kernel", "_fwd", "_bwd"}
     for name in launched:
@@ -40,7 +40,7 @@ def test_the_lowering_covers_every_launched_kernel():
 @pytest.mark.skipif(not os.path.exists(PYTHON), reason=f"no triton-ascend environment at {PYTHON}")
 def test_every_kernel_lowers_to_linalg_for_the_910b(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiler, not the interpreter
-    out = subprocess.run([PYTHON, "-m", "npu_rl_kernels.ascend_lowering", "--out", str(tmp_path)],
+    out = subprocess.run([PYTHON, "-m", "npu_rl.kernels.ascend_lowering", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO_ROOT, env={**env, "PYTHONPATH": REPO_ROOT},
                          timeout=600)
     report = json.loads((tmp_path / "report.json").read_text())

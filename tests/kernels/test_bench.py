@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from npu_rl_kernels import bench
+from npu_rl.commands import bench_kernels as bench
 
 
 def test_bench_tiny_table(tmp_path, capsys):

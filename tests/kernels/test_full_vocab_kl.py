@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import npu_rl_kernels as K
-from npu_rl_kernels.reference import naive_full_vocab_kl
+import npu_rl.kernels as K
+from npu_rl.kernels.reference import naive_full_vocab_kl
 from tests.kernels.conftest import ON_CPU
 from tests.kernels.parity import make_problem, rel_err
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-import npu_rl_kernels as K
-from npu_rl_kernels.policy_kl import policy_loss_and_kl_torch
+import npu_rl.kernels as K
+from npu_rl.kernels.policy_kl import policy_loss_and_kl_torch
 
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.triton)]
 

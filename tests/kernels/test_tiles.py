@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from npu_rl_kernels import _device, linear_ops
-from npu_rl_kernels.tiles import (
+from npu_rl.kernels import _device, linear_ops
+from npu_rl.kernels.tiles import (
     CANDIDATES,
     TileConfig,
     budget_for,

@@ -201,7 +201,7 @@ def test_merge_round_trip(tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from npu_rl.trainer.merge import main as merge_main
+    from npu_rl.commands.merge import main as merge_main
     worker = actor_worker(actor_config(tiny_model_dir, str(tmp_path), *LORA))
     worker.init_model(total_training_steps=2)
     worker.update_policy(actor_batch())

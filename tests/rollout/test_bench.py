@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from npu_rl.rollout import bench
+from npu_rl.commands import bench_rollout as bench
 
 
 def test_bench_runs_and_rewrites_only_its_section(tmp_path, monkeypatch):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from npu_rl.trainer.bench import plan_runs, scaling_figures
-from npu_rl.trainer.bench_profile import categorize
+from npu_rl.commands.bench_trainer import plan_runs, scaling_figures
+from npu_rl.commands.bench_profile import categorize
 
 
 def test_plan_has_the_single_device_baseline_first_and_weak_doubles_the_prompts():
@@ -44,7 +44,7 @@ def test_prompt_lengths_spread_between_the_two_bounds(tmp_path):
 
     from npu_rl.data.io import read_rows
     from npu_rl.models.synthetic import char_tokenizer
-    from npu_rl.trainer.bench import _prompt_data
+    from npu_rl.commands.bench_trainer import _prompt_data
 
     tokenizer = char_tokenizer()
 

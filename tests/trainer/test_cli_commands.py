@@ -8,7 +8,7 @@ import os
 import pytest
 
 from npu_rl.cli import main as cli
-from npu_rl.trainer.evaluate import pass_at_k
+from npu_rl.commands.evaluate import pass_at_k
 from tests.trainer.conftest import base_overrides, run_training
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from npu_rl.trainer.parity import gap_stats, recommend
+from npu_rl.commands.parity import gap_stats, recommend
 
 ROLLOUT = torch.full((2, 4), -2.0)
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from npu_rl.controller import LocalWorkerGroup, WorkerSpec
-from npu_rl.utils.memory_report import memory_metrics
+from npu_rl.device.memory_report import memory_metrics
 from npu_rl.workers.memory import ReportsMemory
 
 

@@ -66,7 +66,7 @@ def _task_file(task: str, split: str, data_dir: str | None, limit: int | None, t
 def _model_folder(model: str, tmp: str, adapter: str | None = None) -> str:
     """A checkpoint (full or LoRA), or a base model plus ``adapter``, is merged into a temporary HF folder first
     (what every rollout engine loads); anything else is used as is."""
-    from npu_rl.trainer.merge import merge_lora, merge_source, resolve_checkpoint
+    from npu_rl.commands.merge import merge_lora, merge_source, resolve_checkpoint
 
     if adapter:
         return merge_lora(model, adapter, os.path.join(tmp, "merged"))

@@ -3,7 +3,7 @@
 Run it with triton-ascend installed (it installs as ``triton``; in an environment of its own, since it replaces
 OpenAI's triton), no NPU and no CANN needed::
 
-    python -m npu_rl_kernels.ascend_lowering [--out DIR] [--arch Ascend910B3]
+    python -m npu_rl.kernels.ascend_lowering [--out DIR] [--arch Ascend910B3]
 
 For each kernel and variant it calls ``triton.compile(ASTSource(kernel, signature, constants),
 target=GPUTarget("npu", arch, 0))``. triton-ascend's stages for that target are ``ttir`` (Triton IR, Triton's own
@@ -49,8 +49,8 @@ def _signature(fn, constants: dict, from_logits: bool = False) -> dict[str, str]
 
 def variants(arch: str):
     """(name, jit function, constants, from_logits) for every kernel and the variants the launchers use."""
-    from npu_rl_kernels import policy_triton, triton_linear
-    from npu_rl_kernels.tiles import select_row_tiles, select_tiles
+    from npu_rl.kernels import policy_triton, triton_linear
+    from npu_rl.kernels.tiles import select_row_tiles, select_tiles
 
     kind = f"npu:{arch}"
     fused, row = select_tiles(kind, 2), select_row_tiles(kind)

@@ -1,7 +1,7 @@
-"""``python -m npu_rl.trainer.bench_lora``: one policy-update step of a real architecture (random weights, built on
+"""``python -m npu_rl.commands.bench_lora``: one policy-update step of a real architecture (random weights, built on
 the device, nothing written to disk) with LoRA vs full fine-tuning: step time and peak device memory side by side.
 
-    python -m npu_rl.trainer.bench_lora --shape qwen2.5-7b --rows 8 --prompt-length 256 --response-length 768
+    python -m npu_rl.commands.bench_lora --shape qwen2.5-7b --rows 8 --prompt-length 256 --response-length 768
 
 Each mode builds the model the way the actor does (``npu_rl.workers.actor.LogprobModel``) and runs the actor's
 pieces: ``ModelRunner`` (precision split), the swapped-lm_head log-prob forward (``--fused``: the fused kernel),
@@ -145,7 +145,7 @@ def run_mode(mode: str, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m npu_rl.trainer.bench_lora", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m npu_rl.commands.bench_lora", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen2.5-7b")
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--prompt-length", type=int, default=256)

@@ -1,6 +1,6 @@
 """The kernels' one window onto the device layer.
 
-Everything in ``npu_rl_kernels`` that needs to know which accelerator it runs on asks here, and this module asks
+Everything in ``npu_rl.kernels`` that needs to know which accelerator it runs on asks here, and this module asks
 :func:`npu_rl.device.get_backend`; no other file of the package names a device. It answers four questions:
 
 - which backend ``"auto"`` resolves to for a given tensor (Triton on an accelerator that has it, else torch);

@@ -25,30 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from npu_rl_kernels import _device
-
-KL_BASE_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-KL_TYPES = KL_BASE_TYPES + tuple(name + "+" for name in KL_BASE_TYPES)
-_KL_CODE = {"kl": 1, "k1": 1, "abs": 2, "mse": 3, "k2": 3, "low_var_kl": 4, "k3": 4}  # Triton's KL_KIND
-
-
-@dataclass
-class PolicyKLOutput:
-    """Per-token results, all ``[B, T]`` float32; aggregate them with the response mask (the core's job)."""
-
-    pg_losses: torch.Tensor  # differentiable w.r.t. logprobs
-    kl: torch.Tensor | None  # differentiable w.r.t. logprobs; None without ref_logprobs
-    clipped: torch.Tensor  # 0/1
-    clipped_lower: torch.Tensor  # 0/1
-    log_ratio: torch.Tensor  # clamped logp - old_logp; ppo_kl = masked_mean(-log_ratio)
-
-
-def _check_kl_type(kl_type: str) -> tuple[str, bool]:
-    if kl_type not in KL_TYPES:
-        hint = " ('full' needs hidden states: npu_rl_kernels.full_vocab_kl)" if kl_type.startswith("full") else ""
-        raise ValueError(f"unknown KL type {kl_type!r}{hint}; known: {', '.join(KL_TYPES)}")
-    return kl_type.rstrip("+"), kl_type.endswith("+")
-
+from npu_rl.kernels import _device
+from npu_rl.kernels.policy_types import KL_BASE_TYPES, KL_TYPES, PolicyKLOutput, _check_kl_type  # noqa: F401
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str = "low_var_kl") -> torch.Tensor:
     """Per-token KL estimate of type ``kl_type`` (module docstring), torch ops, autograd-differentiable."""
@@ -121,6 +99,6 @@ def policy_loss_and_kl(
                   kl_type=kl_type, weights=weights)
     if _device.resolve_backend(backend, logprobs) == "torch":
         return policy_loss_and_kl_torch(logprobs, old_logprobs, advantages, ref_logprobs, **kwargs)
-    from npu_rl_kernels.policy_triton import policy_loss_and_kl_triton
+    from npu_rl.kernels.policy_triton import policy_loss_and_kl_triton
 
     return policy_loss_and_kl_triton(logprobs, old_logprobs, advantages, ref_logprobs, **kwargs)

@@ -1,7 +1,7 @@
 """Chunked torch implementation of the fused linear ops: the reference for the Triton kernels and the fallback on
 CPU and on NPUs without triton-ascend.
 
-It computes exactly what :mod:`npu_rl_kernels.triton_linear` computes, chunk by chunk with torch ops: the
+It computes exactly what :mod:`npu_rl.kernels.triton_linear` computes, chunk by chunk with torch ops: the
 forward walks ``[chunk_size, vocab_chunk_size]`` logits blocks with the same online log-sum-exp statistics, the
 backward walks vocabulary chunks (outer) and token chunks (inner), recomputes each logits block and accumulates
 ``dW`` and ``dh`` in float32. Peak extra memory is a few float32 blocks of ``chunk_size x vocab_chunk_size`` plus the
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from npu_rl_kernels._device import addmm_fp32_
+from npu_rl.kernels._device import addmm_fp32_
 
 
 def combine_partials(part: torch.Tensor, kl: bool) -> dict[str, torch.Tensor]:
     """Merge per-vocabulary-range statistics ``part`` [S, NUM_STATS, N] into per-row results (float32 [N]).
 
-    Rows of ``part`` (see :mod:`npu_rl_kernels.triton_linear`): log-prob / entropy ``(m, s, t, x)`` with
+    Rows of ``part`` (see :mod:`npu_rl.kernels.triton_linear`): log-prob / entropy ``(m, s, t, x)`` with
     ``t = sum exp(z - m) (z - m)``; KL ``(m, s, t, mq, sq)`` with ``t = sum exp(z - m) (z - y)``.
     Returns ``logprobs, entropy, lse, mean_z`` (E[z]) or ``kl, lse, mean_d`` (E_p[z - y]); ``lse`` is the policy's.
     """

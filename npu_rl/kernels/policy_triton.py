@@ -1,9 +1,9 @@
-"""Triton kernels for :func:`npu_rl_kernels.policy_loss_and_kl`: one elementwise pass forward, one backward.
+"""Triton kernels for :func:`npu_rl.kernels.policy_loss_and_kl`: one elementwise pass forward, one backward.
 
 Forward reads ``logprobs, old_logprobs, advantages`` (+ ``ref_logprobs``, ``weights``) once and writes the policy
 loss, the KL estimate, both clip flags and the clamped log-ratio. Backward reads the same inputs and the two
 upstream gradients and writes ``dL/dlogprobs``; the derivative is written out by hand to match torch autograd of
-the reference formulas in :mod:`npu_rl_kernels.policy_kl`, ties included.
+the reference formulas in :mod:`npu_rl.kernels.policy_kl`, ties included.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from npu_rl_kernels.policy_kl import _KL_CODE, PolicyKLOutput, _check_kl_type
+from npu_rl.kernels.policy_types import _KL_CODE, PolicyKLOutput, _check_kl_type
 
 BLOCK = 1024
 

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                              + MODES[spec["mode"]], "ppo_trainer")
         profiler = None
         if args.profile and spec["devices"] == 1:
-            from npu_rl.trainer.bench_profile import UpdateProfiler
+            from npu_rl.commands.bench_profile import UpdateProfiler
 
             profiler = UpdateProfiler(args.profile, f"{args.shape}_{spec['label']}", call=2)
         try:

@@ -14,7 +14,7 @@ with ``reduction="sum"``: a scalar loss whose gradient Liger computes during the
 it). An out-of-memory error is reported as OOM, not raised. ``--sweep`` also times the fully fused kernels over
 several tiles (tile tuning); ``--chunk-mib`` sets the triton backends' gradient-chunk budget.
 
-Run: ``python -m npu_rl_kernels.bench`` (defaults: Qwen2.5-0.5B and -7B lm_head shapes, 16k and 64k tokens).
+Run: ``python -m npu_rl.commands.bench_kernels`` (defaults: Qwen2.5-0.5B and -7B lm_head shapes, 16k and 64k tokens).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ GIB = 1024**3
 
 def _methods(name: str, tiles=None):
     """(forward fn(h, w, t) -> (logprobs, entropy | None), whether the loss uses the entropy)."""
-    import npu_rl_kernels as K
-    from npu_rl_kernels.reference import naive_logprob_entropy
+    import npu_rl.kernels as K
+    from npu_rl.kernels.reference import naive_logprob_entropy
 
     if name == "naive":
         return naive_logprob_entropy, True
@@ -170,12 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     args.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     from npu_rl.device import get_backend
 
-    from npu_rl_kernels import _device
-    from npu_rl_kernels.tiles import TileConfig
+    from npu_rl.kernels import _device
+    from npu_rl.kernels.tiles import TileConfig
 
     backend = get_backend()
     if args.chunk_mib:
-        from npu_rl_kernels import linear_ops
+        from npu_rl.kernels import linear_ops
 
         linear_ops.DEFAULT_CHUNK_BYTES = args.chunk_mib << 20
     print(f"device: {_device.device_kind()}  torch {torch.__version__}", flush=True)

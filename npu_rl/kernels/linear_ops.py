@@ -3,12 +3,12 @@
 Both take the last hidden states ``[..., H]`` and the lm_head weight ``[V, H]`` and never hold ``[N, V]`` logits.
 Three interchangeable implementations sit behind one autograd function per op:
 
-- ``torch``: :mod:`npu_rl_kernels.chunked_torch` (reference; CPU and NPU-without-Triton fallback);
-- ``triton``: :mod:`npu_rl_kernels.triton_linear` with the matmul fused into the kernels (tiles per device);
+- ``torch``: :mod:`npu_rl.kernels.chunked_torch` (reference; CPU and NPU-without-Triton fallback);
+- ``triton``: :mod:`npu_rl.kernels.triton_linear` with the matmul fused into the kernels (tiles per device);
 - ``triton_mm``: the same kernels reading logits chunks that the library matmul wrote.
 
 ``backend="auto"`` picks ``triton_mm`` for tensors on an accelerator with Triton installed, else ``torch``
-(:func:`npu_rl_kernels._device.resolve_backend`): on the H200 the library matmul plus Triton epilogues beat the
+(:func:`npu_rl.kernels._device.resolve_backend`): on the H200 the library matmul plus Triton epilogues beat the
 fully fused kernels at every measured shape (docs/benchmarks.md), and its Triton kernels use no ``tl.dot``, the
 simplest case for triton-ascend. Outputs are float32.
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from npu_rl_kernels import _device, chunked_torch
-from npu_rl_kernels.tiles import TileConfig, num_cores, select_row_tiles, select_tiles
+from npu_rl.kernels import _device, chunked_torch
+from npu_rl.kernels.tiles import TileConfig, num_cores, select_row_tiles, select_tiles
 
 DEFAULT_CHUNK_BYTES = 1 << 30  # the triton backends' [N, vocab_chunk] gradient chunk
 TORCH_TOKEN_CHUNK = 2048
@@ -48,7 +48,7 @@ class _Plan:
             return chunked_torch.forward(hidden, weight, targets, temperature, inv_temp, chunk_size=self.chunk_size,
                                          vocab_chunk_size=self.vocab_chunk_size, ref_hidden=ref_hidden,
                                          ref_weight=ref_weight)
-        from npu_rl_kernels import triton_linear
+        from npu_rl.kernels import triton_linear
 
         return triton_linear.forward(hidden, weight, targets, temperature, inv_temp, mode=self._mode,
                                      tile=self.tile, num_cores=self.num_cores, vocab_chunk_size=self.vocab_chunk_size,
@@ -63,7 +63,7 @@ class _Plan:
         args = (hidden, weight, targets, temperature, inv_temp, lse, aux, g0, g1)
         if self.backend == "torch":
             return chunked_torch.backward(*args, chunk_size=self.chunk_size, **kwargs)
-        from npu_rl_kernels import triton_linear
+        from npu_rl.kernels import triton_linear
 
         return triton_linear.backward(*args, mode=self._mode, tile=self.tile, interpreted=self.interpreted, **kwargs)
 

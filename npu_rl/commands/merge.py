@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default=None, help="LoRA: the base model (default: the adapter's recorded base)")
     parser.add_argument("--adapter", default=None, help="merge this PEFT adapter folder into the model CHECKPOINT")
     args = parser.parse_args(argv)
-    from npu_rl.models.loader import to_dtype
+    from npu_rl.utils.dtypes import to_dtype
     from npu_rl.utils.paths import check_output_dir
     from npu_rl.utils.safe_load import CorruptFileError
 

@@ -24,7 +24,7 @@ the max, so ``logprob <= 0`` holds exactly.
 
 Backward (:func:`_bwd_kernel`): for one vocabulary chunk, a program recomputes its logits tile and writes
 ``dL/dlogits`` (in the input dtype) into a ``[N, chunk]`` buffer; the caller then forms ``dW[chunk] = dl^T h`` and
-``dh += dl W[chunk]`` with the library matmul (see :mod:`npu_rl_kernels.ops`). With ``p = exp(z - lse)``:
+``dh += dl W[chunk]`` with the library matmul (see :mod:`npu_rl.kernels.ops`). With ``p = exp(z - lse)``:
 
 - log-prob: ``dz = g_lp (onehot(target) - p)``; entropy: ``dz = g_ent p (E[z] - z)``;
 - KL: ``dz = g p ((z - y) - E_p[z - y])``; the reference is a constant (no gradient);
@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from npu_rl_kernels.tiles import TileConfig
+from npu_rl.kernels.tiles import TileConfig
 
 NUM_STATS = {False: 4, True: 5}  # per-row statistics written by the forward kernel: (m, s, t, x) | (m, s, t, mq, sq)
 
@@ -196,7 +196,7 @@ def _bwd_kernel(h_ptr, w_ptr, rh_ptr, rw_ptr, tgt_ptr, temp_ptr, lse_ptr, aux_pt
 
 # --------------------------------------------------------------------------- launchers
 def _compile_flags(h: torch.Tensor, interpreted: bool) -> dict:
-    from npu_rl_kernels._device import default_dot_precision
+    from npu_rl.kernels._device import default_dot_precision
 
     upcast = interpreted and h.dtype != torch.float32
     return {"UPCAST": upcast,
@@ -261,7 +261,7 @@ def launch_backward(*, hidden, weight, targets, temperature, inv_temp, lse, aux,
 # --------------------------------------------------------------------------- drivers (one per direction, both modes)
 def forward(hidden, weight, targets, temperature, inv_temp, *, mode, tile, num_cores, vocab_chunk_size,
             interpreted, ref_hidden=None, ref_weight=None) -> dict[str, torch.Tensor]:
-    """Per-row results (see :func:`npu_rl_kernels.chunked_torch.combine_partials`).
+    """Per-row results (see :func:`npu_rl.kernels.chunked_torch.combine_partials`).
 
     ``mode="fused"``: one launch; the vocabulary is split into ``S`` ranges so that the grid has about two programs
     per core even for few tokens, and the ranges are merged afterwards. ``mode="mm"``: a logits chunk per
@@ -290,7 +290,7 @@ def forward(hidden, weight, targets, temperature, inv_temp, *, mode, tile, num_c
                 ref_logits = torch.mm(ref_hidden, ref_weight[v0:v1].t(), out=_view(rbuf, num_tokens, v1 - v0))
             launch_forward(part=part, logits=logits, ref_logits=ref_logits, v_base=v0, v_limit=v1, split_offset=c,
                            **common)
-    from npu_rl_kernels.chunked_torch import combine_partials
+    from npu_rl.kernels.chunked_torch import combine_partials
 
     return combine_partials(part, kl)
 
@@ -299,7 +299,7 @@ def backward(hidden, weight, targets, temperature, inv_temp, lse, aux, g0, g1, *
              vocab_chunk_size, interpreted, ref_hidden=None, ref_weight=None):
     """(dhidden, dweight): per vocabulary chunk, ``dl = dL/dlogits`` [N, chunk] from the kernel, then
     ``dW[chunk] = dl^T h`` (one matmul, no accumulation) and ``dh += dl W[chunk]`` (float32 accumulator)."""
-    from npu_rl_kernels._device import addmm_fp32_
+    from npu_rl.kernels._device import addmm_fp32_
 
     kl = ref_hidden is not None
     num_tokens, vocab = hidden.shape[0], weight.shape[0]

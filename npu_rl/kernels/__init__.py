@@ -1,4 +1,4 @@
-"""npu_rl_kernels: fused kernels for RL post-training (the top-level ``kernels/`` folder, installed under this name
+"""npu_rl.kernels: fused kernels for RL post-training (the top-level ``kernels/`` folder, installed under this name
 because the PyPI package ``kernels`` would clash).
 
 Public API:
@@ -8,16 +8,16 @@ Public API:
 - :func:`full_vocab_kl` (policy and reference hidden states + lm_head weights) -> exact KL(pi || pi_ref) per token;
 - :func:`policy_loss_and_kl` the PPO dual-clip policy loss, the KL estimator and the clip flags per token, in one pass
   over the ``[B, T]`` tensors; :func:`kl_estimate` the KL estimators alone (k1 / abs / k2 / k3, ``+`` variants);
-- :func:`select_tiles` the device-budgeted tile choice (:mod:`npu_rl_kernels.tiles`);
-- :mod:`npu_rl_kernels.bench` ``main(argv)``: ``npu-rl bench kernels``.
+- :func:`select_tiles` the device-budgeted tile choice (:mod:`npu_rl.kernels.tiles`);
+- :mod:`npu_rl.commands.bench_kernels` ``main(argv)``: ``npu-rl bench kernels``.
 
 Each op has a torch implementation (the reference and the CPU / NPU fallback) and a Triton one (CUDA; Ascend
 through triton-ascend), chosen by ``backend="auto" | "torch" | "triton"`` through the device layer.
 """
 
-from npu_rl_kernels.linear_ops import full_vocab_kl, linear_logprob_entropy
-from npu_rl_kernels.policy_kl import KL_TYPES, PolicyKLOutput, kl_estimate, policy_loss_and_kl
-from npu_rl_kernels.tiles import TileConfig, select_tiles
+from npu_rl.kernels.linear_ops import full_vocab_kl, linear_logprob_entropy
+from npu_rl.kernels.policy_kl import KL_TYPES, PolicyKLOutput, kl_estimate, policy_loss_and_kl
+from npu_rl.kernels.tiles import TileConfig, select_tiles
 
 __all__ = [
     "KL_TYPES",

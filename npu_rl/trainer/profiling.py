@@ -31,6 +31,7 @@ import logging
 import os
 from typing import Any, Iterator
 
+from npu_rl.config.profiler_schema import role_profilers, uses_precision_debugger  # noqa: F401 (re-export)
 from npu_rl.device import profiler_backend as dev
 
 logger = logging.getLogger(__name__)
@@ -47,20 +48,6 @@ PHASES = {
     "update_actor": ("actor", "actor_update"),
 }
 STAGES = sorted({stage for _, stage in PHASES.values()} - {"rollout_generate"})  # msprobe cannot hook vLLM's run
-
-
-def role_profilers(config) -> dict[str, Any]:
-    """Each role's ``profiler`` section by role name."""
-    arr = config.actor_rollout_ref
-    return {"actor": arr.actor.profiler, "ref": arr.ref.profiler, "rollout": arr.rollout.profiler,
-            "critic": config.critic.profiler, "reward_model": config.reward_model.profiler}
-
-
-def uses_precision_debugger(config) -> bool:
-    """Whether msprobe's precision dumps are on (globally or for a role). msprobe wraps torch's APIs and refuses
-    TorchDynamo (torch >= 2.7), so such a run compiles nothing (``RunPlan.allow_compile``)."""
-    tools = {config.global_profiler.tool} | {p.tool for p in role_profilers(config).values() if p.enable}
-    return "precision_debugger" in tools
 
 
 def check_profiler_config(config, device: str) -> list[str]:
