@@ -29,4 +29,5 @@ export TASK_QUEUE_ENABLE=${TASK_QUEUE_ENABLE:-1}
 # VLLM_ASCEND_ENABLE_NZ=0: the RL rollout puts vLLM to sleep between steps, and vllm-ascend's wake_up raises with
 # the NZ weight layout on (its default); weights synced in place also need the plain layout.
 export VLLM_ASCEND_ENABLE_NZ=${VLLM_ASCEND_ENABLE_NZ:-0}
-export DEVICE=npu
+# DEVICE: npu on an Atlas node (a rehearsal on a CPU machine sets DEVICE=cpu before sourcing this file).
+export DEVICE=${DEVICE:-npu}
