@@ -113,9 +113,9 @@ def cluster(tmp_path):
     _log("cluster start")
     try:
         for script, ray_tmp in (("start_ray_head.sh", head_tmp), ("start_ray_worker.sh", worker_tmp)):
-            for _ in range(2):  # Ray gives a raylet 30 s to register: an overloaded machine can miss that once
+            for _ in range(3):  # Ray gives a raylet 30 s to register: an overloaded machine can miss that
                 out = _run_script(os.path.join(ATLAS, script), {**env, "RAY_TMP": ray_tmp})
-                if out.returncode == 0 or "timed out during startup" not in out.stderr:
+                if out.returncode == 0 or "timed out during startup" not in out.stdout + out.stderr:
                     break
                 _stop(env, ray_tmp)
             assert out.returncode == 0, f"{script}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
