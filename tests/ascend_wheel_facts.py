@@ -188,12 +188,29 @@ def triton_ascend_facts(a: Archive) -> dict:
     }
 
 
-EXTRACTORS = {"torch-npu": torch_npu_facts, "vllm-ascend": vllm_ascend_facts, "triton-ascend": triton_ascend_facts}
+# ------------------------------------------------------------------------------------------------ msprobe
+def msprobe_facts(a: Archive) -> dict:
+    def methods(path: str, cls: str) -> dict:
+        node = _find(ast.parse(a.read(path)), ast.ClassDef, cls)
+        return {n.name: plain_signature(n) for n in node.body if isinstance(n, ast.FunctionDef)}
+
+    init = a.read("msprobe/pytorch/__init__.py")
+    return {
+        "pytorch_exports_precision_debugger": bool(re.search(r"^from .* import .*\bPrecisionDebugger\b", init, re.M)),
+        "precision_debugger": methods("msprobe/pytorch/dump/debugger/precision_debugger.py", "PrecisionDebugger"),
+        "base_precision_debugger": methods("msprobe/core/dump/debugger/precision_debugger.py",
+                                           "BasePrecisionDebugger"),
+    }
+
+
+EXTRACTORS = {"torch-npu": torch_npu_facts, "vllm-ascend": vllm_ascend_facts, "triton-ascend": triton_ascend_facts,
+              "mindstudio-probe": msprobe_facts}
 
 
 def archive_name(path: str) -> tuple[str, str] | None:
     """('vllm-ascend', '0.23.0.post1') from an archive's file name."""
-    match = re.match(r"^(torch_npu|vllm_ascend|triton_ascend)-([^-]+?)(?:-cp|\.tar\.gz$)", os.path.basename(path))
+    match = re.match(r"^(torch_npu|vllm_ascend|triton_ascend|mindstudio_probe)-([^-]+?)(?:-cp|\.tar\.gz$)",
+                     os.path.basename(path))
     return (match.group(1).replace("_", "-"), match.group(2)) if match else None
 
 
@@ -210,7 +227,8 @@ def load() -> dict:
 def main(folders: list[str]) -> int:
     from npu_rl.device.ascend_facts import WHEELS
 
-    wanted = {"torch-npu": WHEELS.torch_npu, "vllm-ascend": WHEELS.vllm_ascend, "triton-ascend": WHEELS.triton_ascend}
+    wanted = {"torch-npu": WHEELS.torch_npu, "vllm-ascend": WHEELS.vllm_ascend, "triton-ascend": WHEELS.triton_ascend,
+              "mindstudio-probe": WHEELS.mindstudio_probe}
     found = {}
     for folder in folders:
         for entry in sorted(os.listdir(folder)):

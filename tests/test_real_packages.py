@@ -39,7 +39,7 @@ def releases(name: str) -> list[str]:
 
 
 def test_every_release_we_check_is_recorded():
-    for name in ("torch-npu", "vllm-ascend", "triton-ascend"):
+    for name in ("torch-npu", "vllm-ascend", "triton-ascend", "mindstudio-probe"):
         assert sorted(RECORD[name]) == sorted(releases(name)), name
 
 
@@ -182,6 +182,17 @@ def test_every_triton_language_name_our_kernels_use_exists(triton_ascend):
     assert used and used <= set(triton_ascend["language_all"]), used - set(triton_ascend["language_all"])
 
 
+# ------------------------------------------------------------------------------------------------ msprobe
+@pytest.mark.parametrize("version", releases("mindstudio-probe"))
+def test_msprobe_precision_debugger_api(version):
+    rec = RECORD["mindstudio-probe"][version]
+    assert rec["pytorch_exports_precision_debugger"]
+    init = rec["precision_debugger"]["__init__"]
+    assert all(f"{kw}=" in init for kw in facts.MSPROBE["init_kwargs"]), init
+    assert set(facts.MSPROBE["methods"]) <= set(rec["precision_debugger"])
+    assert set(facts.MSPROBE["base_methods"]) <= set(rec["base_precision_debugger"])
+
+
 # ------------------------------------------------------------------------------------------------ the recording
 CACHE = os.environ.get("NPU_RL_WHEEL_CACHE", os.path.expanduser("~/.cache/npu_rl/wheels"))
 
@@ -214,8 +225,8 @@ def _fetch(name: str, version: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, version", [(n, v) for n in ("torch-npu", "vllm-ascend", "triton-ascend")
-                                           for v in releases(n)])
+@pytest.mark.parametrize("name, version", [(n, v) for n in ("torch-npu", "vllm-ascend", "triton-ascend",
+                                                            "mindstudio-probe") for v in releases(n)])
 def test_the_recording_is_what_the_release_contains(name, version):
     fresh = wheel_facts.extract(_fetch(name, version))
     recorded = {k: v for k, v in RECORD[name][version].items() if k != "archive"}

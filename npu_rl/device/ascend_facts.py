@@ -93,6 +93,11 @@ TRITON_ASCEND = {
 }
 
 
+# ------------------------------------------------------------------------------------------------ msprobe
+# npu_rl/trainer/profiling.py: PrecisionDebugger(config_path=...), set_init_step(step), start(), stop(), step()
+MSPROBE = {"init_kwargs": ("config_path",), "methods": ("start", "stop", "step"), "base_methods": ("set_init_step",)}
+
+
 @dataclass(frozen=True)
 class Versions:
     """The real wheels the slow test downloads (from ``npu_rl/device/ascend_matrix.py``'s rows)."""
@@ -101,6 +106,7 @@ class Versions:
     # aarch64 wheels (0.11.0 / 0.13.0 / 0.26.0rc1); 0.23.0.post1 and 0.30.0rc2 are sdists only on PyPI
     vllm_ascend: tuple[str, ...] = ("0.11.0", "0.13.0", "0.23.0.post1", "0.26.0rc1", "0.30.0rc2")
     triton_ascend: tuple[str, ...] = ("3.2.0",)
+    mindstudio_probe: tuple[str, ...] = ("26.2.0",)
 
 
 WHEELS = Versions()
