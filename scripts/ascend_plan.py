@@ -134,7 +134,8 @@ def bare_node_plan(versions: dict[str, str | None], matrix, index: dict, machine
                  "environment (python -m venv) for the set below."]
         versions = {**versions, "torch": None}
     lines = [f"The Ascend rollout stack is incomplete on this node (missing: {', '.join(absent) or 'none'}"
-             + ("" if torch_npu_loads else "; torch_npu does not load") + ").",
+             + ("" if torch_npu_loads else "; torch_npu does not load: if it is installed, source CANN's "
+                                             "set_env.sh (source scripts/atlas/env.sh) and run setup.sh again") + ").",
              f"Easiest: run npu-rl inside the official image {IMAGES.format(release=row.vllm_ascend)}, which has "
              "all of it; setup.sh then keeps it.",
              f"Otherwise install vLLM-Ascend {row.vllm_ascend}'s set (npu-rl's matrix: vLLM {row.vllm[0]}, CANN "
