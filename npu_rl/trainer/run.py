@@ -148,8 +148,11 @@ def _worker_lost(config: PPOConfig, exc: Exception) -> None:
     from npu_rl.trainer.interrupt import resume_command
 
     root = os.path.abspath(config.trainer.default_local_dir)
-    step = latest_step(root)
-    where = f"step {step} in {root}" if step is not None else f"none yet in {root}"
+    try:
+        step = latest_step(root)
+        where = f"step {step} in {root}" if step is not None else f"none yet in {root}"
+    except (OSError, ValueError) as marker_error:  # say what is wrong with it rather than hide the worker's death
+        where = f"unreadable ({marker_error})"
     print(f"npu-rl: {exc}\nnpu-rl: the step in progress is lost; the last checkpoint is {where}. Once every node "
           f"is back (ray status), resume with:\n  {resume_command(['trainer.resume_mode=auto'])}",
           file=sys.stderr, flush=True)
