@@ -12,7 +12,8 @@ The user's function has verl's signature, called with keyword arguments::
 
     compute_score(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs) -> list[float | dict]
 
-``run_score_fn`` calls it and checks what comes back: NaN/inf, a wrong type or a dict without ``score`` raise
+``run_score_fn`` calls it and checks what comes back: NaN/inf (or a number float32 cannot hold, such as 1e308), a
+wrong type or a dict without ``score`` raise
 ``RewardFunctionError`` naming the function, never a silently wrong score.
 """
 
@@ -107,11 +108,17 @@ def to_score_dict(result: Any, where: str) -> dict[str, Any]:
     return {"score": score, "acc": score}  # verl logs a bare float as acc too
 
 
+MAX_SCORE = 3.0e38  # float32's largest finite value is 3.4028e38
+
+
 def _finite(value: Any, where: str) -> float:
     if isinstance(value, bool) or isinstance(value, numbers.Real) or _is_scalar_array(value):
         score = float(value)
         if not math.isfinite(score):
             raise RewardFunctionError(f"{where} returned a non-finite score {score}")
+        if abs(score) > MAX_SCORE:  # scores live in float32 tensors: 1e308 would become inf there
+            raise RewardFunctionError(f"{where} returned the score {score:g}, beyond float32's range "
+                                      f"(|score| <= {MAX_SCORE:g}); scores are summed and normalised in float32")
         return score
     raise RewardFunctionError(f"{where} returned a {type(value).__name__} ({value!r:.80}); expected a float or a "
                               "dict with a float 'score'")
