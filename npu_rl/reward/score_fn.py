@@ -55,6 +55,9 @@ class ScoreFnSpec:
 
             return scorers.default_batch_compute_score if self.batched else scorers.default_compute_score
         path = os.path.abspath(os.path.expanduser(self.path))
+        if os.path.isdir(path):
+            raise RewardFunctionError(f"custom_reward_function.path: {path} is a folder; give the .py file inside it "
+                                      f"that defines {self.name!r}")
         if not os.path.isfile(path):
             raise RewardFunctionError(f"custom_reward_function.path: file {path} does not exist "
                                       f"(looking for function {self.name!r})")
@@ -80,6 +83,12 @@ class ScoreFnSpec:
 def check_signature(fn: Callable[..., Any], spec: ScoreFnSpec) -> None:
     """The function must accept the manager's keyword call; fail naming file, function and the expected call."""
     args = BATCH_ARGS if spec.batched else ROW_ARGS
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        raise RewardFunctionError(
+            f"{spec.describe()} is an async def: the reward managers call it as a plain function (in this process or "
+            f"a worker process, with a per-call timeout), so it would return a coroutine, not a score. Make it a "
+            f"plain def (wrap an async scorer: def {spec.name}(*args, **kwargs): return asyncio.run(my_async(*args, "
+            "**kwargs)))")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
