@@ -24,7 +24,7 @@ FLOORS = [
     ("agent",),
     ("workers",),
     ("trainer",),
-    ("commands", "api"),
+    ("commands", "api", "experimental"),
     ("cli",),
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}

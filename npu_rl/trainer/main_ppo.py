@@ -53,11 +53,12 @@ def memory_verdict(config) -> str:
         return f"memory plan: not available ({exc})"
 
 
-def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
+def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
+         module: str = "npu_rl.trainer.main_ppo") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from npu_rl.trainer.interrupt import set_command
 
-    prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", "npu_rl.trainer.main_ppo"]
+    prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", module]
     set_command(prog + argv)
     args, unknown = parse_args(argv, default_config)
     flags = [u for u in unknown if u.startswith("-")]
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
     from npu_rl.trainer.checkpoint import DiskFullError
     from npu_rl.trainer.ppo_trainer import NonFiniteLossError
 
-    entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
+    entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", module]
     try:
         return run(config, entry + argv)  # the command is recorded in the run folder
     except NonFiniteLossError as exc:  # said in words (which term, which key), not as a traceback
