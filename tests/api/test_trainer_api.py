@@ -34,6 +34,7 @@ SMALL = {  # sizes for the tiny model on a CPU (the quickstart's are for SmolLM2
                                     "use_torch_compile": False, "optim": {"lr": 1e-3}},
                           "rollout": {"name": "hf", "n": 4, "log_prob_micro_batch_size_per_gpu": 8},
                           "ref": {"log_prob_micro_batch_size_per_gpu": 8}},
+    "reward_model": {"num_workers": 1},  # the reward callable runs in the process pool: found by reference there
     "trainer": {"total_training_steps": 2, "save_freq": 2, "logger": ["console", "file"], "progress_bar": False},
 }
 
