@@ -1,4 +1,4 @@
-"""Start-up checks for agent-loop rollouts (called from ``npu_rl.config.validate``): every problem as a message
+"""Start-up checks for agent-loop rollouts (called from ``npu_rl.trainer.preflight``): every problem as a message
 naming the key and, for files, the file."""
 
 from __future__ import annotations

@@ -238,26 +238,13 @@ def to_dataclass(cfg: DictConfig) -> PPOConfig:
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
-                config_path: str | None = None, validate: bool = True, notes: list[str] | None = None,
-                **validate_kwargs) -> PPOConfig:
-    """Compose, resolve, apply verl's derived settings and validate (see :func:`npu_rl.config.validate.validate`).
+                config_path: str | None = None, notes: list[str] | None = None) -> PPOConfig:
+    """Compose and resolve: the typed config, as written (nothing derived, nothing changed, nothing checked beyond
+    the keys and their types; ``npu_rl.trainer.preflight.load_checked`` adds the plan and every check).
 
-    ``notes`` (a list) receives one line per verl key that was renamed, dropped or reinterpreted.
+    ``notes`` (a list) receives one line per verl key that was renamed or dropped.
     """
-    from npu_rl.config.compat import apply_verl_semantics
-
-    config = to_dataclass(compose(overrides, config_name, config_path, notes))
-    compat_notes = apply_verl_semantics(config)
-    if notes is not None:
-        notes.extend(compat_notes)
-    from npu_rl.config.rollout_correction import enable_rollout_logprobs
-
-    enable_rollout_logprobs(config)  # algorithm.rollout_correction needs the rollout's log-probs
-    if validate:
-        from npu_rl.config.validate import validate as run_validation
-
-        run_validation(config, **validate_kwargs)
-    return config
+    return to_dataclass(compose(overrides, config_name, config_path, notes))
 
 
 def to_yaml(config: PPOConfig | DictConfig) -> str:

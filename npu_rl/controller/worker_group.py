@@ -32,6 +32,16 @@ from npu_rl.controller.dispatch import (
     split_inputs,
 )
 
+CONTROLLERS = ("auto", "local", "ray")  # trainer.controller
+
+
+def use_ray(controller: str, world_size: int) -> bool:
+    """``trainer.controller``: ``ray`` (one Ray actor per device), ``local`` (in this process), or ``auto``: Ray when
+    the run has more than one device."""
+    if controller == "auto":
+        return world_size > 1
+    return controller == "ray"
+
 
 @dataclass
 class WorkerSpec:

@@ -34,6 +34,8 @@ STATE_FILE = "trainer_state.pt"
 MARKER = "latest_checkpointed_iteration.txt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
+RESUME_MODES = ("auto", "disable", "resume_path")  # trainer.resume_mode (CheckpointManager.resume_dir)
+
 
 def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"global_step_{step}")

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from npu_rl.config.loader import ConfigError, load_config, to_yaml
+from npu_rl.trainer.preflight import check, load_checked
 
 
 def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace, list[str]]:
@@ -31,12 +32,12 @@ def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace
 def _notes(config, args: argparse.Namespace) -> list[str]:
     """Notes on keys with no effect that the user set: a config file we ship is the baseline, so its own values
     (chosen by us, not the user) never produce one; a user's own config folder is compared with the schema."""
-    from npu_rl.config.validate import ignored_settings
+    from npu_rl.config.reference import ignored_settings
 
     baseline = None
     if args.config_path is None:
         try:
-            baseline = load_config([], args.config_name, None, validate=False)
+            baseline = load_config([], args.config_name, None)
         except ConfigError:
             baseline = None
     return ignored_settings(config, baseline)
@@ -57,22 +58,14 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
     try:
         notes: list[str] = []
         if args.cfg:
-            config = load_config(overrides, args.config_name, args.config_path, validate=False, notes=notes)
-            print(to_yaml(config))
-            from npu_rl.config.validate import validate
-
-            validate(config)
-            from npu_rl.trainer.preflight import check_run_folder
-
-            check_run_folder(config)
+            config = load_config(overrides, args.config_name, args.config_path, notes=notes)
+            print(to_yaml(config))  # printed before the checks, so a config with problems can still be read
+            check(config)
             for note in notes + _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
-        config = load_config(overrides, args.config_name, args.config_path, notes=notes)
-        from npu_rl.trainer.preflight import check_run_folder
-
-        check_run_folder(config)
+        config = load_checked(overrides, args.config_name, args.config_path, notes=notes)
         for note in notes + _notes(config, args):
             print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
@@ -86,7 +79,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
 
     entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
     try:
-        return run(config, entry + argv)  # the command is recorded in the run folder
+        return run(config, entry + argv, checked=True)  # the command is recorded in the run folder
     except CorruptFileError as exc:  # a checkpoint that does not verify, or asks to run code: said plainly
         print(f"npu-rl: {exc}", file=sys.stderr)
         return 2

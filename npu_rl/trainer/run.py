@@ -8,16 +8,16 @@ import os
 import sys
 import time
 
-from npu_rl.config.derived import RunPlan, as_list, build_plan, world_size
+from npu_rl.config.derived import RunPlan, as_list, world_size
 from npu_rl.config.schema import PPOConfig
 
 logger = logging.getLogger(__name__)
 
 
 def use_ray(config: PPOConfig) -> bool:
-    if config.trainer.controller == "auto":
-        return world_size(config) > 1
-    return config.trainer.controller == "ray"
+    from npu_rl.controller.worker_group import use_ray as controller_uses_ray
+
+    return controller_uses_ray(config.trainer.controller, world_size(config))
 
 
 def build_worker_group(config: PPOConfig, plan: RunPlan):
@@ -70,9 +70,10 @@ def run_dir_for(config: PPOConfig) -> str:
     return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
 
 
-def run(config: PPOConfig, argv: list[str] | None = None) -> int:
-    """Train with ``config`` (already validated); returns the exit code. ``argv``: the command line to record in the
-    run folder (default ``sys.argv``)."""
+def run(config: PPOConfig, argv: list[str] | None = None, checked: bool = False) -> int:
+    """Train with ``config``; returns the exit code. The preflight's checks run first unless ``checked`` says the
+    caller ran them (``load_checked``). ``argv``: the command line to record in the run folder (default
+    ``sys.argv``)."""
     from omegaconf import OmegaConf
 
     from npu_rl.data.loader import build_dataloader
@@ -81,9 +82,12 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     from npu_rl.reward import build_reward_manager
     from npu_rl.tracking import Tracker
     from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
-    from npu_rl.trainer.preflight import prepare_run_folder
+    from npu_rl.trainer.preflight import check, plan_for, prepare_run_folder
     from npu_rl.trainer.sampling import PromptStream
 
+    if not checked:
+        check(config)
+    plan = plan_for(config)
     prepare_run_folder(config)  # before anything loads: a folder in the way or another run's checkpoints
     logging.basicConfig(level=os.environ.get("NPU_RL_LOG_LEVEL", "WARNING"), stream=sys.stderr)
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
@@ -96,7 +100,6 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     reward_fn = build_reward_manager(config, tokenizer)
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
 
-    plan = build_plan(config)
     group = build_worker_group(config, plan)
     total_steps = total_training_steps(config, prompts.batches_per_epoch)
     group.actor_rollout.init_model(total_steps)

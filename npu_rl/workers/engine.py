@@ -75,6 +75,9 @@ class UpdateSettings:
     grad_clip: float = 1.0
 
 
+OPTIMIZERS = ("adamw", "adam")  # optim.optimizer, any case: both build torch.optim.AdamW
+
+
 def build_optimizer(model: torch.nn.Module, optim_config) -> torch.optim.Optimizer:
     """AdamW over the parameters that require gradients (``optim.lr``, ``betas``, ``eps``, ``weight_decay``); the
     implementation (fused / foreach) is the device layer's choice (``Backend.optimizer_kwargs``)."""

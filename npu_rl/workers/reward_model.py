@@ -50,7 +50,7 @@ class RewardModelWorker:
     def init_model(self) -> None:
         rm = self.cfg
         model = load_reward_model(rm.model.path, rm.model.fsdp_config.model_dtype, rm.model.trust_remote_code)
-        micro = MicroBatching(rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
+        micro = MicroBatching(self.plan.micro_batches.reward_model, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
         self.engine = TrainingEngine(model, rm.model.fsdp_config, role="reward_model",
                                      response_length=self.plan.max_response_length, forward_micro=micro)
         self.tokenizer = load_tokenizer(rm.model.path, rm.model.trust_remote_code)

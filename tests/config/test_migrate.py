@@ -8,9 +8,9 @@ import shlex
 import pytest
 
 from npu_rl.config import verl_keys
-from npu_rl.config.loader import load_config
 from npu_rl.config.migrate import main, migrate
 from npu_rl.config.shell_args import read_script
+from npu_rl.trainer.preflight import load_checked
 from tests.config.test_verl_keys import MUST_PASS
 from tests.conftest import REPO_ROOT
 
@@ -118,7 +118,7 @@ def test_migrate_cli_on_the_seeds_ppo_script_writes_a_command_that_loads(capsys,
     command = out.split("# the equivalent npu-rl command:\n", 1)[1]
     words = shlex.split(command.replace("\\\n", " "))
     assert words[:5] == ["python3", "-m", "npu_rl.trainer.main_ppo", "--config-name", "ppo_trainer"]
-    config = load_config(words[5:], "ppo_trainer", check_device=False)
+    config = load_checked(words[5:], "ppo_trainer", check_device=False)
     assert config.critic.model.path == tiny_model_dir and config.trainer.total_epochs == 15
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from npu_rl.config import verl_keys
 from npu_rl.config.loader import ConfigError, check_key, load_config
-from npu_rl.config.validate import validate
+from npu_rl.trainer.preflight import check as validate
+from npu_rl.trainer.preflight import plan_for
 from tests.conftest import REPO_ROOT
 
 DATA = os.path.join(REPO_ROOT, "tests", "config", "data")
@@ -77,7 +78,7 @@ def test_refused_keys_are_accepted_when_off(value, off):
 
 
 def load(*overrides, notes=None, **kwargs):
-    return load_config(list(overrides), "ppo_trainer", validate=False, notes=notes, **kwargs)
+    return load_config(list(overrides), "ppo_trainer", notes=notes, **kwargs)
 
 
 def test_aliases_map_both_ways():
@@ -177,15 +178,16 @@ def test_global_micro_batch_keys_are_divided_by_the_data_parallel_ranks():
                   "actor_rollout_ref.rollout.log_prob_micro_batch_size=128", "critic.ppo_micro_batch_size=32",
                   "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "reward_model.micro_batch_size=16",
                   notes=notes)
-    arr = config.actor_rollout_ref
-    assert arr.actor.ppo_micro_batch_size_per_gpu == 16  # 64 over 8 / sp 2 = 4 data-parallel ranks
-    assert arr.actor.ppo_micro_batch_size is None
-    assert arr.ref.log_prob_micro_batch_size_per_gpu == 32  # the ref's sp (follows the actor's, 2): 4 ranks
-    assert arr.rollout.log_prob_micro_batch_size_per_gpu == 32  # computed by the actor: the actor's sp
-    assert config.critic.ppo_micro_batch_size_per_gpu == 4
-    assert config.critic.forward_micro_batch_size_per_gpu == 4  # follows critic.ppo_micro_batch_size
-    assert config.reward_model.micro_batch_size_per_gpu == 2
-    assert any("ppo_micro_batch_size=64 is global" in n for n in notes), notes
+    assert config.actor_rollout_ref.actor.ppo_micro_batch_size == 64  # the config stays as written; the plan divides
+    plan = plan_for(config)
+    micro = plan.micro_batches
+    assert micro.actor_update == 16  # 64 over 8 / sp 2 = 4 data-parallel ranks
+    assert micro.ref_logprob == 32  # the ref's sp (follows the actor's, 2): 4 ranks
+    assert micro.actor_logprob == 32  # computed by the actor: the actor's sp
+    assert micro.critic_update == 4
+    assert micro.critic_values == 4  # follows critic.ppo_micro_batch_size
+    assert micro.reward_model == 2
+    assert any("ppo_micro_batch_size=64 is global" in n for n in plan.notes), plan.notes
 
 
 def test_uneven_micro_batches_run_with_a_note():
@@ -194,6 +196,7 @@ def test_uneven_micro_batches_run_with_a_note():
                   "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
                   "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "algorithm.adv_estimator=grpo", notes=notes)
     validate(config, check_paths=False, check_device=False)
+    notes = plan_for(config).notes
     assert any("not a multiple of ppo_micro_batch_size_per_gpu=3" in n and "holds 2" in n for n in notes), notes
 
 
@@ -279,7 +282,7 @@ SCRIPT_NAMES = sorted(f[:-4] for f in os.listdir(SCRIPTS) if f.endswith(".txt"))
 def test_verl_script_passes_the_check(name, local_files):
     overrides = supply_paths(read_lines(os.path.join(SCRIPTS, f"{name}.txt")), local_files)
     try:
-        config = load_config(overrides, "ppo_trainer", validate=False)
+        config = load_config(overrides, "ppo_trainer")
         npu = config.trainer.device == "npu"  # the Ascend scripts ask for NPUs this machine lacks
         validate(config, check_device=not npu)
         problems = []

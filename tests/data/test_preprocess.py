@@ -164,7 +164,7 @@ def test_a_datasets_save_to_disk_folder_is_a_data_file(tmp_path, tiny_tokenizer)
     """data.train_files may name a folder written by datasets' save_to_disk (load_from_disk); a DatasetDict root
     and a plain folder are refused with the fix in the message."""
     datasets = pytest.importorskip("datasets", reason="the datasets package is not installed")
-    from npu_rl.config.validate import data_file_exists
+    from npu_rl.trainer.checks.files import data_file_exists
     from npu_rl.data.builtin import resolve_data_files
     from npu_rl.data.io import read_rows
 
