@@ -103,7 +103,8 @@ def compile_elementwise_blocks(model: torch.nn.Module) -> int:
 
 
 class ModelRunner:
-    """A model on this rank's device with its precision settings; parallelism is applied afterwards.
+    """A model on this rank's device with its precision and parallel settings: with more than one rank it is sharded
+    here (FSDP2 per decoder layer over the mesh, ``apply_fsdp2_from_config``); alone, it is moved to the device.
 
     Precision: ``fsdp_config.model_dtype`` is the dtype of the weights the optimizer updates and checkpoints hold
     (fp32 by default), ``mixed_precision.param_dtype`` the dtype forwards and backwards run in (bf16 by default).
