@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from npu_rl.config.loader import ConfigError, load_config, to_yaml
-from npu_rl.trainer.preflight import check, load_checked
+from npu_rl.trainer.preflight import check, load_checked, plan_for
 
 
 def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace, list[str]]:
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
             config = load_config(overrides, args.config_name, args.config_path, notes=notes)
             print(to_yaml(config))  # printed before the checks, so a config with problems can still be read
             check(config)
+            notes += plan_for(config).notes
             for note in notes + _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
