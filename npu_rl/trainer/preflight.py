@@ -11,15 +11,16 @@ and what to change.
 - :func:`plan_for`: the :class:`~npu_rl.config.derived.RunPlan`, with what it needs from the core (the estimator's
   declared inputs, the rollout-correction settings) passed in.
 - The run folder: ``trainer.default_local_dir`` must be a folder that can be made and written (not a file, not
-  under a file), and one that already holds checkpoints is never overwritten silently: with
-  ``trainer.resume_mode=disable`` the run is refused, naming the folder and the three ways on (resume, another
-  folder, or ``trainer.overwrite_checkpoints=True``, which removes the old steps and marker first).
+  under a file, not ``/proc/...`` or a read-only mount); so must ``trainer.rollout_data_dir`` /
+  ``validation_data_dir`` when set. ``trainer.project_name`` / ``experiment_name`` may not climb out of the run
+  folder (``..``, an absolute path). A ``default_local_dir`` that already holds checkpoints is never overwritten
+  silently: with ``trainer.resume_mode=disable`` the run is refused, naming the folder and the three ways on
+  (resume, another folder, or ``trainer.overwrite_checkpoints=True``, which removes the old steps and marker first).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 from npu_rl.config.derived import RunPlan, build_plan, plan_problems
@@ -28,8 +29,8 @@ from npu_rl.config.loader import load_config
 from npu_rl.config.rollout_correction import rollout_correction_problems
 from npu_rl.config.rules import slice_problems
 from npu_rl.config.schema import PPOConfig
-from npu_rl.trainer.checkpoint import MARKER, saved_steps, step_dir
-from npu_rl.utils.paths import check_output_dir
+from npu_rl.trainer.checkpoint import MARKER, remove_path, saved_steps, step_dir
+from npu_rl.utils.paths import check_name_component, check_output_dir
 
 
 def load_checked(overrides: list[str] | None = None, config_name: str = "ppo_trainer", config_path: str | None = None,
@@ -97,10 +98,24 @@ def run_folder_problems(config) -> list[str]:
     if not isinstance(trainer.default_local_dir, str) or not trainer.default_local_dir.strip() \
             or "\0" in trainer.default_local_dir:
         return [f"trainer.default_local_dir={trainer.default_local_dir!r} is not a folder path"]
+    problems = []
+    for key in ("project_name", "experiment_name"):
+        try:
+            check_name_component(getattr(trainer, key), f"trainer.{key}")
+        except ValueError as exc:
+            problems.append(str(exc))
+    for key in ("rollout_data_dir", "validation_data_dir"):
+        if getattr(trainer, key):
+            try:
+                check_output_dir(getattr(trainer, key), f"trainer.{key}")
+            except (OSError, ValueError) as exc:
+                problems.append(str(exc))
     try:
         root = check_output_dir(trainer.default_local_dir, "trainer.default_local_dir")
     except (OSError, ValueError) as exc:
-        return [str(exc)]
+        return problems + [str(exc)]
+    if problems:
+        return problems
     if trainer.resume_mode not in ("disable",) or trainer.val_only or trainer.overwrite_checkpoints:
         return []
     steps = saved_steps(root)
@@ -127,7 +142,7 @@ def prepare_run_folder(config) -> None:
     if trainer.resume_mode == "disable" and trainer.overwrite_checkpoints and not trainer.val_only:
         steps = saved_steps(root)
         for step in steps:
-            shutil.rmtree(step_dir(root, step))
+            remove_path(step_dir(root, step))  # a linked step folder: the link goes, not what it points at
         if os.path.isfile(os.path.join(root, MARKER)):
             os.remove(os.path.join(root, MARKER))
         if steps:

@@ -85,7 +85,7 @@ def _check_model_path(path: str) -> None:
 
 
 def _model_problems(config, use_critic: bool) -> list[str]:
-    from npu_rl.models.check import model_folder_problems
+    from npu_rl.models.check import model_path_problems
     from npu_rl.models.loader import is_builtin
 
     keys = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, True)]
@@ -96,7 +96,7 @@ def _model_problems(config, use_critic: bool) -> list[str]:
         folder = os.path.expanduser(str(path))
         if is_builtin(str(path)) or not os.path.isfile(os.path.join(folder, "config.json")):
             continue  # built-in (converted on first use), or reported by the path check
-        problems += [f"{key}: {p}" for p in model_folder_problems(folder, need_tokenizer)]
+        problems += [f"{key}: {p}" for p in model_path_problems(folder, need_tokenizer)]
     return problems
 
 
