@@ -1,4 +1,4 @@
-"""``npu-rl``: train | eval | merge | preprocess | doctor | plot | bench.
+"""``npu-rl``: train | eval | merge | preprocess | doctor | plan | plot | bench.
 
 Each sub-command's body lives with the code it drives; this file only routes (imports are lazy so that
 ``npu-rl doctor`` works on a machine where half the stack is broken).
@@ -18,6 +18,7 @@ commands:
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
   migrate     read a verl run script (never run it): what each override becomes here, and the npu-rl command
   doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs
+  plan        will a job fit: per-device memory of each phase, the peak, the keys that would make it fit
   plot        training curves (PNG + self-contained HTML) of one or several run folders
   bench       benchmarks: kernels | rollout | trainer
 
@@ -64,6 +65,12 @@ def _doctor(argv: list[str]) -> int:
     return main(argv)
 
 
+def _plan(argv: list[str]) -> int:
+    from npu_rl.commands.plan import main
+
+    return main(argv)
+
+
 def _plot(argv: list[str]) -> int:
     from npu_rl.tracking.plot import main
 
@@ -99,6 +106,7 @@ COMMANDS = {
     "preprocess": _preprocess,
     "migrate": _migrate,
     "doctor": _doctor,
+    "plan": _plan,
     "plot": _plot,
     "bench": _bench,
 }
@@ -123,6 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C (training), or the first one elsewhere: no traceback
         print("npu-rl: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:
+        if "Failed to load the backend extension: torch_npu" not in str(exc):
+            raise
+        # `import torch` loads torch_npu through its [torch.backends] entry point, and fails when CANN's
+        # libraries cannot load: say what to do instead of a traceback from inside torch.
+        print(f"npu-rl: {exc}\n  cause: {exc.__cause__!r}\n  torch_npu cannot load: source CANN's set_env.sh "
+              "(source scripts/atlas/env.sh does), or run with TORCH_DEVICE_BACKEND_AUTOLOAD=0 DEVICE=cpu to use "
+              "this machine without its NPUs", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -47,3 +47,15 @@ def test_a_bad_model_folder_is_named_by_every_command(tiny_model_dir, tmp_path, 
     err = capsys.readouterr().err
     assert WORDS[kind] in err and "Traceback" not in err, err
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_checkpoint_config_names_only_a_transformers_model_class():
+    from types import SimpleNamespace
+
+    from npu_rl.parallel.weights import hf_class_from_config
+
+    assert hf_class_from_config(SimpleNamespace(architectures=["pipeline", "Qwen2ForCausalLM"])).__name__ == \
+        "Qwen2ForCausalLM"
+    for names in (["pipeline"], ["AutoModel"], ["__class__"], ["os.system"]):
+        with pytest.raises(ValueError, match="expected a transformers model class name"):
+            hf_class_from_config(SimpleNamespace(architectures=names))

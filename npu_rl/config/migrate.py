@@ -26,8 +26,8 @@ ASCEND_NOTES: dict[str, str] = {
     "actor_rollout_ref.rollout.name": "vllm means vLLM-Ascend on an NPU (same offline engine, ACL graphs); sglang "
                                       "is not supported",
     "actor_rollout_ref.rollout.enforce_eager": "False captures ACL graphs (FULL_DECODE_ONLY) instead of CUDA graphs",
-    "actor_rollout_ref.rollout.free_cache_engine": "sleep mode on vLLM-Ascend needs VLLM_ASCEND_ENABLE_NZ=0 (set by "
-                                                   "npu-rl's vLLM environment)",
+    "actor_rollout_ref.rollout.free_cache_engine": "sleep mode on vLLM-Ascend needs NZ weights off (npu-rl passes "
+                                                   "additional_config weight_nz_mode=0)",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "the fraction of NPU memory vLLM-Ascend takes",
     "actor_rollout_ref.rollout.calculate_log_probs": "vLLM-Ascend's sampler ignores logprobs_mode: raw log-probs",
     "actor_rollout_ref.model.use_fused_kernels": "the Triton kernels were never compiled by triton-ascend; "

@@ -68,10 +68,15 @@ def ignored_settings(config, baseline=None) -> list[str]:
     current = OmegaConf.structured(config)
     notes = []
     for key, why in no_effect_keys().items():
+        if key == "actor_rollout_ref.hybrid_engine" and config.async_training.mode != "sync":
+            continue  # the asynchronous trainers read it (config/async_schema.py)
         value = OmegaConf.select(current, key)
         default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
         if value != default:
             notes.append(f"{key}={value!r} has no effect in npu-rl: {why}")
+    from npu_rl.config.async_schema import async_notes
+
+    notes += async_notes(config, defaults, current)
     tokenizer_path = config.critic.model.tokenizer_path
     if tokenizer_path not in (None, config.actor_rollout_ref.model.path):
         notes.append(f"critic.model.tokenizer_path={tokenizer_path!r} has no effect in npu-rl: the critic scores the "

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from npu_rl.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig, async_problems
 from npu_rl.config.profiler_schema import GlobalProfilerConfig, RoleProfilerConfig
 from npu_rl.config.rules import broken, finite
 
@@ -73,7 +74,6 @@ class DataConfig:
         return broken(
             (self.max_prompt_length > 0, f"{key}.max_prompt_length must be > 0"),
             (self.max_response_length > 0, f"{key}.max_response_length must be > 0"),
-            (self.train_batch_size > 0, f"{key}.train_batch_size must be > 0"),
             (self.gen_batch_size is None or self.gen_batch_size > 0, f"{key}.gen_batch_size must be > 0"),
         )
 
@@ -442,7 +442,8 @@ class RolloutConfig:
 @dataclass
 class ActorRolloutRefConfig:
     hybrid_engine: bool = True
-    """no effect in npu-rl (kept for verl scripts): actor, rollout and reference always share the devices"""
+    """no effect in npu-rl (kept for verl scripts): actor, rollout and reference always share the devices (a separate
+    rollout pool is the asynchronous trainers', docs/async.md)"""
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -752,3 +753,13 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """the asynchronous trainers' settings (config/async_schema.py)"""
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    """the asynchronous trainers' rollout pool"""
+
+    def check(self, key: str) -> list[str]:
+        """The rules between slices that read only the config."""
+        return broken((self.data.train_batch_size > 0 or self.async_training.mode == "fully_async",
+                       "data.train_batch_size must be > 0 (0 streams: the fully asynchronous trainer only)")
+                      ) + async_problems(self)

@@ -13,7 +13,11 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 
-ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "npu_rl.trainer.main_ppo", "main_ppo", "main_dapo")
+ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "npu_rl.trainer.main_ppo", "main_ppo", "main_dapo",
+                # the asynchronous trainers (docs/async.md)
+                "verl.experimental.one_step_off_policy.main_ppo", "verl.experimental.fully_async_policy.fully_async_main",
+                "npu_rl.experimental.one_step_off_policy.main_ppo",
+                "npu_rl.experimental.fully_async_policy.fully_async_main")
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_]\w*)(\+?)=(.*)$")
 _QUOTED_ARRAY = re.compile(r'"\$(?:\{([A-Za-z_]\w*)\[[@*]\]\}|\{?[@*]\}?)"(?=\s|$)')
 _NBSP = "\x00"  # stands for a space inside an unevaluated $(...), so that it is not split

@@ -80,6 +80,22 @@ def free_bytes(path: str) -> int | None:
         return None
 
 
+def checkpoint_space_problem(root: str, model_path: str, lora: bool) -> str | None:
+    """Known before any model loads: a full-weight checkpoint holds at least the model's weights (with the optimizer
+    state, 3-6 times more); refuse when the disk under ``root`` has less free space than the weights' files."""
+    folder = os.path.expanduser(str(model_path))
+    if lora or not os.path.isdir(folder):
+        return None  # a LoRA checkpoint holds only the adapter; a built-in model is converted later
+    weights = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+                  if n.endswith((".safetensors", ".bin")) and os.path.isfile(os.path.join(folder, n)))
+    free = free_bytes(root)
+    if free is None or not weights or free >= weights:
+        return None
+    return (f"trainer.default_local_dir={root}: {free / 2**30:.2f} GiB free, but one checkpoint of this model needs at "
+            f"least {weights / 2**30:.2f} GiB (its weights; with the optimizer state 3-6x more): free space, choose a "
+            "larger disk, or set trainer.save_freq=-1 and trainer.save_on_interrupt=False to save nothing")
+
+
 def remove_path(path: str) -> None:
     """Remove a checkpoint folder or file; a symbolic link is removed as a link, never followed."""
     if os.path.islink(path) or os.path.isfile(path):

@@ -13,9 +13,11 @@ and what to change.
 - The run folder: ``trainer.default_local_dir`` must be a folder that can be made and written (not a file, not
   under a file, not ``/proc/...`` or a read-only mount); so must ``trainer.rollout_data_dir`` /
   ``validation_data_dir`` when set. ``trainer.project_name`` / ``experiment_name`` may not climb out of the run
-  folder (``..``, an absolute path). A ``default_local_dir`` that already holds checkpoints is never overwritten
-  silently: with ``trainer.resume_mode=disable`` the run is refused, naming the folder and the three ways on
-  (resume, another folder, or ``trainer.overwrite_checkpoints=True``, which removes the old steps and marker first).
+  folder (``..``, an absolute path). When the run saves, the disk under ``default_local_dir`` has at least the
+  model's weights free (a full-weight checkpoint is bigger still). A ``default_local_dir`` that already holds
+  checkpoints is never overwritten silently: with ``trainer.resume_mode=disable`` the run is refused, naming the
+  folder and the three ways on (resume, another folder, or ``trainer.overwrite_checkpoints=True``, which removes the
+  old steps and marker first).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from npu_rl.config.loader import load_config
 from npu_rl.config.rollout_correction import rollout_correction_problems
 from npu_rl.config.rules import slice_problems
 from npu_rl.config.schema import PPOConfig
-from npu_rl.trainer.checkpoint import MARKER, remove_path, saved_steps, step_dir
+from npu_rl.trainer.checkpoint import MARKER, checkpoint_space_problem, remove_path, saved_steps, step_dir
 from npu_rl.utils.paths import check_name_component, check_output_dir
 
 
@@ -114,6 +116,12 @@ def run_folder_problems(config) -> list[str]:
         root = check_output_dir(trainer.default_local_dir, "trainer.default_local_dir")
     except (OSError, ValueError) as exc:
         return problems + [str(exc)]
+    saves = trainer.save_freq > 0 or trainer.save_on_interrupt
+    model = config.actor_rollout_ref.model
+    space = checkpoint_space_problem(root, model.path, int(model.lora_rank) > 0) if saves and not trainer.val_only \
+        else None
+    if space:
+        problems.append(space)
     if problems:
         return problems
     if trainer.resume_mode not in ("disable",) or trainer.val_only or trainer.overwrite_checkpoints:

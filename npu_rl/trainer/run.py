@@ -137,12 +137,24 @@ def run(config: PPOConfig, argv: list[str] | None = None, checked: bool = False)
                       run_dir, recorded_config(config))  # secrets masked: trackers store what they are given
     print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
           f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
+    from npu_rl.trainer.async_rollouts import build_rollouts
+
+    rollouts = build_rollouts(config, plan, group, prompts)  # sync: the colocated engine; else a rollout pool
     trainer = PPOTrainer(config, plan, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
-                         group.actor_rollout.model_config(), tokenizer)
+                         group.actor_rollout.model_config(), tokenizer, rollouts=rollouts)
     start = time.perf_counter()
     try:
         code = trainer.fit()
+    except Exception as exc:
+        if type(exc).__name__ != "WorkerLostError":  # npu_rl.controller.ray_group's (not imported without Ray)
+            raise
+        _worker_lost(config, exc)
+        return 1
     finally:
+        closing = rollouts.close()  # asynchronous modes: the rollouter stops after its in-flight batch
+        if closing:
+            print(f"npu-rl: rollout pool closed ({', '.join(f'{k}={v:g}' for k, v in closing.items())})",
+                  file=sys.stderr)
         tracker.close()
         group.shutdown()
         if getattr(group, "owned_pool", None) is not None:
@@ -151,6 +163,22 @@ def run(config: PPOConfig, argv: list[str] | None = None, checked: bool = False)
     write_ray_timeline(config)
     _draw_curves(run_dir)
     return code
+
+
+def _worker_lost(config: PPOConfig, exc: Exception) -> None:
+    """A rank died (a node went down): say so, where the last whole checkpoint is, and how to resume."""
+    from npu_rl.trainer.checkpoint import latest_step
+    from npu_rl.trainer.interrupt import resume_command
+
+    root = os.path.abspath(config.trainer.default_local_dir)
+    try:
+        step = latest_step(root)
+        where = f"step {step} in {root}" if step is not None else f"none yet in {root}"
+    except (OSError, ValueError) as marker_error:  # say what is wrong with it rather than hide the worker's death
+        where = f"unreadable ({marker_error})"
+    print(f"npu-rl: {exc}\nnpu-rl: the step in progress is lost; the last checkpoint is {where}. Once every node "
+          f"is back (ray status), resume with:\n  {resume_command(['trainer.resume_mode=auto'])}",
+          file=sys.stderr, flush=True)
 
 
 def _draw_curves(run_dir: str) -> None:

@@ -107,3 +107,16 @@ def test_a_save_on_a_full_disk_keeps_latest_and_says_so(tiny_model_dir, tmp_path
     assert f"npu-rl: error: disk full at {step_dir(out, 2)}.tmp/trainer_state.pt" in err and "Traceback" not in err
     assert checkpoint.latest_step(out) == 1 and sorted(os.listdir(out)) == ["global_step_1",
                                                                            "latest_checkpointed_iteration.txt", "logs"]
+
+
+def test_too_little_free_space_for_a_checkpoint_is_found_before_the_models_load(tiny_model_dir, tmp_path, monkeypatch):
+    from npu_rl.trainer import checkpoint
+
+    overrides = [f"trainer.default_local_dir={tmp_path}/ckpt", f"actor_rollout_ref.model.path={tiny_model_dir}",
+                 "trainer.save_freq=10"]
+    assert run_folder_problems(load_config(overrides)) == []
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 1024)
+    (problem,) = run_folder_problems(load_config(overrides))
+    assert "0.00 GiB free, but one checkpoint of this model needs at least" in problem
+    assert run_folder_problems(load_config(overrides + ["actor_rollout_ref.model.lora_rank=4"])) == []
+    assert run_folder_problems(load_config(overrides + ["trainer.save_freq=-1", "trainer.save_on_interrupt=False"])) == []
