@@ -10,8 +10,7 @@ import pytest
 
 from npu_rl.config.loader import ConfigError, all_keys, compose, load_config, to_dataclass
 from npu_rl.config.schema import PPOConfig
-from npu_rl.trainer.preflight import check as validate
-from npu_rl.trainer.preflight import load_checked
+from npu_rl.trainer.preflight import check as validate, load_checked
 from tests.conftest import REPO_ROOT
 
 PRESETS = ("ppo", "grpo", "dapo", "gspo", "rloo", "reinforce_plus_plus", "remax")
@@ -152,7 +151,8 @@ def test_lora_keys_checked():
                                  "actor_rollout_ref.model.target_modules=[]",
                                  "actor_rollout_ref.model.lora_adapter_path=/nowhere"),
                            check_paths=False, check_device=False)
-    for message in ("lora_alpha=0 must be a finite number > 0", "target_modules=[]", "lora_adapter_path='/nowhere' is not a folder"):
+    for message in ("lora_alpha=0 must be a finite number > 0", "target_modules=[]",
+                    "lora_adapter_path='/nowhere' is not a folder"):
         assert any(message in p for p in problems), problems
     problems = problems_of(small("algorithm.adv_estimator=gae", "critic.model.lora_rank=8"), check_paths=False,
                            check_device=False)

@@ -719,7 +719,8 @@ class TrainerConfig:
             (self.resume_mode != "resume_path" or bool(self.resume_from_path),
              f"{key}.resume_mode=resume_path needs {key}.resume_from_path=<checkpoint folder>"),
             (int(self.max_consecutive_nan_steps) >= 1, f"{key}.max_consecutive_nan_steps="
-             f"{self.max_consecutive_nan_steps} must be >= 1 (the number of non-finite steps in a row that stops the run)"),
+             f"{self.max_consecutive_nan_steps} must be >= 1 (the number of non-finite steps in a row that stops the "
+             "run)"),
         )
 
 

@@ -11,8 +11,7 @@ import pytest
 
 from npu_rl.config import verl_keys
 from npu_rl.config.loader import ConfigError, check_key, load_config
-from npu_rl.trainer.preflight import check as validate
-from npu_rl.trainer.preflight import plan_for
+from npu_rl.trainer.preflight import check as validate, plan_for
 from tests.conftest import REPO_ROOT
 
 DATA = os.path.join(REPO_ROOT, "tests", "config", "data")

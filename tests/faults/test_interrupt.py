@@ -17,9 +17,9 @@ import textwrap
 import pytest
 import torch
 
-from npu_rl.config.loader import ConfigError, load_config
-from npu_rl.trainer.preflight import load_checked
+from npu_rl.config.loader import ConfigError
 from npu_rl.trainer.checkpoint import latest_step, saved_steps, verify_step
+from npu_rl.trainer.preflight import load_checked
 from tests.conftest import REPO_ROOT
 from tests.trainer.conftest import base_overrides, final_weights, run_training, step_rows
 

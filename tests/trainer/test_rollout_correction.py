@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from npu_rl.config.loader import ConfigError, load_config
-from npu_rl.trainer.preflight import check as validate
-from npu_rl.trainer.preflight import plan_for
+from npu_rl.trainer.preflight import check as validate, plan_for
 from npu_rl.protocol import Batch
 from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from tests.trainer.conftest import base_overrides, run_training, step_rows
