@@ -20,7 +20,7 @@ FLOORS = [
     ("core", "kernels", "data"),
     ("parallel", "reward"),
     ("models", "controller"),
-    ("rollout",),
+    ("rollout", "plan"),
     ("agent",),
     ("workers",),
     ("trainer",),

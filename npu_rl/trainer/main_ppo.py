@@ -43,6 +43,16 @@ def _notes(config, args: argparse.Namespace) -> list[str]:
     return ignored_settings(config, baseline)
 
 
+def memory_verdict(config) -> str:
+    """``npu-rl plan``'s one line for this config on this machine's device (npu_rl/plan), or why there is none."""
+    from npu_rl.plan.job import plan_config, this_device
+
+    try:
+        return plan_config(config, this_device()).verdict()
+    except (ValueError, FileNotFoundError) as exc:
+        return f"memory plan: not available ({exc})"
+
+
 def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
          module: str = "npu_rl.trainer.main_ppo") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -70,6 +80,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
             for note in notes + _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
+            print(f"# {memory_verdict(config)}", file=sys.stderr)
             return 0
         config = load_config(overrides, args.config_name, args.config_path, notes=notes)
         from npu_rl.trainer.preflight import check_run_folder
