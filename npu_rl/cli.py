@@ -82,11 +82,13 @@ def _bench(argv: list[str]) -> int:
         "kernels": "npu_rl.commands.bench_kernels",
         "rollout": "npu_rl.commands.bench_rollout",
         "trainer": "npu_rl.commands.bench_trainer",
+        "trl": "npu_rl.commands.bench_trl",
     }
     usage = (f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]\n\n"
              "  kernels  fused log-prob / KL kernels against the plain reference (time, memory)\n"
              "  rollout  rollout engine throughput (tokens/s) on the chosen device\n"
-             "  trainer  one training step's phases (padded vs packed, fused vs plain)\n\n"
+             "  trainer  one training step's phases (padded vs packed, fused vs plain)\n"
+             "  trl      TRL's GRPOTrainer and ours on the same task and sizes: wall and step times, their ratio\n\n"
              "`npu-rl bench <target> --help` for a target's options.")
     if argv and argv[0] in ("-h", "--help"):
         print(usage)

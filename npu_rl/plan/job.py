@@ -135,6 +135,18 @@ class JobInputs:
     ref_in_actor: bool = False
 
 
+def _fixed_kv_cache_bytes(device: DeviceSpec) -> float | None:
+    if device.fixed_kv_cache_gib is None:
+        return None
+    import os
+
+    value = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    try:
+        return float(value) * GIB if value else device.fixed_kv_cache_gib * GIB
+    except ValueError:
+        return device.fixed_kv_cache_gib * GIB
+
+
 def plan_inputs(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
     device_bytes = device.memory_gib * GIB
     actor = RoleMemory(inputs.actor_shape, inputs.actor, trainable=True)
@@ -142,7 +154,8 @@ def plan_inputs(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
     critic = RoleMemory(inputs.critic_shape, inputs.critic, trainable=True) if inputs.critic else None
     others = {"reference": ref.resident() if ref else 0.0, "critic": critic.resident() if critic else 0.0}
     engine_device, engine_host = rollout_asleep(inputs.actor_shape, inputs.rollout)
-    awake = rollout_awake(inputs.actor_shape, inputs.rollout, device_bytes, inputs.actor.shard > 1)
+    awake = rollout_awake(inputs.actor_shape, inputs.rollout, device_bytes, inputs.actor.shard > 1,
+                          _fixed_kv_cache_bytes(device))
     if engine_device < 0:  # free_cache_engine=False: the engine keeps its share while training runs
         engine_device = sum(awake.values())
     asleep = {"rollout engine (asleep)": engine_device}

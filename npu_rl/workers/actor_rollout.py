@@ -45,7 +45,8 @@ class ActorRolloutWorker(ReportsMemory):
         rollout_lora_rank = 0 if model_cfg.lora.merge else model_cfg.lora_rank
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
                                            self.tokenizer, lora_rank=rollout_lora_rank,
-                                           allow_compile=self.plan.allow_compile)
+                                           allow_compile=self.plan.allow_compile,
+                                           decode_steps=total_training_steps * self.plan.max_response_length)
         self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
         if agent_rollout_enabled(self.rollout_cfg):
             self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length,

