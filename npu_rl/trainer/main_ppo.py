@@ -28,6 +28,16 @@ def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace
     return parser.parse_known_args(argv)
 
 
+def load_verl_config(overrides: list[str], config_name: str, config_path: str | None, notes: list[str],
+                     validate: bool = True):
+    """The config of a verl-style command line: verl's keys translated (:mod:`npu_rl.compat.verl`), then loaded
+    (and validated). The one place the entry points turn overrides into a config."""
+    from npu_rl.compat.verl.translate import translate_overrides
+
+    return load_config(translate_overrides(overrides, notes), config_name, config_path, validate=validate,
+                       notes=notes)
+
+
 def _notes(config, args: argparse.Namespace) -> list[str]:
     """Notes on keys with no effect that the user set: a config file we ship is the baseline, so its own values
     (chosen by us, not the user) never produce one; a user's own config folder is compared with the schema."""
@@ -57,7 +67,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
     try:
         notes: list[str] = []
         if args.cfg:
-            config = load_config(overrides, args.config_name, args.config_path, validate=False, notes=notes)
+            config = load_verl_config(overrides, args.config_name, args.config_path, notes, validate=False)
             print(to_yaml(config))
             from npu_rl.config.validate import validate
 
@@ -69,7 +79,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             return 0
-        config = load_config(overrides, args.config_name, args.config_path, notes=notes)
+        config = load_verl_config(overrides, args.config_name, args.config_path, notes)
         from npu_rl.trainer.preflight import check_run_folder
 
         check_run_folder(config)
