@@ -46,8 +46,8 @@ def checks(overrides: list[str], flags: compat.Flags, check_paths: bool) -> tupl
     try:
         config = load_verl_config(overrides, flags.config_name, flags.config_path, [], validate=False)
         validate(config, check_paths=False, check_device=False)
-    except ConfigError as exc:
-        return exc.problems, []
+    except ValueError as exc:  # ConfigError, or a registry's "unknown estimator" raised while loading
+        return getattr(exc, "problems", [str(exc)]), []
     values = run_folder_problems(config)
     if not check_paths:
         return values, []
