@@ -9,7 +9,9 @@
 
 A row picks one with ``extra_info.interaction_kwargs.name`` (its other entries go to ``start_interaction``).
 ``generate_response`` returns ``(should_terminate, user_text, turn_score, metadata)``; the text is appended as a
-user turn (mask 0) and the score is kept per turn (``turn_scores``).
+user turn (mask 0) and the score is kept per turn (``turn_scores``). Each call is cut at ``config.timeout`` seconds
+(default 30); one that raises, times out or returns anything but that tuple (with a finite score) fails the
+sample, named with its row and the interaction (:mod:`npu_rl.agent.runner` counts it).
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ from npu_rl.agent.tools.config import ToolConfigError, load_class, read_yaml_map
 
 class BaseInteraction:
     default_name = "interaction"
+    default_timeout_s = 30.0  # each of start_interaction / generate_response / finalize_interaction
 
     def __init__(self, config: Optional[dict[str, Any]] = None):
+        from npu_rl.agent.user_code import check_timeout
+
         self.config = dict(config or {})
         self.name = str(self.config.get("name", self.default_name))
+        self.timeout_s = check_timeout(self.config.get("timeout", self.default_timeout_s),
+                                       f"interaction {self.name!r}")
         self._instances: dict[str, dict[str, Any]] = {}
 
     async def start_interaction(self, instance_id: Optional[str] = None, **kwargs: Any) -> str:
@@ -78,7 +85,10 @@ def load_interactions(path: str) -> dict[str, BaseInteraction]:
         config = dict(entry.get("config") or {})
         if entry.get("name"):
             config["name"] = entry["name"]
-        interaction = cls(config)
+        try:
+            interaction = cls(config)
+        except ValueError as exc:
+            raise ToolConfigError(f"{where}: {exc}") from exc
         if interaction.name in out:
             raise ToolConfigError(f"{where}: a second interaction named {interaction.name!r}")
         out[interaction.name] = interaction

@@ -8,16 +8,20 @@
   reached. With an interaction (the row's ``extra_info.interaction_kwargs.name``) a turn without tool calls gets the
   interaction's user reply instead of ending the conversation, until it says stop.
 
-A user's loop: subclass :class:`AgentLoopBase` and name it ``path/to/file.py:MyLoop`` (or ``pkg.mod:MyLoop``) as
-the row's ``agent_name`` or the default; or list ``{name, _target_}`` entries in ``rollout.agent.
-agent_loop_config_path`` (verl's file). Only the name travels between processes: every worker loads the class
-itself, so nothing user-defined is pickled (works the same under Ray).
+A user's loop: subclass :class:`AgentLoopBase` and name it in the config, never in the data: as
+``rollout.agent.default_agent_loop`` (``path/to/file.py:MyLoop`` or ``pkg.mod:MyLoop``), or as ``{name, _target_}``
+entries of ``rollout.agent.agent_loop_config_path`` (verl's file). A row's ``agent_name`` only chooses among the
+loops so registered, by name: a data set is not code, so a row naming a file or a module is refused (at start-up,
+naming the file and row; :func:`row_agent_loop` refuses it again where the loop is picked). Only the name travels
+between processes: every worker loads the class itself, so nothing user-defined is pickled (works the same under
+Ray).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,7 +31,16 @@ from npu_rl.agent.conversation import Conversation, truncate_text
 from npu_rl.agent.interactions import BaseInteraction
 from npu_rl.agent.tool_parser import TOOL_PARSERS, ToolCall
 from npu_rl.agent.tools.base import BaseTool, ToolResponse
+from npu_rl.agent.user_code import UserCodeTimeout, call_user_code
 from npu_rl.utils.registry import Registry
+
+
+logger = logging.getLogger(__name__)
+
+
+class AgentSampleError(Exception):
+    """One sample's conversation could not be finished (its message names the row and what failed); the runner
+    counts it as a failed sample."""
 
 
 @dataclass
@@ -90,6 +103,7 @@ class AgentOutput:
     turn_scores: list[float] = field(default_factory=list)
     generate_s: float = 0.0
     tool_s: float = 0.0
+    failed: Optional[str] = None  # set: the loop raised or returned garbage; this sample has an empty response
 
     @classmethod
     def of(cls, conv: Conversation, num_turns: int, **kwargs: Any) -> AgentOutput:
@@ -122,6 +136,20 @@ def resolve_agent_loop(name: str) -> type:
     if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
         raise ValueError(f"agent loop {name!r} is {cls!r}, not a subclass of npu_rl.agent.loops.AgentLoopBase")
     return cls
+
+
+def row_agent_loop(name: Any, where: str = "") -> type:
+    """The loop a data row asks for: a name already registered (built in, the config's default, or an entry of
+    ``agent_loop_config_path``); never a plug-in path, which would let data choose code to import."""
+    prefix = f"{where}: " if where else ""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{prefix}agent_name must be a non-empty string naming a registered agent loop, got {name!r}")
+    if name not in AGENT_LOOPS:
+        raise ValueError(f"{prefix}agent_name {name!r} is not a registered agent loop; known: "
+                         f"{', '.join(AGENT_LOOPS.names())}. A data row may not name a file or module to load: put "
+                         "the loop in the config (rollout.agent.agent_loop_config_path or default_agent_loop) and "
+                         "give the row its name")
+    return resolve_agent_loop(name)
 
 
 def register_agent_loops_file(path: str) -> list[str]:
@@ -206,8 +234,8 @@ class ToolAgentLoop(AgentLoopBase):
                         if reward is not None:
                             tool_rewards.append(float(reward))
                 elif interaction is not None:
-                    done, reply, score, _ = await interaction.generate_response(interaction_id, conv.messages)
-                    turn_scores.append(float(score))
+                    done, reply, score = await self._interaction_turn(interaction, interaction_id, conv, sample)
+                    turn_scores.append(score)
                     if done:
                         break
                     messages = [{"role": "user", "content": reply}]
@@ -219,9 +247,19 @@ class ToolAgentLoop(AgentLoopBase):
                 user_turns += 1
         finally:
             for name, instance_id in instances.items():
-                await ctx.tools[name].release(instance_id)
+                tool = ctx.tools[name]
+                try:
+                    await call_user_code(tool.release, instance_id, timeout_s=tool.timeout_s)
+                except Exception as exc:  # noqa: BLE001 - the conversation is done; a failed release is only logged
+                    logger.warning("row %s: tool %s: release failed: %s: %s", sample.row, name,
+                                   type(exc).__name__, exc)
             if interaction is not None:
-                await interaction.finalize_interaction(interaction_id)
+                try:
+                    await call_user_code(interaction.finalize_interaction, interaction_id,
+                                         timeout_s=interaction.timeout_s)
+                except Exception as exc:  # noqa: BLE001
+                    logger.warning("row %s: interaction %s: finalize_interaction failed: %s: %s", sample.row,
+                                   interaction.name, type(exc).__name__, exc)
         return AgentOutput.of(conv, num_turns=user_turns + assistant_turns + 1, tool_rewards=tool_rewards,
                               turn_scores=turn_scores, **out)
 
@@ -233,10 +271,38 @@ class ToolAgentLoop(AgentLoopBase):
         if name is None and len(self.ctx.interactions) == 1:
             name = next(iter(self.ctx.interactions))
         if name not in self.ctx.interactions:
-            raise ValueError(f"row {sample.row}: interaction {name!r} (extra_info.interaction_kwargs.name) is not in "
-                             f"multi_turn.interaction_config_path; known: {sorted(self.ctx.interactions)}")
+            raise AgentSampleError(f"row {sample.row}: interaction {name!r} (extra_info.interaction_kwargs.name) is "
+                                   f"not in multi_turn.interaction_config_path; known: {sorted(self.ctx.interactions)}")
         interaction = self.ctx.interactions[name]
-        return interaction, await interaction.start_interaction(uuid.uuid4().hex, **kwargs)
+        try:
+            instance_id = await call_user_code(interaction.start_interaction, uuid.uuid4().hex,
+                                               timeout_s=interaction.timeout_s, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - becomes this sample's failure, named
+            raise AgentSampleError(f"row {sample.row}: interaction {name!r}: start_interaction failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        return interaction, instance_id
+
+    async def _interaction_turn(self, interaction: BaseInteraction, instance_id: str, conv: Conversation,
+                                sample: AgentSample) -> tuple[bool, str, float]:
+        """The interaction's answer as (stop?, user text, turn score); anything else fails the sample, named."""
+        where = f"row {sample.row}: interaction {interaction.name!r}"
+        try:
+            result = await call_user_code(interaction.generate_response, instance_id, conv.messages,
+                                          timeout_s=interaction.timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            raise AgentSampleError(f"{where}: generate_response failed: {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(result, (tuple, list)) and len(result) == 4):
+            raise AgentSampleError(f"{where}: generate_response returned {result!r:.200}; expected a tuple "
+                                   "(should_terminate, user_text, turn_score, metadata)")
+        done, reply, score, _ = result
+        try:
+            score = float(score)
+        except (TypeError, ValueError):
+            score = math.nan
+        if not math.isfinite(score) or not isinstance(reply, str):
+            raise AgentSampleError(f"{where}: generate_response returned turn_score={result[2]!r:.50} and "
+                                   f"user_text of type {type(reply).__name__}; expected a finite number and a string")
+        return bool(done), reply, score
 
     async def _call(self, call: ToolCall, instances: dict[str, str], tools_kwargs: dict[str, Any],
                     counts: dict[str, Any]) -> tuple[str, Optional[float]]:
@@ -256,17 +322,23 @@ class ToolAgentLoop(AgentLoopBase):
         try:
             if call.name not in instances:
                 create_kwargs = dict((tools_kwargs.get(call.name) or {}).get("create_kwargs") or {})
-                instances[call.name] = await tool.create(uuid.uuid4().hex, **create_kwargs)
-            if inspect.iscoroutinefunction(tool.execute):
-                pending = tool.execute(instances[call.name], call.arguments)
-            else:  # a plain function: a thread, so that a hang can be cut from here
-                pending = asyncio.to_thread(tool.execute, instances[call.name], call.arguments)
-            response, reward, _ = await asyncio.wait_for(pending, timeout=tool.timeout_s)
-        except asyncio.TimeoutError:
+                instances[call.name] = await call_user_code(tool.create, uuid.uuid4().hex, timeout_s=tool.timeout_s,
+                                                            **create_kwargs)
+            response, reward, _ = await call_user_code(tool.execute, instances[call.name], call.arguments,
+                                                       timeout_s=tool.timeout_s)
+        except UserCodeTimeout:
             counts["num_tool_timeouts"] += 1
             return f"Error: {call.name} did not answer within {tool.timeout_s:g} s", None
         except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's feedback, not a crash
             counts["num_tool_errors"] += 1
             return f"Error: {call.name} failed: {type(exc).__name__}: {exc}", None
         text = response.text if isinstance(response, ToolResponse) else str(response)
+        if reward is not None:
+            try:
+                reward = float(reward)
+            except (TypeError, ValueError):
+                reward = math.nan
+            if not math.isfinite(reward):
+                counts["num_tool_errors"] += 1
+                return f"Error: {call.name} failed: it returned a step reward that is not a finite number", None
         return text, reward

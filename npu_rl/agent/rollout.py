@@ -10,8 +10,7 @@ from npu_rl.agent.loops import AgentContext, AgentSettings, register_agent_loops
 from npu_rl.agent.runner import run_agent_loops
 from npu_rl.agent.tools.config import load_tools
 from npu_rl.protocol import Batch
-from npu_rl.rollout.base import SamplingParams
-from npu_rl.rollout.turns import generate_token_lists
+from npu_rl.rollout.base import Generation, RolloutEngine, SamplingParams
 
 
 def agent_rollout_enabled(rollout_cfg: Any) -> bool:
@@ -56,9 +55,9 @@ class AgentRollout:
             stop_texts=[tokenizer.decode([i]) for i in self.stop_ids], tools=self.tools,
             interactions=self.interactions, chat_kwargs=dict(chat_kwargs or {}))
 
-    def generate(self, engine, prompts: Batch, sampling: SamplingParams) -> Batch:
-        pad = int(self.tokenizer.pad_token_id)
-
+    def generate(self, engine: RolloutEngine, prompts: Batch, sampling: SamplingParams) -> Generation:
+        """The conversations' batch, with the agent metrics and the engine's (timings summed over its calls)."""
+        engine_metrics: dict[str, float] = {}
         limit = None if self.max_prompt_length is None else self.max_prompt_length + sampling.max_new_tokens
 
         def batch_generate(token_lists, budgets):
@@ -69,9 +68,14 @@ class AgentRollout:
                             f"an agent conversation needs {len(ids) + budget} tokens (its prompt, with the tool "
                             f"schemas rendered, is longer than data.max_prompt_length={self.max_prompt_length}); "
                             "raise data.max_prompt_length")
-            return generate_token_lists(engine, token_lists, budgets, sampling, pad)
+            turn = engine.generate_token_lists(token_lists, budgets, sampling)
+            for key, value in turn.metrics.items():  # timings add up over the calls, other figures keep the largest
+                engine_metrics[key] = (engine_metrics.get(key, 0.0) + value if key.startswith("timing_s/")
+                                       else max(engine_metrics.get(key, value), value))
+            return [(c.token_ids, c.logprobs) for c in turn.completions]
 
-        out = run_agent_loops(prompts, self.context, batch_generate, sampling.n, pad, sampling.max_new_tokens,
-                              sampling.return_logprobs)
+        out = run_agent_loops(prompts, self.context, batch_generate, sampling.n, int(self.tokenizer.pad_token_id),
+                              sampling.max_new_tokens, sampling.return_logprobs)
         device = prompts["input_ids"].device
-        return out.to(device) if device.type != "cpu" else out
+        batch = out.batch.to(device) if device.type != "cpu" else out.batch
+        return Generation(batch, engine_metrics | out.metrics)

@@ -13,24 +13,41 @@ Output batch (the fields of :mod:`npu_rl.rollout.base`, for ``B*n`` rows):
 token: tool output is context), ``response_mask`` [B*n, R] (1 only on model-generated tokens), ``rollout_logprobs``
 (when asked; 0 off the mask); non-tensors of the input repeated, plus ``__num_turns__``, ``tool_rewards``,
 ``turn_scores``, ``num_tool_calls``, ``called_tool`` (validation reports the numeric ones per data source);
-``meta["metrics"]`` has verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
+The metrics returned beside the batch have verl's ``num_turns/{min,max,mean}`` and the ``agent_loop/*`` figures.
+
+A loop that raises (``SystemExit`` included), or returns something else than an ``AgentOutput``, fails only its own
+sample: logged naming the row and the loop, counted in ``agent_loop/failed_samples``, kept in the batch with an
+empty response (mask 0: nothing is trained on it). A batch in which every sample failed raises, naming the first
+failure, so a run never ends "finished" with nothing trained. An engine error fails the whole rollout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from npu_rl.agent.loops import (AgentContext, AgentOutput, AgentSample, TokenOutput, resolve_agent_loop)
+from npu_rl.agent.loops import (AgentContext, AgentOutput, AgentSample, AgentSampleError, TokenOutput,
+                                row_agent_loop)
 from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
-from npu_rl.rollout.base import SamplingParams
+from npu_rl.rollout.base import Generation, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 BatchGenerate = Callable[[list[list[int]], list[int]], list[tuple[list[int], Optional[list[float]]]]]
+
+
+class EngineError(RuntimeError):
+    """The generation engine failed: the whole rollout fails (``original``: what it raised)."""
+
+    def __init__(self, message: str, original: BaseException):
+        super().__init__(message)
+        self.original = original
 
 
 class TurnBatchingServer:
@@ -61,9 +78,9 @@ class TurnBatchingServer:
         self.requests_per_call.append(len(pending))
         try:
             results = self.batch_generate([p[0] for p in pending], [p[1] for p in pending])
-        except BaseException as exc:  # every waiting loop sees the engine's error
+        except Exception as exc:  # every waiting loop sees the engine's error (which ends the rollout)
             for _, _, future in pending:
-                future.set_exception(exc)
+                future.set_exception(EngineError(f"{type(exc).__name__}: {exc}", exc))
             return
         for (_, _, future), (ids, logprobs) in zip(pending, results):
             future.set_result(TokenOutput(list(ids), list(logprobs) if logprobs is not None else None))
@@ -86,14 +103,46 @@ def samples_of(prompts: Batch) -> list[AgentSample]:
             for i in range(len(prompts))]
 
 
+def failed_output(sample: AgentSample, name: str, exc: BaseException) -> AgentOutput:
+    """A sample whose loop raised (``SystemExit`` included) or returned something else than an ``AgentOutput``: its
+    prompt with an empty response (nothing to train on), the reason kept, logged naming the row and the loop."""
+    reason = str(exc) if isinstance(exc, AgentSampleError) else \
+        f"row {sample.row}: agent loop {name!r} raised {type(exc).__name__}: {exc}"
+    logger.warning("agent loop failed sample: %s", reason)
+    return AgentOutput(list(sample.prompt_ids), [], [], [], num_turns=1, failed=reason)
+
+
+async def _run_one(loop: Any, name: str, sample: AgentSample) -> AgentOutput:
+    try:
+        out = await loop.run(sample)
+    except (KeyboardInterrupt, asyncio.CancelledError, EngineError):
+        raise  # the user's interrupt, a cancelled run, or the engine down: not one sample's failure
+    except BaseException as exc:  # noqa: BLE001 - SystemExit in a user's loop included: a failed sample, counted
+        return failed_output(sample, name, exc)
+    if not isinstance(out, AgentOutput):
+        return failed_output(sample, name, AgentSampleError(
+            f"row {sample.row}: agent loop {name!r} returned {type(out).__name__}, not an AgentOutput"))
+    return out
+
+
 async def _run_all(context: AgentContext, server: TurnBatchingServer, names: Sequence[str],
                    samples: Sequence[AgentSample]) -> list[AgentOutput]:
     server.live = len(samples)
-    loops = {name: resolve_agent_loop(name)(context) for name in set(names)}
+    loops: dict[str, Any] = {}
+    problems: dict[str, BaseException] = {}
+    for name in set(names):
+        try:
+            loops[name] = row_agent_loop(name)(context)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - refused at start-up already; here each of its rows fails
+            problems[name] = exc
 
     async def one(name: str, sample: AgentSample) -> AgentOutput:
         try:
-            return await loops[name].run(sample)
+            if name in problems:
+                return failed_output(sample, name, problems[name])
+            return await _run_one(loops[name], name, sample)
         finally:
             server.loop_finished()
 
@@ -101,18 +150,24 @@ async def _run_all(context: AgentContext, server: TurnBatchingServer, names: Seq
 
 
 def run_agent_loops(prompts: Batch, context: AgentContext, batch_generate: BatchGenerate, n: int,
-                    pad_token_id: int, response_length: int, return_logprobs: bool) -> Batch:
+                    pad_token_id: int, response_length: int, return_logprobs: bool) -> Generation:
     """``n`` conversations per prompt (interleaved rows), assembled into the rollout batch (module docstring)."""
     rows = prompts.repeat(n, interleave=True)
     names = row_agent_names(rows, context.settings.default_agent_loop)
     server = TurnBatchingServer(batch_generate)
     context = replace(context, server=server)
-    outputs = asyncio.run(_run_all(context, server, names, samples_of(rows)))
+    try:
+        outputs = asyncio.run(_run_all(context, server, names, samples_of(rows)))
+    except EngineError as exc:
+        raise exc.original from None
+    failed = [o.failed for o in outputs if o.failed is not None]
+    if failed and len(failed) == len(outputs):
+        raise RuntimeError(f"every agent conversation of this batch failed ({len(failed)} samples), so there is "
+                           f"nothing to train on; the first: {failed[0]}")
     batch = assemble_agent_batch(rows, outputs, pad_token_id, response_length, return_logprobs)
-    batch.meta["metrics"] = agent_metrics(outputs) | {
+    return Generation(batch, agent_metrics(outputs) | {
         "agent_loop/engine_calls": float(server.num_engine_calls),
-        "agent_loop/requests_per_engine_call/mean": float(np.mean(server.requests_per_call or [0]))}
-    return batch
+        "agent_loop/requests_per_engine_call/mean": float(np.mean(server.requests_per_call or [0]))})
 
 
 def assemble_agent_batch(rows: Batch, outputs: Sequence[AgentOutput], pad_token_id: int, response_length: int,
@@ -177,6 +232,7 @@ def agent_metrics(outputs: Sequence[AgentOutput]) -> dict[str, float]:
     metrics["agent_loop/tool_call_rate"] = float(np.mean([o.num_tool_calls > 0 for o in outputs]))
     metrics["agent_loop/tool_errors"] = float(sum(o.num_tool_errors for o in outputs))
     metrics["agent_loop/tool_timeouts"] = float(sum(o.num_tool_timeouts for o in outputs))
+    metrics["agent_loop/failed_samples"] = float(sum(o.failed is not None for o in outputs))
     max_turns = max((len(o.turn_lengths) for o in outputs), default=0)
     for k in range(max_turns):
         lengths = [o.turn_lengths[k] for o in outputs if len(o.turn_lengths) > k]

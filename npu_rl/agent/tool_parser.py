@@ -6,7 +6,8 @@
 
 Every ``<tool_call>`` block becomes a :class:`ToolCall`; a block that is not a JSON object with a string ``name``
 and object ``arguments`` (a JSON string holding an object is accepted), or a ``<tool_call>`` never closed, becomes a
-call with ``error`` set: the agent loop answers it with an error message and counts it; nothing raises.
+call with ``error`` set (nested too deep to read included): the agent loop answers it with an error message and
+counts it; nothing raises.
 """
 
 from __future__ import annotations
@@ -36,13 +37,15 @@ def _parse_block(raw: str) -> ToolCall:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         return ToolCall(error=f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})", raw=raw)
+    except RecursionError:  # "[[[[...": deeper than the interpreter's stack
+        return ToolCall(error="the tool call is nested too deeply to read", raw=raw)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return ToolCall(error='the tool call must be a JSON object {"name": ..., "arguments": {...}}', raw=raw)
     arguments = obj.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return ToolCall(name=obj["name"], error="arguments must be a JSON object", raw=raw)
     if not isinstance(arguments, dict):
         return ToolCall(name=obj["name"], error="arguments must be a JSON object", raw=raw)

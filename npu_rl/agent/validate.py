@@ -1,9 +1,10 @@
-"""Start-up checks for agent-loop rollouts (called from ``npu_rl.config.validate``): every problem as a message
-naming the key and, for files, the file."""
+"""Start-up checks for agent-loop rollouts: the config (called from ``npu_rl.config.validate``) and the data rows
+(``agent_row_problems``, called once the data set is read, before any model loads): every problem as a message
+naming the key and, for files, the file (and the row)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Optional
 
 ROLLOUT_MODES = ("sync", "async")
 TRUNCATE_SIDES = ("left", "right", "middle")
@@ -53,3 +54,58 @@ def agent_config_problems(config: Any, check_paths: bool = True) -> list[str]:
         problems.append(f"{key}.tensor_model_parallel_size={rollout.tensor_model_parallel_size}: agent-loop rollouts "
                         "run with tensor_model_parallel_size=1 only (for now)")
     return problems
+
+
+MAX_ROW_PROBLEMS = 10
+
+
+def agent_row_problems(config: Any, rows: Iterable[tuple[Any, dict[str, Any]]]) -> list[str]:
+    """What the data rows ask of the agent loops that the config does not offer. ``rows``: (where, row) pairs, where
+    ``where`` names the file and row. A row's ``agent_name`` may only choose a registered loop by name (a data set is
+    not code: a file path or module name is refused), and its ``extra_info.interaction_kwargs.name`` an interaction
+    of ``multi_turn.interaction_config_path``. Call after ``agent_config_problems`` (which registers the config's
+    loops)."""
+    rollout = config.actor_rollout_ref.rollout
+    from npu_rl.agent.rollout import agent_rollout_enabled
+
+    if not agent_rollout_enabled(rollout):
+        return []
+    from npu_rl.agent.loops import register_agent_loops_file, resolve_agent_loop, row_agent_loop
+
+    if rollout.agent.agent_loop_config_path:  # what the config registers (again: idempotent)
+        register_agent_loops_file(rollout.agent.agent_loop_config_path)
+    resolve_agent_loop(rollout.agent.default_agent_loop)
+    interactions = _interaction_names(rollout.multi_turn.interaction_config_path)
+    problems: list[str] = []
+    for where, row in rows:
+        if len(problems) >= MAX_ROW_PROBLEMS:
+            problems.append(f"... (stopped after {MAX_ROW_PROBLEMS} rows)")
+            break
+        name = row.get("agent_name")
+        if name is not None and not (isinstance(name, float) and name != name):  # None / NaN: the default loop
+            try:
+                row_agent_loop(name, str(where))
+            except ValueError as exc:
+                problems.append(str(exc))
+        extra = row.get("extra_info")
+        kwargs = extra.get("interaction_kwargs") if isinstance(extra, dict) else None
+        if not kwargs:
+            continue
+        if interactions is None:
+            problems.append(f"{where}: extra_info.interaction_kwargs is set but actor_rollout_ref.rollout.multi_turn."
+                            "interaction_config_path is not")
+            continue
+        chosen = kwargs.get("name") if isinstance(kwargs, dict) else None
+        if not isinstance(kwargs, dict) or (chosen is None and len(interactions) != 1) or \
+                (chosen is not None and chosen not in interactions):
+            problems.append(f"{where}: extra_info.interaction_kwargs.name={chosen!r} is not an interaction of "
+                            f"multi_turn.interaction_config_path; known: {', '.join(sorted(interactions))}")
+    return problems
+
+
+def _interaction_names(path: Any) -> Optional[set[str]]:
+    if not path:
+        return None
+    from npu_rl.agent.interactions import load_interactions
+
+    return set(load_interactions(path))

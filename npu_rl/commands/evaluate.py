@@ -97,7 +97,7 @@ def evaluate(args) -> dict:
         correct: dict[str, list[float]] = {}
         start, num_tokens = time.perf_counter(), 0
         for prompts in build_dataloader(config.data, tokenizer, "val"):
-            out, _ = score_batch(engine.generate(prompts, sampling), reward_fn)
+            out, _ = score_batch(engine.generate(prompts, sampling).batch, reward_fn)
             num_tokens += int(out["response_mask"].sum())
             acc = np.asarray(out["acc"], dtype=float) if "acc" in out else out["token_level_scores"].sum(-1).numpy()
             for uid, value in zip(out["uid"], acc):

@@ -8,14 +8,21 @@ A LoRA checkpoint (it holds ``lora_adapter/``) becomes the base model with the a
 (the base is the adapter's ``base_model_name_or_path``, or ``--base``), or with ``--adapter-only`` the adapter
 folder itself in PEFT format (``PeftModel.from_pretrained(base, DIR)`` loads it). ``--adapter ADAPTER`` with
 CHECKPOINT a base model folder merges that adapter into it.
+
+Every file read is first checked against the checkpoint's manifest (the adapter too). ``--out`` must be a new or an
+empty folder (``--force`` replaces what is there); the model is written into a temporary folder beside it and moved
+into place only when complete, so an interrupted or failed merge never leaves a half-written model, and a folder
+that holds another model is never written into.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
+import tempfile
 
 
 def resolve_checkpoint(path: str, role: str) -> str:
@@ -43,25 +50,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter-only", action="store_true", help="LoRA: write the adapter folder (PEFT format)")
     parser.add_argument("--base", default=None, help="LoRA: the base model (default: the adapter's recorded base)")
     parser.add_argument("--adapter", default=None, help="merge this PEFT adapter folder into the model CHECKPOINT")
+    parser.add_argument("--force", action="store_true", help="replace --out when it is not empty")
     args = parser.parse_args(argv)
     from npu_rl.utils.dtypes import to_dtype
-    from npu_rl.utils.paths import check_output_dir
     from npu_rl.utils.safe_load import CorruptFileError
 
     dtype = to_dtype(args.dtype) if args.dtype else None
     try:
-        check_output_dir(args.out, "--out")
-        if args.adapter:
-            source = args.checkpoint
-            out = merge_lora(args.checkpoint, args.adapter, args.out, dtype)
-        else:
-            source = resolve_checkpoint(args.checkpoint, args.role)
-            out = merge_source(source, args.out, dtype, adapter_only=args.adapter_only, base=args.base)
-    except (CorruptFileError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
+        out = check_merge_out(args.out, args.force)
+        source = args.checkpoint if args.adapter else resolve_checkpoint(args.checkpoint, args.role)
+        for path in (source, args.adapter, args.base):
+            if path and not os.path.isdir(os.path.expanduser(path)) and os.path.exists(os.path.expanduser(path)):
+                raise NotADirectoryError(f"{path} is a file, not a model or checkpoint folder")
+        with staged_output(out) as staging:
+            if args.adapter:
+                merge_lora(args.checkpoint, args.adapter, staging, dtype)
+            else:
+                merge_source(source, staging, dtype, adapter_only=args.adapter_only, base=args.base)
+    except (CorruptFileError, FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError,
+            ValueError) as exc:
         print(f"npu-rl merge: {exc}", file=sys.stderr)
         return 2
     print(f"npu-rl merge: {source} -> {out}")
     return 0
+
+
+def check_merge_out(out: str, force: bool) -> str:
+    """``--out``: a folder that can be made, and new or empty unless ``force`` (it would be replaced whole)."""
+    from npu_rl.utils.paths import check_output_dir
+
+    full = check_output_dir(out, "--out")
+    if os.path.isdir(full) and os.listdir(full) and not force:
+        raise FileExistsError(f"--out {full} is not empty (it holds {', '.join(sorted(os.listdir(full))[:5])}"
+                              f"{' ...' if len(os.listdir(full)) > 5 else ''}); give a new folder, or --force to "
+                              "replace it")
+    return full
+
+
+@contextlib.contextmanager
+def staged_output(out: str):
+    """A temporary folder beside ``out`` to write into; on success it replaces ``out`` (``out`` is removed first,
+    only then), on failure it is removed and ``out`` is left as it was."""
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.merging-", dir=parent)
+    try:
+        yield staging
+        if os.path.isdir(out):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.replaced-", dir=parent)
+            os.rename(out, os.path.join(old, "previous"))
+            os.rename(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def lora_adapter_dir(source: str) -> str | None:
@@ -90,6 +134,16 @@ def merge_source(source: str, out: str, dtype=None, *, adapter_only: bool = Fals
     from npu_rl.parallel.checkpoint import merge_checkpoint
 
     adapter = lora_adapter_dir(source)
+    if adapter is not None:
+        from npu_rl.parallel.manifest import verify_manifest
+        from npu_rl.utils.safe_load import CorruptFileError
+
+        listed = verify_manifest(source)  # the adapter as saved, before it is read (merge_checkpoint: the shards)
+        missing = [name for name in os.listdir(adapter) if f"lora_adapter/{name}" not in listed]
+        if missing:
+            raise CorruptFileError(f"{adapter}: {', '.join(sorted(missing))} not listed in {source}/manifest.json, "
+                                   "so a changed adapter could not be detected (a checkpoint from an older npu-rl); "
+                                   f"merge it explicitly: npu-rl merge <base model> --adapter {adapter} --out DIR")
     if adapter is None:
         if adapter_only or base:
             raise ValueError(f"{source} is not a LoRA checkpoint (no lora_adapter/): --adapter-only / --base apply "

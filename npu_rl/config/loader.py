@@ -222,4 +222,8 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
 
 
 def to_yaml(config: PPOConfig | DictConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(config) if dataclasses.is_dataclass(config) else config)
+    """The config as YAML to print (``--cfg job``): interpolations left as written, secrets masked."""
+    from npu_rl.utils.redact import redact_mapping
+
+    node = OmegaConf.structured(config) if dataclasses.is_dataclass(config) else config
+    return OmegaConf.to_yaml(OmegaConf.create(redact_mapping(OmegaConf.to_container(node, resolve=False))))

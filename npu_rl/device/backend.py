@@ -63,6 +63,11 @@ class Backend:
         if self.is_accelerator:
             self.module.set_device(local_rank)
 
+    def triton_dot_precision(self) -> str | None:
+        """``input_precision`` for ``tl.dot`` of bf16/fp16 operands: None (Triton's default) except on Ascend, whose
+        triton-ascend options have no default and allow only "ieee" and "hf32"."""
+        return "ieee" if self.name == "npu" else None
+
     def device_name(self) -> str:
         if self.is_accelerator:
             return str(self.module.get_device_name(self.module.current_device()))

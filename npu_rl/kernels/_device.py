@@ -21,7 +21,7 @@ BACKENDS = ("auto", "torch", "triton", "triton_mm")
 
 
 def accelerator_name() -> str:
-    """``"npu"`` | ``"cuda"`` | ``"cpu"``: the device type the device layer chose for this process."""
+    """The torch device type the device layer chose for this process."""
     from npu_rl.device import get_backend
 
     return get_backend().name
@@ -45,7 +45,9 @@ def default_dot_precision() -> str | None:
     triton-ascend's options have no default (``tl.dot(..., input_precision=None)`` fails with "'NPUOptions' object
     has no attribute 'default_dot_input_precision'", found by lowering the kernels through its front end) and allow
     only "ieee" and "hf32"."""
-    return "ieee" if accelerator_name() == "npu" else None
+    from npu_rl.device import get_backend
+
+    return get_backend().triton_dot_precision()
 
 
 def triton_interpreted() -> bool:

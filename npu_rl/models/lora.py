@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -84,8 +85,8 @@ def check_spec(spec: LoraSpec) -> list[str]:
         problems.append(f"{k}.lora_adapter_path={spec.adapter_path!r} is set but {k}.lora_rank=0 (LoRA off): set "
                         "lora_rank to the adapter's rank (its adapter_config.json 'r'), or drop the path")
     if spec.enabled:
-        if spec.alpha <= 0:
-            problems.append(f"{k}.lora_alpha={spec.alpha:g} must be > 0")
+        if not (math.isfinite(spec.alpha) and spec.alpha > 0):
+            problems.append(f"{k}.lora_alpha={spec.alpha:g} must be a finite number > 0")
         target = spec.target_modules
         if not (isinstance(target, str) and target) and not (isinstance(target, list) and target):
             problems.append(f"{k}.target_modules={target!r}: expected 'all-linear', a regex, or a non-empty list "
@@ -140,16 +141,54 @@ def read_adapter_config(path: str) -> dict:
     if not os.path.isfile(os.path.join(folder, ADAPTER_WEIGHTS)):
         raise LoraConfigError(f"lora_adapter_path={path!r}: no {ADAPTER_WEIGHTS} there (a pickled adapter_model.bin "
                               "is not loaded: convert it to safetensors)")
-    with open(config_file, encoding="utf-8") as f:
-        config = json.load(f)
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise LoraConfigError(f"{config_file} cannot be read as JSON: {type(exc).__name__}: {exc}") from None
+    if not isinstance(config, dict):
+        raise LoraConfigError(f"{config_file}: expected a JSON object, got {type(config).__name__}")
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise LoraConfigError(f"{config_file}: peft_type={config.get('peft_type')!r}, only LORA adapters are supported")
+    rank, alpha = config.get("r"), config.get("lora_alpha", 8)
+    if not (isinstance(rank, int) and not isinstance(rank, bool) and rank > 0):
+        raise LoraConfigError(f"{config_file}: r={rank!r} must be a positive integer (the adapter's rank)")
+    if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and math.isfinite(alpha) and alpha > 0):
+        raise LoraConfigError(f"{config_file}: lora_alpha={alpha!r} must be a finite number > 0")
     return config
+
+
+def check_adapter_values(path: str, config: dict) -> None:
+    """Every adapter weight is finite, and the update ``scale * B @ A`` cannot overflow float32 in any layer (a
+    bound from the largest entries: ``scale * r * max|A| * max|B|``); otherwise the first bad tensor is named."""
+    from safetensors import safe_open
+
+    weights_file = os.path.join(os.path.expanduser(path), ADAPTER_WEIGHTS)
+    rank = int(config["r"])
+    alpha = float(config.get("lora_alpha", 8))
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    largest: dict[str, dict[str, float]] = {}
+    with safe_open(weights_file, framework="pt") as f:
+        for tensor_key in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+            tensor = f.get_tensor(tensor_key).float()
+            if not bool(torch.isfinite(tensor).all()):
+                raise LoraConfigError(f"{weights_file}: tensor {tensor_key!r} holds NaN or infinite values")
+            match = re.fullmatch(r"(.+)\.(lora_A|lora_B)(?:\.\w+)?\.weight", tensor_key)
+            if match is not None:
+                largest.setdefault(match[1], {})[match[2]] = float(tensor.abs().max()) if tensor.numel() else 0.0
+    limit = float(torch.finfo(torch.float32).max)
+    for module, parts in largest.items():
+        bound = scale * rank * parts.get("lora_A", 0.0) * parts.get("lora_B", 0.0)
+        if not bound < limit:
+            raise LoraConfigError(f"{weights_file}: the update of {module} (lora_alpha={alpha:g} / r={rank} times "
+                                  f"B @ A) can reach {bound:.3g}, past float32's range: the adapter or its "
+                                  f"lora_alpha in {ADAPTER_CONFIG} is not usable")
 
 
 def check_adapter(path: str, model: nn.Module, spec: LoraSpec) -> dict:
     """The adapter at ``path`` fits ``model`` (the plain HF model): every tensor names an existing linear layer and
-    has the shape that layer needs, and its rank is ``spec.rank``. Returns its adapter_config. Reads shapes only."""
+    has the shape that layer needs, its rank is ``spec.rank``, and its values are usable (``check_adapter_values``).
+    Returns its adapter_config."""
     from safetensors import safe_open
 
     config = read_adapter_config(path)
@@ -175,6 +214,7 @@ def check_adapter(path: str, model: nn.Module, spec: LoraSpec) -> dict:
             if shape != want:
                 raise LoraConfigError(f"{where}: {tensor_key!r} has shape {list(shape)}, this model's "
                                       f"{module_name} needs {list(want)}: the adapter belongs to a different base model")
+    check_adapter_values(path, config)
     return config
 
 
@@ -383,6 +423,25 @@ def merged_named_weights(model: nn.Module, *, dtype: torch.dtype | None = None,
             if dtype is not None and tensor.is_floating_point():
                 tensor = tensor.to(dtype)
             yield (f"{module_name}.{tname}" if module_name else tname), tensor
+
+
+def check_resume_adapter(role_dir: str, model_cfg: Any, key: str = "actor_rollout_ref.model") -> None:
+    """Before a resume loads anything: the checkpoint's adapter (``role_dir/lora_adapter``) was trained with the
+    same ``lora_rank`` as this config asks for (a full-weight checkpoint with none); ``ConfigError`` names the key."""
+    from npu_rl.config.errors import ConfigError
+
+    spec = LoraSpec.from_config(model_cfg, key)
+    adapter = os.path.join(role_dir, "lora_adapter")
+    if not os.path.isdir(adapter):
+        if spec.enabled:
+            raise ConfigError(f"{key}.lora_rank={spec.rank}, but the checkpoint {role_dir} holds full weights (no "
+                              f"lora_adapter/): resume it with {key}.lora_rank=0, or start a new run")
+        return
+    saved = read_adapter_config(adapter)
+    if int(saved["r"]) != spec.rank:
+        raise ConfigError(f"{key}.lora_rank={spec.rank}, but the checkpoint {role_dir} was trained with "
+                          f"lora_rank={saved['r']} ({os.path.join(adapter, ADAPTER_CONFIG)}): resume with "
+                          f"{key}.lora_rank={saved['r']}, or start a new run")
 
 
 def _peft_config(model: nn.Module):

@@ -11,12 +11,16 @@ Output batch (``n`` samples per prompt, interleaved: prompt 0's samples first):
                                    from: temperature-scaled, top-k / top-p truncated and renormalised (unscaled
                                    when greedy); 0 after the end of the response
 Non-tensor fields of the input are repeated with the rows; ``meta`` is carried over.
+
+Every engine method returns its metrics: ``generate`` and ``generate_token_lists`` a result object (the rows and the
+metrics of that call), the weight and memory methods a ``dict[str, float]``. Nothing is left on the engine for a
+caller to read afterwards.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -39,6 +43,32 @@ class SamplingParams:
         return not self.do_sample or self.temperature == 0
 
 
+@dataclass
+class Generation:
+    """What ``generate`` returns: the rollout ``batch`` (module docstring) and the call's ``metrics`` (decode timings,
+    a weight gather's time and memory, ...)."""
+
+    batch: Batch
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TokenCompletion:
+    """One continuation of ``generate_token_lists``: its token ids (cut at the first stop id, which is kept, and at
+    its budget) and, when asked, the log-prob of each."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+
+@dataclass
+class TokenGeneration:
+    """What ``generate_token_lists`` returns: one completion per request, in request order, and the call's metrics."""
+
+    completions: list[TokenCompletion]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """One rollout engine per worker process (colocated with the actor: same process, same device).
@@ -52,8 +82,13 @@ class RolloutEngine(Protocol):
 
     needs_weight_sync: bool
 
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Generation:
         """Sample ``sampling.n`` responses per prompt; see the module docstring for the fields."""
+
+    def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                             sampling: SamplingParams) -> TokenGeneration:
+        """One continuation per request (token-id lists of different lengths, each with its own budget): the agent
+        loops' turns. ``sampling.n`` and ``sampling.max_new_tokens`` are ignored."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                        version: int | None = None) -> dict[str, float]:

@@ -27,7 +27,7 @@ seconds). Not used on a module with FSDP2 hooks (``gather_full_weights=False``),
 
 FSDP2. On a sharded actor module, ``generate`` runs inside :func:`npu_rl.parallel.unshard.unsharded`: the full
 weights are gathered once per call (not once per decoded token), each rank decodes its own prompts without
-collectives, and the weights are freed afterwards; the gather's time and memory land in ``last_generate_metrics``
+collectives, and the weights are freed afterwards; the gather's time and memory land in the metrics ``generate`` returns
 (``gather_full_weights=False`` keeps the per-token gathers and ``synced_gpus``: less memory, far slower).
 
 Other transformers generation settings (e.g. ``repetition_penalty``) pass through ``rollout.engine_kwargs.hf``;
@@ -41,7 +41,8 @@ import difflib
 import logging
 import time
 from contextlib import nullcontext
-from typing import Any, Iterable
+from dataclasses import replace
+from typing import Any, Iterable, Sequence
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -50,8 +51,9 @@ from npu_rl.device import get_backend
 from npu_rl.parallel.dist import world_size
 from npu_rl.parallel.unshard import PlainView, UnshardStats, is_sharded, unsharded
 from npu_rl.protocol import Batch
-from npu_rl.rollout.base import SamplingParams
-from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask
+from npu_rl.rollout.base import Generation, SamplingParams, TokenCompletion, TokenGeneration
+from npu_rl.rollout.utils import (assemble_rollout_batch, check_token_requests, device_memory_used_gb,
+                                 first_stop_response_mask, left_padded_prompts)
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten
 
 logger = logging.getLogger(__name__)
@@ -123,7 +125,6 @@ class HFRolloutEngine:
         self.gather_full_weights = gather_full_weights
         self.compiled_decode = compiled_decode
         self._plain_view: PlainView | None = None  # built on the first generate on a sharded module
-        self.last_generate_metrics: dict[str, float] = {}  # unshard timings and memory of the last generate
         self._gate = VersionGate()
         self._asleep = False
         self._offloaded_from: torch.device | None = None
@@ -169,7 +170,7 @@ class HFRolloutEngine:
         return config
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Generation:
         if self._asleep:
             raise RuntimeError("the hf rollout engine is asleep: call wake_up() before generate()")
         n, response_length = sampling.n, sampling.max_new_tokens
@@ -209,7 +210,7 @@ class HFRolloutEngine:
         num_rows, num_generated = generated.shape
         # Decoding is host-bound for small models (one Python pass over the layers per token): the time per decoded
         # step and the host threads torch uses here tell a slow rollout apart from a slow dispatch around it.
-        self.last_generate_metrics = unshard_stats.as_metrics("rollout") | {
+        metrics = unshard_stats.as_metrics("rollout") | {
             "timing_s/rollout_decode": decode_s,
             "rollout/decode_ms_per_step": 1000 * decode_s / max(num_generated, 1),
             "rollout/host_threads": float(torch.get_num_threads()),
@@ -227,7 +228,27 @@ class HFRolloutEngine:
         elif sampling.return_logprobs:  # nothing generated (max_new_tokens=0)
             logprobs = torch.zeros(num_rows, response_length, device=generated.device)
         out_prompts = prompts.to(device) if prompts["input_ids"].device != device else prompts
-        return assemble_rollout_batch(out_prompts, responses, response_mask, n, self.pad_token_id, logprobs)
+        return Generation(assemble_rollout_batch(out_prompts, responses, response_mask, n, self.pad_token_id,
+                                                 logprobs), metrics)
+
+    def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                             sampling: SamplingParams) -> TokenGeneration:
+        """The requests left-padded into one batch and generated to the largest budget; each continuation is then
+        cut to its own budget (and at its first stop id, as ``generate`` masks)."""
+        check_token_requests(token_lists, max_tokens)
+        if not token_lists:
+            return TokenGeneration([])
+        budget = max(1, max(int(m) for m in max_tokens))
+        out = self.generate(left_padded_prompts(token_lists, self.pad_token_id),
+                            replace(sampling, n=1, max_new_tokens=budget))
+        responses, mask = out.batch["responses"].cpu(), out.batch["response_mask"].cpu().bool()
+        logprobs = out.batch["rollout_logprobs"].cpu() if "rollout_logprobs" in out.batch.tensors else None
+        completions = []
+        for row, limit in enumerate(max_tokens):
+            ids = responses[row][mask[row]].tolist()[: int(limit)]
+            completions.append(TokenCompletion(ids, logprobs[row][: len(ids)].tolist() if logprobs is not None
+                                               else None))
+        return TokenGeneration(completions, out.metrics)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],

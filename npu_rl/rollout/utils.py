@@ -130,3 +130,32 @@ def device_memory_used_gb() -> float:
 
     free, total = get_backend().mem_get_info()
     return (total - free) / 2**30
+
+
+def cut_at_stop(ids: list[int], stop_ids: Sequence[int]) -> list[int]:
+    """``ids`` up to and including the first stop id (all of them when none occurs)."""
+    stops = set(int(s) for s in stop_ids)
+    for i, token in enumerate(ids):
+        if token in stops:
+            return ids[: i + 1]
+    return ids
+
+
+def left_padded_prompts(token_lists: Sequence[Sequence[int]], pad_token_id: int) -> Batch:
+    """Token-id lists of different lengths as one left-padded prompt batch (``input_ids``, ``attention_mask``,
+    ``position_ids`` [N, longest])."""
+    width = max(len(ids) for ids in token_lists)
+    input_ids = torch.full((len(token_lists), width), int(pad_token_id), dtype=torch.long)
+    attention_mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+    for row, ids in enumerate(token_lists):
+        if ids:
+            input_ids[row, width - len(ids):] = torch.as_tensor(list(ids), dtype=torch.long)
+            attention_mask[row, width - len(ids):] = 1
+    return Batch({"input_ids": input_ids, "attention_mask": attention_mask,
+                  "position_ids": prompt_position_ids(attention_mask)})
+
+
+def check_token_requests(token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> None:
+    if len(token_lists) != len(max_tokens):
+        raise ValueError(f"generate_token_lists: {len(token_lists)} requests but {len(max_tokens)} budgets "
+                         "(one budget per request)")

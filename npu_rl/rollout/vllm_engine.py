@@ -5,7 +5,7 @@ One training step, as the trainer drives it (the hybrid engine)::
 
     engine.update_weights(actor.named_hf_tensors(), version=step)  # wakes the weights only, streams buckets
     engine.wake_up()                                                 # then the KV cache
-    batch = engine.generate(prompts, sampling)
+    batch = engine.generate(prompts, sampling).batch
     engine.sleep()                                                   # level 1/2: memory back to the actor
 
 (``update_weights`` while asleep wakes only the weights first, so the KV cache is not allocated while a bucket is in
@@ -43,7 +43,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Iterable
+from dataclasses import replace
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -51,11 +52,12 @@ from npu_rl.device import get_backend
 from npu_rl.device.vllm_env import VllmDeviceCapabilities, prepare_vllm_environment, quiet_known_vllm_messages
 from npu_rl.parallel.dist import world_size
 from npu_rl.protocol import Batch
-from npu_rl.rollout.base import SamplingParams
+from npu_rl.rollout.base import Generation, SamplingParams, TokenCompletion, TokenGeneration
 from npu_rl.config.schema import RolloutConfig
 from npu_rl.rollout.processed_logprobs import (candidates_needed, from_vllm_step, neutral_sampling,
                                                processed_from_raw, sampler_gives_processed_logprobs)
-from npu_rl.rollout.utils import assemble_rollout_batch, device_memory_used_gb, first_stop_response_mask, to_plain
+from npu_rl.rollout.utils import (assemble_rollout_batch, check_token_requests, cut_at_stop, device_memory_used_gb,
+                                 first_stop_response_mask, to_plain)
 from npu_rl.rollout.vllm_weights import choose_path, push_weights
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
 
@@ -240,12 +242,16 @@ class VllmRolloutEngine:
                     self.llm_kwargs["distributed_executor_backend"], self.sleep_enabled, self.weight_sync_path)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def _check_ready(self, method: str) -> None:
         if self._asleep_level:
-            raise RuntimeError("the vllm rollout engine is asleep: call wake_up() before generate()")
+            raise RuntimeError(f"the vllm rollout engine is asleep: call wake_up() before {method}()")
         if not self._weights_valid:
             raise RuntimeError("the vllm rollout engine holds no valid weights (load_format=dummy, or sleep level 2 "
-                               "discarded them): call update_weights() before generate()")
+                               f"discarded them): call update_weights() before {method}()")
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Generation:
+        self._check_ready("generate")
+        start = time.perf_counter()
         input_ids, attention_mask = prompts["input_ids"].cpu(), prompts["attention_mask"].cpu().bool()
         token_lists = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask)]
         first, requests = 0, token_lists
@@ -257,8 +263,33 @@ class VllmRolloutEngine:
         logprobs = logprobs[mine] if logprobs is not None else None
         response_mask = first_stop_response_mask(responses, sampling.stop_token_ids, lengths)
         device = prompts["input_ids"].device
-        return assemble_rollout_batch(prompts, responses.to(device), response_mask.to(device), sampling.n,
-                                      self.pad_token_id, logprobs)
+        batch = assemble_rollout_batch(prompts, responses.to(device), response_mask.to(device), sampling.n,
+                                       self.pad_token_id, logprobs)
+        return Generation(batch, {"timing_s/rollout_decode": time.perf_counter() - start})
+
+    def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                             sampling: SamplingParams) -> TokenGeneration:
+        """One ``LLM.generate`` call with a ``SamplingParams`` per request (its own ``max_tokens``), so a long
+        conversation never asks for more than ``max_model_len``. TP > 1 is not supported on this path yet."""
+        from vllm.inputs import TokensPrompt
+
+        check_token_requests(token_lists, max_tokens)
+        if not token_lists:
+            return TokenGeneration([])
+        if self.tp_size > 1:
+            raise NotImplementedError("agent-loop rollouts with tensor_model_parallel_size > 1 are not supported yet")
+        self._check_ready("generate_token_lists")
+        start = time.perf_counter()
+        params = [_vllm_sampling_params(replace(sampling, max_new_tokens=max(1, int(m))), 1) for m in max_tokens]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(map(int, ids))) for ids in token_lists],
+                                    params, use_tqdm=False, lora_request=self._lora_request)
+        completions = []
+        for output, budget in zip(outputs, max_tokens):
+            completion = output.outputs[0]
+            ids = cut_at_stop(list(completion.token_ids)[: int(budget)], sampling.stop_token_ids)
+            logprobs = _sampled_logprobs(completion)[: len(ids)] if sampling.return_logprobs else None
+            completions.append(TokenCompletion(ids, logprobs))
+        return TokenGeneration(completions, {"timing_s/rollout_decode": time.perf_counter() - start})
 
     def _gather_tp_group(self, token_lists: list[list[int]]) -> tuple[int, list[list[int]]]:
         """All ranks of one vLLM instance (a TP group) must submit identical requests: gather every rank's prompts

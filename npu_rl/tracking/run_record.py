@@ -4,6 +4,8 @@
                              --config-name config` runs the same configuration again
     <run_dir>/command.json   argv, working directory, Python, npu-rl version, host, start time, the environment
                              variables that change behaviour (DEVICE, *_VISIBLE_DEVICES, NPU_RL_*, VLLM_*, HCCL_*)
+Secrets are masked in all three (npu_rl.utils.redact: URL credentials, *_API_KEY / *_TOKEN / *SECRET* /
+*PASSWORD* values); the run itself receives the real values.
     <run_dir>/command.sh     the same command, shell-quoted, runnable from the recorded working directory
 
 Hydra keeps the resolved config beside a verl run (``.hydra/config.yaml``); this is the equivalent.
@@ -13,26 +15,49 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import socket
 import sys
 import time
 from typing import Any
 
+from npu_rl.utils.redact import MASK, is_secret_name, redact_argv, redact_environment, redact_mapping
+
 _ENV_PREFIXES = ("DEVICE", "ASCEND_", "CUDA_VISIBLE", "NPU_RL_", "VLLM_", "HCCL_", "TASK_QUEUE", "RAY_ADDRESS",
                  "TENSORBOARD_DIR", "SWANLAB_", "MLFLOW_", "WANDB_", "CLEARML_", "TRACKIO_",
                  "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTORCH_")
-_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 
 def recorded_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The behaviour-changing environment variables, secrets left out (their names are kept, values are not)."""
+    """The behaviour-changing environment variables, secrets masked by :mod:`npu_rl.utils.redact` (a secret-named
+    variable keeps its name; credentials in a URL such as ``MLFLOW_TRACKING_URI`` are masked)."""
     environ = dict(os.environ if environ is None else environ)
-    out = {}
-    for key in sorted(environ):
-        if key.startswith(_ENV_PREFIXES):
-            out[key] = "<set>" if any(w in key for w in _SECRET_WORDS) else environ[key]
-    return out
+    return redact_environment({key: environ[key] for key in sorted(environ) if key.startswith(_ENV_PREFIXES)})
+
+
+def recorded_config(config: Any) -> dict[str, Any]:
+    """The config tree as it may be written down or handed to a tracker: resolved (``${oc.env:...}`` included),
+    then secrets masked. The run itself keeps the real values."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(config) if not OmegaConf.is_config(config) else config
+    resolved = OmegaConf.to_container(node, resolve=True)
+    return redact_mapping(_mask_secret_interpolations(OmegaConf.to_container(node, resolve=False), resolved))
+
+
+_SECRET_ENV = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _mask_secret_interpolations(raw: Any, resolved: Any) -> Any:
+    """A value written ``${oc.env:NAME}`` (or containing it) with a secret-named NAME is masked whatever its key."""
+    if isinstance(raw, dict) and isinstance(resolved, dict):
+        return {k: _mask_secret_interpolations(raw.get(k), v) for k, v in resolved.items()}
+    if isinstance(raw, list) and isinstance(resolved, list) and len(raw) == len(resolved):
+        return [_mask_secret_interpolations(r, v) for r, v in zip(raw, resolved)]
+    if isinstance(raw, str) and any(is_secret_name(n) for n in _SECRET_ENV.findall(raw)):
+        return MASK
+    return resolved
 
 
 def command_line(argv: list[str] | None = None) -> list[str]:
@@ -54,15 +79,15 @@ def save_run_record(run_dir: str, config: Any, command: list[str] | None = None)
     import npu_rl
 
     os.makedirs(run_dir, exist_ok=True)
-    node = OmegaConf.structured(config) if not OmegaConf.is_config(config) else config
     paths = {"config": os.path.join(run_dir, "config.yaml"), "command": os.path.join(run_dir, "command.json"),
              "shell": os.path.join(run_dir, "command.sh")}
     with open(paths["config"], "w", encoding="utf-8") as f:
         f.write("# The resolved configuration of this run (written by npu-rl at its start).\n")
         f.write("# Run it again: npu-rl train --config-path <this folder> --config-name config\n")
+        f.write(f"# Secrets are written as {MASK}: give them again (an override, or ${{oc.env:NAME}}).\n")
         f.write("defaults:\n  - npu_rl_schema\n  - _self_\n\n")  # typed against the schema when loaded again
-        f.write(OmegaConf.to_yaml(node, resolve=True))
-    command = list(command) if command is not None else command_line()
+        f.write(OmegaConf.to_yaml(OmegaConf.create(recorded_config(config))))
+    command = redact_argv(list(command) if command is not None else command_line())
     record = {
         "argv": command,
         "cwd": os.getcwd(),

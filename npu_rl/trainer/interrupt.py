@@ -31,7 +31,9 @@ def resume_command(extra: list[str]) -> str:
     """The command that started this run, without its resume keys, plus ``extra``."""
     argv = _COMMAND if _COMMAND is not None else ["npu-rl", "train", *sys.argv[1:]]
     kept = [a for a in argv if not a.lstrip("+").startswith(("trainer.resume_mode=", "trainer.resume_from_path="))]
-    return shlex.join(kept + extra)
+    from npu_rl.utils.redact import redact_argv
+
+    return shlex.join(redact_argv(kept + extra))  # printed: secrets masked (give them again, e.g. from the env)
 
 
 class InterruptGuard:

@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
     entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
     try:
         return run(config, entry + argv)  # the command is recorded in the run folder
-    except CorruptFileError as exc:  # a checkpoint that does not verify, or asks to run code: said plainly
-        print(f"npu-rl: {exc}", file=sys.stderr)
+    except (CorruptFileError, ConfigError) as exc:  # a checkpoint that does not verify or asks to run code, a data
+        print(f"npu-rl: {exc}", file=sys.stderr)     # row asking for what the config does not offer: said plainly
         return 2
 
 

@@ -336,6 +336,9 @@ class PPOTrainer:
         path = self.checkpoints.resume_dir(cfg.resume_mode, cfg.resume_from_path)
         if path is None:
             return
+        from npu_rl.models.lora import check_resume_adapter
+
+        check_resume_adapter(f"{path}/actor", self.config.actor_rollout_ref.model)  # a rank change, named
         state = load_trainer_state(path)
         self.roles.actor_rollout.load_checkpoint(f"{path}/actor")
         if self.plan.use_critic:

@@ -66,6 +66,17 @@ def write_ray_timeline(config: PPOConfig) -> str | None:
     return path
 
 
+def check_rows(config: PPOConfig, datasets) -> None:
+    """What the data rows ask for that the config does not offer (an agent loop or interaction by name), before any
+    model loads; a row never names code to run."""
+    from npu_rl.agent.validate import agent_row_problems
+    from npu_rl.config.errors import ConfigError
+
+    problems = agent_row_problems(config, [(where, row) for ds in datasets for where, row in zip(ds.sources, ds.rows)])
+    if problems:
+        raise ConfigError(problems)
+
+
 def run_dir_for(config: PPOConfig) -> str:
     return os.path.join(os.path.abspath(config.trainer.default_local_dir), "logs", time.strftime("%Y%m%d-%H%M%S"))
 
@@ -73,8 +84,6 @@ def run_dir_for(config: PPOConfig) -> str:
 def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     """Train with ``config`` (already validated); returns the exit code. ``argv``: the command line to record in the
     run folder (default ``sys.argv``)."""
-    from omegaconf import OmegaConf
-
     from npu_rl.data.loader import build_dataloader
     from npu_rl.device import get_backend
     from npu_rl.models.loader import load_tokenizer
@@ -86,6 +95,9 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
 
     prepare_run_folder(config)  # before anything loads: a folder in the way or another run's checkpoints
     logging.basicConfig(level=os.environ.get("NPU_RL_LOG_LEVEL", "WARNING"), stream=sys.stderr)
+    from npu_rl.utils.redact import install_log_redaction
+
+    install_log_redaction()  # what the run logs never shows a secret (URL credentials, *_API_KEY values ...)
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
     backend.manual_seed(config.trainer.seed)
     model_cfg = config.actor_rollout_ref.model
@@ -93,6 +105,7 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     prompts = PromptStream(build_dataloader(config.data, tokenizer, "train"))
     needs_val = config.trainer.val_before_train or config.trainer.test_freq > 0 or config.trainer.val_only
     val_loader = build_dataloader(config.data, tokenizer, "val") if needs_val else None
+    check_rows(config, [prompts.loader.dataset] + ([val_loader.dataset] if val_loader is not None else []))
     reward_fn = build_reward_manager(config, tokenizer)
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
 
@@ -114,11 +127,11 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
         roles.reward_model = group.reward_model
 
     run_dir = run_dir_for(config)
-    from npu_rl.tracking.run_record import save_run_record
+    from npu_rl.tracking.run_record import recorded_config, save_run_record
 
     save_run_record(run_dir, config, argv)
     tracker = Tracker(as_list(config.trainer.logger), config.trainer.project_name, config.trainer.experiment_name,
-                      run_dir, OmegaConf.to_container(OmegaConf.structured(config), resolve=True))
+                      run_dir, recorded_config(config))  # secrets masked: trackers store what they are given
     print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
           f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
     trainer = PPOTrainer(config, plan, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,

@@ -74,11 +74,11 @@ class ActorRolloutWorker(ReportsMemory):
         if self.engine.needs_weight_sync:
             metrics |= self._sync_weights()
         start = time.perf_counter()
-        out = (self.agent.generate(self.engine, prompts, sampling) if self.agent is not None
-               else self.engine.generate(prompts, sampling)).to("cpu")  # the driver keeps batches in host memory
-        metrics |= out.meta.pop("metrics", {})
+        generated = (self.agent.generate(self.engine, prompts, sampling) if self.agent is not None
+                     else self.engine.generate(prompts, sampling))
+        out = generated.batch.to("cpu")  # the driver keeps batches in host memory
+        metrics |= generated.metrics
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
-        metrics |= getattr(self.engine, "last_generate_metrics", {})  # hf on FSDP2: the one weight gather
         if rollout_cfg.free_cache_engine:
             metrics |= self.engine.sleep()
         return WorkerOutput(out, metrics)

@@ -28,16 +28,17 @@ def _quiet_single_process():
 def save_worker_state(path: str, model, optimizer, scheduler, contents=("model", "optimizer", "extra"),
                       tokenizer=None, base_path: str | None = None) -> None:
     """With LoRA only the adapter and its optimizer state are saved (the base is the model folder, unchanged),
-    plus the adapter as a PEFT folder in ``lora_adapter/`` (what ``npu-rl merge`` and ``npu-rl eval`` read)."""
+    plus the adapter as a PEFT folder in ``lora_adapter/`` (what ``npu-rl merge`` and ``npu-rl eval`` read; listed in
+    the role's manifest, so both verify it before reading)."""
     from npu_rl.models.lora import is_lora_model, save_adapter
 
     lora = is_lora_model(model)
     extra = {"scheduler": scheduler.state_dict(), "rng": get_backend().rng_state()} if "extra" in contents else None
+    if lora:  # first: the role's manifest (written when save_checkpoint completes) then lists lora_adapter/* too
+        save_adapter(model, os.path.join(path, LORA_ADAPTER_DIR), base_path=base_path)
     with _quiet_single_process():
         save_checkpoint(path, model, optimizer if "optimizer" in contents else None, extra=extra, tokenizer=tokenizer,
                         trainable_only=lora)
-    if lora:
-        save_adapter(model, os.path.join(path, LORA_ADAPTER_DIR), base_path=base_path)
 
 
 def load_worker_state(path: str, model, optimizer, scheduler, contents=("model", "optimizer", "extra")) -> None:

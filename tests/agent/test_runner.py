@@ -57,13 +57,14 @@ def test_samples_with_different_turn_counts_share_engine_calls(tiny_tokenizer):
     script = {"a": [CALL % "1+1", CALL % "2+2", "4"], "b": [CALL % "3*3", "9"], "c": ["no tool"]}
     generate, calls = scripted_batch_generate(tok, script)
     ctx = context(tok, None, tools={"calculator": CalculatorTool()}, default_agent_loop="tool_agent")
-    out = run_agent_loops(prompt_batch(tok, ["a", "b", "c"]), ctx, generate, n=2, pad_token_id=0,
-                          response_length=300, return_logprobs=True)
+    generated = run_agent_loops(prompt_batch(tok, ["a", "b", "c"]), ctx, generate, n=2, pad_token_id=0,
+                                response_length=300, return_logprobs=True)
+    out = generated.batch
     # turn 1: all 6 samples; turn 2: a and b (4); turn 3: a (2)
     assert calls == [6, 4, 2]
     assert out["__num_turns__"].tolist() == [6, 6, 4, 4, 2, 2]
     assert list(out["uid"]) == ["0", "0", "1", "1", "2", "2"]  # interleaved, prompt 0's samples first
-    m = out.meta["metrics"]
+    m = generated.metrics
     assert m["num_turns/max"] == 6 and m["num_turns/min"] == 2
     assert m["agent_loop/num_tool_calls/mean"] == pytest.approx(1.0)
     assert m["agent_loop/tool_call_rate"] == pytest.approx(4 / 6)
@@ -72,7 +73,7 @@ def test_samples_with_different_turn_counts_share_engine_calls(tiny_tokenizer):
     assert torch.equal(out["rollout_logprobs"] != 0, out["response_mask"].bool())
 
 
-def test_agent_name_per_row_and_user_loop_by_path(tiny_tokenizer, tmp_path):
+def test_agent_name_per_row_and_user_loop_from_the_config(tiny_tokenizer, tmp_path):
     tok = tiny_tokenizer
     path = tmp_path / "my_loop.py"
     path.write_text(textwrap.dedent("""
@@ -88,21 +89,32 @@ def test_agent_name_per_row_and_user_loop_by_path(tiny_tokenizer, tmp_path):
                 await self.generate_turn(conv)
                 return AgentOutput.of(conv, num_turns=4)
         """))
+    from npu_rl.agent.loops import register_agent_loops_file
+
+    loops = tmp_path / "loops.yaml"
+    loops.write_text(f"- name: twice\n  _target_: {path}:Twice\n")
+    assert register_agent_loops_file(str(loops)) == ["twice"]  # the config names the code; the row only the name
     script = {"a": ["x", "y"], "b": [CALL % "1+1", "2"]}
     generate, calls = scripted_batch_generate(tok, script)
     ctx = context(tok, None, tools={"calculator": CalculatorTool()})  # default: single_turn_agent
-    batch = prompt_batch(tok, ["a", "b", "a"], agent_names=[f"{path}:Twice", "tool_agent", None])
-    out = run_agent_loops(batch, ctx, generate, n=1, pad_token_id=0, response_length=300, return_logprobs=False)
+    batch = prompt_batch(tok, ["a", "b", "a"], agent_names=["twice", "tool_agent", None])
+    out = run_agent_loops(batch, ctx, generate, n=1, pad_token_id=0, response_length=300, return_logprobs=False).batch
     assert out["__num_turns__"].tolist() == [4, 4, 2]
     texts = [tok.decode(r[m.bool()].tolist()) for r, m in zip(out["responses"], out["response_mask"])]
     assert texts == ["x<|im_end|>y<|im_end|>", f"{CALL % '1+1'}<|im_end|>2<|im_end|>", "x<|im_end|>"]
     assert "rollout_logprobs" not in out.tensors
 
 
-def test_unknown_agent_name_fails_listing_the_known_ones(tiny_tokenizer):
+def test_unknown_agent_name_fails_its_rows_listing_the_known_ones(tiny_tokenizer):
     tok = tiny_tokenizer
-    generate, _ = scripted_batch_generate(tok, {"a": ["x"]})
-    with pytest.raises(ValueError, match="unknown agent loop 'nope'.*single_turn_agent, tool_agent"):
+    generate, _ = scripted_batch_generate(tok, {"a": ["x"], "b": ["y"]})
+    gen = run_agent_loops(prompt_batch(tok, ["a", "b"], ["nope", None]), context(tok, None), generate, 1, 0, 50,
+                          False)
+    out = gen.batch
+    assert gen.metrics["agent_loop/failed_samples"] == 1
+    assert out["response_mask"][0].sum() == 0 and out["response_mask"][1].sum() > 0
+    with pytest.raises(RuntimeError, match="every agent conversation.*'nope' is not a registered agent loop; "
+                                           "known: .*single_turn_agent, tool_agent"):
         run_agent_loops(prompt_batch(tok, ["a"], ["nope"]), context(tok, None), generate, 1, 0, 50, False)
 
 
@@ -135,12 +147,13 @@ def test_hf_engine_through_agent_rollout(tiny_model_dir, tmp_path):
     engine = HFRolloutEngine.from_pretrained(tiny_model_dir, tok.pad_token_id, dtype="fp32", device="cpu")
     sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=16, stop_token_ids=[IM_END], return_logprobs=True)
     torch.manual_seed(0)
-    out = rollout.generate(engine, prompt_batch(tok, ["hi", "what is 2+2"]), sampling)
+    generated = rollout.generate(engine, prompt_batch(tok, ["hi", "what is 2+2"]), sampling)
+    out = generated.batch
     assert out["responses"].shape == (4, 16) and out["input_ids"].shape[1] == out["prompts"].shape[1] + 16
     assert out["response_mask"].sum() > 0
     lengths = out["attention_mask"][:, out["prompts"].shape[1]:].sum(-1)
     assert (lengths >= out["response_mask"].sum(-1)).all()
-    assert out.meta["metrics"]["num_turns/min"] >= 2
+    assert generated.metrics["num_turns/min"] >= 2 and generated.metrics["timing_s/rollout_decode"] > 0
     assert np.all(out["__num_turns__"] >= 2)
 
 
@@ -156,9 +169,9 @@ def test_single_turn_agent_equals_the_sync_rollout(tiny_model_dir):
     engine = HFRolloutEngine.from_pretrained(tiny_model_dir, tok.pad_token_id, dtype="fp32", device="cpu")
     prompts = prompt_batch(tok, ["hi", "what is 2+2", "x"])
     sampling = SamplingParams(n=2, do_sample=False, max_new_tokens=12, stop_token_ids=[IM_END], return_logprobs=True)
-    want = engine.generate(prompts, sampling)
+    want = engine.generate(prompts, sampling).batch
     got = AgentRollout(RolloutConfig(mode="async"), tok, [IM_END], response_length=12).generate(engine, prompts,
-                                                                                                sampling)
+                                                                                                sampling).batch
     for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert torch.equal(got[key].long(), want[key].long()), key
     torch.testing.assert_close(got["rollout_logprobs"], want["rollout_logprobs"])

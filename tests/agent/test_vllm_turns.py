@@ -9,7 +9,6 @@ import torch
 from npu_rl.models.loader import load_tokenizer
 from npu_rl.rollout import SamplingParams, build_rollout_engine, vllm_available
 from npu_rl.rollout.hf import HFRolloutEngine
-from npu_rl.rollout.turns import generate_token_lists
 from tests.rollout.conftest import save_eos_model_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
@@ -32,9 +31,10 @@ def test_budgets_per_request_match_hf(engines):
     token_lists = [tokenizer.encode(t, add_special_tokens=False) for t in ("hello there", "x", "what is 2+3? ok")]
     budgets = [3, 12, 7]
     sampling = SamplingParams(n=1, do_sample=False, stop_token_ids=[EOS], return_logprobs=True)
-    got = generate_token_lists(engine, token_lists, budgets, sampling, tokenizer.pad_token_id)
-    want = generate_token_lists(hf, token_lists, budgets, sampling, tokenizer.pad_token_id)
-    for (ids, lp), (ids_hf, lp_hf), budget in zip(got, want, budgets):
+    got = engine.generate_token_lists(token_lists, budgets, sampling).completions
+    want = hf.generate_token_lists(token_lists, budgets, sampling).completions
+    for (ids, lp), (ids_hf, lp_hf), budget in zip(((c.token_ids, c.logprobs) for c in got),
+                                                  ((c.token_ids, c.logprobs) for c in want), budgets):
         assert ids == ids_hf and len(ids) <= budget
         assert (EOS not in ids[:-1])
         torch.testing.assert_close(torch.tensor(lp), torch.tensor(lp_hf), rtol=1e-4, atol=1e-4)
@@ -54,6 +54,7 @@ def test_agent_rollout_on_vllm(engines):
     with pytest.raises(ValueError, match="raise data.max_prompt_length"):  # checked before vLLM sees it
         rollout.generate(engine, batch, sampling)
     cfg.prompt_length = 128
-    out = AgentRollout(cfg, tokenizer, [EOS], response_length=24).generate(engine, batch, sampling)
+    generated = AgentRollout(cfg, tokenizer, [EOS], response_length=24).generate(engine, batch, sampling)
+    out = generated.batch
     assert out["responses"].shape == (4, 24) and out["rollout_logprobs"].shape == (4, 24)
-    assert out.meta["metrics"]["agent_loop/engine_calls"] >= 1
+    assert generated.metrics["agent_loop/engine_calls"] >= 1

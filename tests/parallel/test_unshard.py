@@ -42,7 +42,8 @@ def generate_job(gather: bool) -> dict:
     engine = HFRolloutEngine(model, PAD, gather_full_weights=gather)
     # Different lengths per rank: if the decode loop still needed collectives, the ranks would deadlock or fail.
     new_tokens = 6 + 3 * rank if gather else 6
-    out = engine.generate(_prompts(rank), _sampling(new_tokens))
+    generated = engine.generate(_prompts(rank), _sampling(new_tokens))
+    out = generated.batch
     after = {
         "sharded": is_sharded(model) and all(isinstance(p, DTensor) for p in model.parameters()),
         "local_numel": sum(p.to_local().numel() for p in model.parameters()),
@@ -53,7 +54,7 @@ def generate_job(gather: bool) -> dict:
     model(input_ids=ids).logits.float().mean().backward()
     after["grads"] = all(p.grad is not None for p in model.parameters())
     after["twin"] = engine._plain_view is not None  # decoded on the hook-free twin
-    return {"responses": out["responses"], "logprobs": out["rollout_logprobs"], "metrics": engine.last_generate_metrics,
+    return {"responses": out["responses"], "logprobs": out["rollout_logprobs"], "metrics": generated.metrics,
             "new_tokens": new_tokens, **after}
 
 
@@ -63,7 +64,7 @@ def test_generation_on_sharded_model_equals_unsharded(dist_pool2):
     results = dist_pool2.run(generate_job, True)
     reference = tiny_model()
     for rank, result in enumerate(results):
-        expected = HFRolloutEngine(reference, PAD).generate(_prompts(rank), _sampling(result["new_tokens"]))
+        expected = HFRolloutEngine(reference, PAD).generate(_prompts(rank), _sampling(result["new_tokens"])).batch
         assert torch.equal(result["responses"], expected["responses"]), rank
         torch.testing.assert_close(result["logprobs"], expected["rollout_logprobs"])
         metrics = result["metrics"]
@@ -81,7 +82,7 @@ def test_per_token_gather_path_still_matches(dist_pool2):
     results = dist_pool2.run(generate_job, False)
     reference = tiny_model()
     for rank, result in enumerate(results):
-        expected = HFRolloutEngine(reference, PAD).generate(_prompts(rank), _sampling(result["new_tokens"]))
+        expected = HFRolloutEngine(reference, PAD).generate(_prompts(rank), _sampling(result["new_tokens"])).batch
         assert torch.equal(result["responses"], expected["responses"]), rank
         assert not any("unshard" in key for key in result["metrics"])  # no gather: per-token all-gathers
         assert result["metrics"]["rollout/decode_compiled"] == 0.0

@@ -9,6 +9,7 @@ from torch.testing import assert_close
 from npu_rl.models.loader import load_causal_lm, load_tokenizer
 from npu_rl.rollout import SamplingParams
 from npu_rl.rollout.hf import HFRolloutEngine, warp_logits
+from npu_rl.rollout.utils import left_padded_prompts
 from tests.rollout.conftest import make_prompts
 
 EOS = 2
@@ -44,8 +45,8 @@ def manual_logprobs(model, out, temperature=1.0, top_k=-1, top_p=1.0) -> torch.T
 def test_samples_are_interleaved_and_fields_complete(tiny):
     model, tokenizer = tiny
     prompts = make_prompts(tokenizer, ["hello", "hi there friend"], chat=True)
-    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(
-        prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=10, stop_token_ids=[EOS], return_logprobs=True))
+    sampling = SamplingParams(n=3, temperature=1.0, max_new_tokens=10, stop_token_ids=[EOS], return_logprobs=True)
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, sampling).batch
     num_prompt_tokens = prompts["input_ids"].shape[1]
     assert out["uid"].tolist() == ["p0"] * 3 + ["p1"] * 3 and out.meta == {"step": 3}
     assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(3, 0))
@@ -60,14 +61,14 @@ def test_greedy_is_deterministic_and_identical_across_n(tiny):
     model, tokenizer = tiny
     engine = HFRolloutEngine(model, tokenizer.pad_token_id)
     prompts = make_prompts(tokenizer)
-    first, second = engine.generate(prompts, greedy(n=2)), engine.generate(prompts, greedy(n=2))
+    first, second = engine.generate(prompts, greedy(n=2)).batch, engine.generate(prompts, greedy(n=2)).batch
     assert torch.equal(first["responses"], second["responses"])
     assert torch.equal(first["responses"][0::2], first["responses"][1::2])
 
 
 def test_mask_ends_at_the_first_end_token_when_pad_is_eos(eos_model):
     model, tokenizer = eos_model
-    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy(max_new_tokens=16))
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy(max_new_tokens=16)).batch
     responses, mask = out["responses"], out["response_mask"].bool()
     lengths = mask.sum(-1)
     # The fixture's model stops at once, after a few tokens, and never: all three cases are here.
@@ -86,7 +87,7 @@ def test_rollout_logprobs_match_a_manual_forward(eos_model, temperature, top_k, 
     torch.manual_seed(0)
     sampling = SamplingParams(n=2, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=12,
                               stop_token_ids=[EOS], return_logprobs=True)
-    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), sampling)
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), sampling).batch
     mask = out["response_mask"].bool()
     expected = manual_logprobs(model, out, temperature, top_k, top_p)
     assert_close(out["rollout_logprobs"][mask], expected[mask])  # float32 defaults: rtol 1.3e-6, atol 1e-5
@@ -95,7 +96,7 @@ def test_rollout_logprobs_match_a_manual_forward(eos_model, temperature, top_k, 
 
 def test_greedy_logprobs_are_unscaled(eos_model):
     model, tokenizer = eos_model
-    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy())
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy()).batch
     mask = out["response_mask"].bool()
     assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out)[mask])
 
@@ -103,7 +104,7 @@ def test_greedy_logprobs_are_unscaled(eos_model):
 def test_outputs_can_be_trained_on_and_train_mode_is_restored(tiny):
     model, tokenizer = tiny
     model.train()
-    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy(logprobs=False))
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer), greedy(logprobs=False)).batch
     assert model.training and not out["input_ids"].is_inference()
     logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"]).logits
     logits.float().mean().backward()  # fails on inference tensors (the reason for no_grad over inference_mode)
@@ -131,11 +132,11 @@ def test_own_copy_takes_new_weights(eos_model_dir, eos_model_dir_other_weights):
                                              bucket_megabytes=0.05)
     reference = HFRolloutEngine.from_pretrained(eos_model_dir_other_weights, tokenizer.pad_token_id, dtype="fp32",
                                                 device="cpu")
-    before = engine.generate(prompts, greedy())
+    before = engine.generate(prompts, greedy()).batch
     new_weights = load_causal_lm(eos_model_dir_other_weights).state_dict()
     metrics = engine.update_weights(iter(new_weights.items()), version=5)
     assert metrics["rollout/update_weights_buckets"] > 1
-    after, expected = engine.generate(prompts, greedy()), reference.generate(prompts, greedy())
+    after, expected = engine.generate(prompts, greedy()).batch, reference.generate(prompts, greedy()).batch
     assert not torch.equal(before["responses"], after["responses"])
     assert torch.equal(after["responses"], expected["responses"])
     assert engine.update_weights(iter([("not.a.weight", torch.zeros(1))]), version=5) == {}  # same version: skip
@@ -147,14 +148,14 @@ def test_sleep_wake_round_trip(tiny):
     model, tokenizer = tiny
     engine = HFRolloutEngine(model, tokenizer.pad_token_id)
     prompts = make_prompts(tokenizer)
-    before = engine.generate(prompts, greedy())
+    before = engine.generate(prompts, greedy()).batch
     metrics = engine.sleep()
     assert {"timing_s/rollout_sleep", "rollout/sleep_mem_freed_gb"} <= set(metrics)
     with pytest.raises(RuntimeError, match="asleep"):
-        engine.generate(prompts, greedy())
+        engine.generate(prompts, greedy()).batch
     assert engine.sleep() == {}  # already asleep
     assert "timing_s/rollout_wake" in engine.wake_up()
-    assert torch.equal(engine.generate(prompts, greedy())["responses"], before["responses"])
+    assert torch.equal(engine.generate(prompts, greedy()).batch["responses"], before["responses"])
 
 
 def test_model_folder_sampling_defaults_do_not_leak(eos_model_dir):
@@ -162,7 +163,7 @@ def test_model_folder_sampling_defaults_do_not_leak(eos_model_dir):
     model.generation_config.top_k, model.generation_config.repetition_penalty = 1, 1.5  # like Qwen's top_k=20 ...
     torch.manual_seed(0)
     sampling = SamplingParams(n=4, max_new_tokens=8, stop_token_ids=[EOS], return_logprobs=True)
-    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer, ["hi there friend"]), sampling)
+    out = HFRolloutEngine(model, tokenizer.pad_token_id).generate(make_prompts(tokenizer, ["hi there friend"]), sampling).batch
     assert len({tuple(row.tolist()) for row in out["responses"]}) > 1  # top_k=1 would make all four samples equal
     mask = out["response_mask"].bool()
     assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out)[mask])  # no penalty, no top-k
@@ -173,10 +174,11 @@ def test_compiled_decode_path_gives_the_eager_tokens_and_logprobs(eos_model):
     same tokens, same masks, log-probs equal to a full forward, as the dynamic cache gives."""
     model, tokenizer = eos_model
     prompts = make_prompts(tokenizer)
-    eager = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy(max_new_tokens=16))
+    eager = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy(max_new_tokens=16)).batch
     engine = HFRolloutEngine(model, tokenizer.pad_token_id, compiled_decode=True)
-    static = engine.generate(prompts, greedy(max_new_tokens=16))
-    assert engine.last_generate_metrics["rollout/decode_compiled"] == 1.0
+    generated = engine.generate(prompts, greedy(max_new_tokens=16))
+    static = generated.batch
+    assert generated.metrics["rollout/decode_compiled"] == 1.0
     assert torch.equal(static["responses"], eager["responses"])
     assert torch.equal(static["response_mask"], eager["response_mask"])
     mask = static["response_mask"].bool()
@@ -184,7 +186,7 @@ def test_compiled_decode_path_gives_the_eager_tokens_and_logprobs(eos_model):
     torch.manual_seed(0)  # sampling: log-probs of the warped distribution, as on the eager path
     sampling = SamplingParams(n=2, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=12, stop_token_ids=[EOS],
                               return_logprobs=True)
-    out = engine.generate(prompts, sampling)
+    out = engine.generate(prompts, sampling).batch
     mask = out["response_mask"].bool()
     assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out, 0.8, 20, 0.9)[mask], rtol=1e-5,
                  atol=1e-4)
@@ -230,7 +232,25 @@ def test_packed_attention_model_compiles_without_graph_breaks_and_decodes_like_s
     logits = torch.compile(packed, fullgraph=True)(input_ids=ids).logits  # raises on a graph break
     assert_close(logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
     prompts = make_prompts(tokenizer)
-    out = HFRolloutEngine(packed, tokenizer.pad_token_id, compiled_decode=True).generate(prompts, greedy())
+    out = HFRolloutEngine(packed, tokenizer.pad_token_id, compiled_decode=True).generate(prompts, greedy()).batch
     assert packed.config._attn_implementation == ATTN_IMPLEMENTATION
-    eager = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy())
+    eager = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy()).batch
     assert torch.equal(out["responses"], eager["responses"])
+
+
+def test_token_lists_take_a_budget_each_and_match_one_prompt_generations(eos_model):
+    """The agent loops' path: requests of different lengths in one call, each cut to its own budget; greedy, each
+    equals generating that prompt alone (up to its budget), and the metrics come back with the call."""
+    model, tokenizer = eos_model
+    engine = HFRolloutEngine(model, tokenizer.pad_token_id)
+    token_lists = [tokenizer.encode(t, add_special_tokens=False) for t in ("hello there", "x", "what is 2+3? ok")]
+    budgets = [3, 12, 7]
+    turn = engine.generate_token_lists(token_lists, budgets, greedy(max_new_tokens=1))
+    assert turn.metrics["timing_s/rollout_decode"] > 0
+    for ids, budget, completion in zip(token_lists, budgets, turn.completions):
+        alone = engine.generate(left_padded_prompts([ids], tokenizer.pad_token_id), greedy(max_new_tokens=budget)).batch
+        want = alone["responses"][0][alone["response_mask"][0].bool()].tolist()
+        assert completion.token_ids == want and len(completion.token_ids) <= budget
+        assert EOS not in completion.token_ids[:-1] and len(completion.logprobs) == len(completion.token_ids)
+    with pytest.raises(ValueError, match="3 requests but 2 budgets"):
+        engine.generate_token_lists(token_lists, budgets[:2], greedy())

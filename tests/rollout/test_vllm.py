@@ -54,7 +54,7 @@ def test_greedy_tokens_and_logprobs_equal_hf(engines, chat):
     # Long chat prompts fill a 32-token KV block: their n samples read the prompt from the prefix cache.
     prompts = make_prompts(tokenizer, LONG_PROMPTS, chat=True) if chat else make_prompts(tokenizer)
     assert (prompts["attention_mask"].sum(-1).max() >= 32) == chat
-    out, expected = engine.generate(prompts, greedy(n=2)), hf.generate(prompts, greedy(n=2))
+    out, expected = engine.generate(prompts, greedy(n=2)).batch, hf.generate(prompts, greedy(n=2)).batch
     assert sorted(out.keys()) == sorted(expected.keys()) and out.meta == {"step": 3}
     for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert torch.equal(out[key], expected[key]), key
@@ -71,7 +71,7 @@ def test_sampled_rows_interleave_and_logprobs_are_the_sampling_distribution(engi
     monkeypatch.setattr(engine, "_prefill_prompts", lambda lists: (shared_prefills.append(len(lists)), prefill(lists)))
     sampling = SamplingParams(n=3, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=12, stop_token_ids=[EOS],
                               return_logprobs=True)
-    out = engine.generate(make_prompts(tokenizer, LONG_PROMPTS, chat=True), sampling)  # prefill shared via the cache
+    out = engine.generate(make_prompts(tokenizer, LONG_PROMPTS, chat=True), sampling).batch  # prefill shared via the cache
     assert out["uid"].tolist()[:6] == ["p0"] * 3 + ["p1"] * 3 and shared_prefills == [len(PROMPTS)]
     mask = out["response_mask"].bool()
     expected = manual_logprobs(load_causal_lm(eos_model_dir), out, temperature=0.8, top_k=20, top_p=0.9)
@@ -81,7 +81,7 @@ def test_sampled_rows_interleave_and_logprobs_are_the_sampling_distribution(engi
 def test_update_weights_switches_to_new_weights(engines, eos_model_dir, eos_model_dir_other_weights):
     engine, hf, tokenizer = engines
     prompts = make_prompts(tokenizer)
-    before = engine.generate(prompts, greedy())
+    before = engine.generate(prompts, greedy()).batch
     other = HFRolloutEngine.from_pretrained(eos_model_dir_other_weights, tokenizer.pad_token_id, dtype="fp32",
                                             device="cpu")
     engine.bucket_megabytes = 0.05  # many buckets: fused q/k/v and gate/up parts arrive in different buckets
@@ -89,7 +89,7 @@ def test_update_weights_switches_to_new_weights(engines, eos_model_dir, eos_mode
         new_weights = load_causal_lm(eos_model_dir_other_weights).state_dict()
         metrics = engine.update_weights(iter(new_weights.items()), version=1)
         assert metrics["rollout/update_weights_buckets"] > 3 and metrics["timing_s/rollout_update_weights"] > 0
-        after, expected = engine.generate(prompts, greedy()), other.generate(prompts, greedy())
+        after, expected = engine.generate(prompts, greedy()).batch, other.generate(prompts, greedy()).batch
         assert not torch.equal(after["responses"], before["responses"])
         assert torch.equal(after["responses"], expected["responses"])
         assert_close(after["rollout_logprobs"], expected["rollout_logprobs"])
@@ -102,24 +102,24 @@ def test_update_weights_switches_to_new_weights(engines, eos_model_dir, eos_mode
     finally:  # the module's engine goes back to the original weights
         engine.update_weights(iter(load_causal_lm(eos_model_dir).state_dict().items()), version=None)
         engine.bucket_megabytes = 512
-    assert torch.equal(engine.generate(prompts, greedy())["responses"], before["responses"])
+    assert torch.equal(engine.generate(prompts, greedy()).batch["responses"], before["responses"])
 
 
 def test_sleep_wake_round_trip(engines, eos_model_dir):
     engine, _, tokenizer = engines
     prompts = make_prompts(tokenizer)
-    before = engine.generate(prompts, greedy())
+    before = engine.generate(prompts, greedy()).batch
     metrics = engine.sleep(level=1)
     assert {"timing_s/rollout_sleep", "rollout/sleep_mem_used_before_gb", "rollout/sleep_mem_used_after_gb",
             "rollout/sleep_mem_freed_gb"} <= set(metrics)
     assert engine.sleep() == {}
     with pytest.raises(RuntimeError, match="asleep"):
-        engine.generate(prompts, greedy())
+        engine.generate(prompts, greedy()).batch
     # The trainer's order also works: weights while asleep, then wake.
     engine.update_weights(iter(load_causal_lm(eos_model_dir).state_dict().items()), version=7)
     assert {"timing_s/rollout_wake", "rollout/wake_mem_used_after_gb"} <= set(engine.wake_up())
     assert engine.wake_up() == {}
-    after = engine.generate(prompts, greedy())
+    after = engine.generate(prompts, greedy()).batch
     assert torch.equal(after["responses"], before["responses"])
     assert_close(after["rollout_logprobs"], before["rollout_logprobs"])
 
@@ -134,7 +134,7 @@ def test_load_weights_path_refuses_an_engine_that_repacked_its_weights(engines, 
     weight is touched (the module's engine then syncs through reload_weights as before)."""
     engine, _, tokenizer = engines
     prompts = make_prompts(tokenizer)
-    before = engine.generate(prompts, greedy())
+    before = engine.generate(prompts, greedy()).batch
     engine.weight_sync_path = "load_weights"
     try:
         with pytest.raises(RuntimeError, match="repacked"):
@@ -142,9 +142,9 @@ def test_load_weights_path_refuses_an_engine_that_repacked_its_weights(engines, 
     finally:
         engine.weight_sync_path = "reload_weights"
     with pytest.raises(RuntimeError, match="update_weights"):  # a failed sync leaves the engine marked invalid
-        engine.generate(prompts, greedy())
+        engine.generate(prompts, greedy()).batch
     engine.update_weights(iter(load_causal_lm(eos_model_dir).state_dict().items()), version=None)
-    assert torch.equal(engine.generate(prompts, greedy())["responses"], before["responses"])
+    assert torch.equal(engine.generate(prompts, greedy()).batch["responses"], before["responses"])
 
 
 # Tests below build engines of their own; the module's engine is not used after them (a second engine's
@@ -162,13 +162,13 @@ def test_tied_model_from_dummy_weights_matches_hf_after_each_sync(tmp_path, engi
     engine = build_rollout_engine(vllm_config(load_format="dummy"), model_dirs[0], None, tokenizer)
     prompts = make_prompts(tokenizer, LONG_PROMPTS, chat=True)
     with pytest.raises(RuntimeError, match="update_weights"):
-        engine.generate(prompts, greedy())
+        engine.generate(prompts, greedy()).batch
     sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, stop_token_ids=[EOS], return_logprobs=True)
     for version, model_dir in enumerate(model_dirs):
         model = load_causal_lm(model_dir)
         assert model.config.tie_word_embeddings
         engine.update_weights(iter(dict(model.named_parameters()).items()), version=version)  # no lm_head.weight
-        out = engine.generate(prompts, sampling)
+        out = engine.generate(prompts, sampling).batch
         mask = out["response_mask"].bool()
         assert_close(out["rollout_logprobs"][mask], manual_logprobs(model, out)[mask])
 
@@ -189,12 +189,12 @@ def test_load_weights_path_from_a_dummy_start_matches_hf(eos_model_dir, eos_mode
     assert engine.weight_sync_path == "load_weights"
     prompts = make_prompts(tokenizer)
     with pytest.raises(RuntimeError, match="update_weights"):
-        engine.generate(prompts, greedy())
+        engine.generate(prompts, greedy()).batch
     for version, model_dir in enumerate((eos_model_dir, eos_model_dir_other_weights)):
         metrics = engine.update_weights(iter(load_causal_lm(model_dir).state_dict().items()), version=version)
         assert "rollout/update_weights_params_not_loaded" not in metrics
         hf = HFRolloutEngine.from_pretrained(model_dir, tokenizer.pad_token_id, dtype="fp32", device="cpu")
-        out, expected = engine.generate(prompts, greedy()), hf.generate(prompts, greedy())
+        out, expected = engine.generate(prompts, greedy()).batch, hf.generate(prompts, greedy()).batch
         assert torch.equal(out["responses"], expected["responses"])
         assert_close(out["rollout_logprobs"], expected["rollout_logprobs"])
 
@@ -209,7 +209,7 @@ def test_raw_logprobs_from_the_sampler_are_converted_like_on_vllm_ascend(eos_mod
     assert engine.llm_kwargs["logprobs_mode"] == "raw_logprobs" and engine.llm_kwargs["max_logprobs"] == 20
     sampling = SamplingParams(n=2, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=10, stop_token_ids=[EOS],
                               return_logprobs=True)
-    out = engine.generate(make_prompts(tokenizer), sampling)
+    out = engine.generate(make_prompts(tokenizer), sampling).batch
     mask = out["response_mask"].bool()
     expected = manual_logprobs(load_causal_lm(eos_model_dir), out, temperature=0.8, top_k=20, top_p=0.9)
     assert_close(out["rollout_logprobs"][mask], expected[mask])

@@ -32,7 +32,7 @@ def main(model_dir: str, other_dir: str) -> int:
     hf = build_rollout_engine(RolloutConfig(name="hf", dtype="float32"), model_dir, None, tokenizer)
     sampling = SamplingParams(n=2, do_sample=False, max_new_tokens=16, stop_token_ids=[2], return_logprobs=True)
     for step in range(2):
-        out, expected = engine.generate(prompts, sampling), hf.generate(prompts, sampling)
+        out, expected = engine.generate(prompts, sampling).batch, hf.generate(prompts, sampling).batch
         assert len(out) == len(prompts) * 2, (rank, len(out))
         assert torch.equal(out["responses"], expected["responses"]), (rank, step)
         torch.testing.assert_close(out["rollout_logprobs"], expected["rollout_logprobs"])

@@ -35,4 +35,4 @@ def test_secrets_are_not_recorded():
     from npu_rl.tracking.run_record import recorded_environment
 
     env = recorded_environment({"SWANLAB_API_KEY": "abc", "DEVICE": "npu", "HOME": "/root", "HCCL_CONNECT_TIMEOUT": "7"})
-    assert env == {"SWANLAB_API_KEY": "<set>", "DEVICE": "npu", "HCCL_CONNECT_TIMEOUT": "7"}
+    assert env == {"SWANLAB_API_KEY": "<redacted>", "DEVICE": "npu", "HCCL_CONNECT_TIMEOUT": "7"}

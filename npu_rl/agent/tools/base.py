@@ -3,8 +3,9 @@
 A tool instance serves many conversations: ``create`` opens a per-conversation state (keyed by an instance id, with
 the row's ``tools_kwargs[<tool name>]["create_kwargs"]``), ``execute`` runs one call and returns
 ``(response, step_reward, metrics)``, ``calc_reward`` gives a final reward for the conversation, ``release`` drops
-the state. ``execute`` may be ``async def`` (awaited; cut at the tool's timeout) or a plain ``def`` (run in a
-worker thread; the rollout stops waiting at the timeout, the thread itself cannot be killed and finishes on its own).
+the state. ``execute`` may be ``async def`` or a plain ``def``; ``create``, ``execute`` and ``release`` are each cut at the tool's
+``timeout`` (seconds, finite and > 0; :mod:`npu_rl.agent.user_code` runs them off the agents' event loop, so even a
+tool that blocks cannot stop the deadline from firing, and a stuck thread is never waited for at shutdown).
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ class BaseTool:
         if schema is None:
             raise ValueError(f"{type(self).__name__} needs a tool_schema (it has no default one)")
         self.tool_schema = schema
-        self.timeout_s = float(self.config.get("timeout", self.default_timeout_s))
+        from npu_rl.agent.user_code import check_timeout
+
+        self.timeout_s = check_timeout(self.config.get("timeout", self.default_timeout_s), f"tool {schema.name!r}")
         self._instances: dict[str, dict[str, Any]] = {}
 
     @classmethod

@@ -1,0 +1,132 @@
+"""Calling a user's tool or interaction with a deadline that always fires, from an agent loop's event loop.
+
+The agent loops share one asyncio event loop. Code a user wrote for a tool or an interaction may block: a plain
+``def execute`` sleeping, or an ``async def`` that calls ``time.sleep`` and so stops the whole event loop (no
+``asyncio.wait_for`` can fire then). So no user code runs on the agents' loop:
+
+- an ``async`` method runs on the *tool loop*, a second event loop in a daemon thread shared by all tools and
+  interactions (state such as an HTTP session made there keeps working from call to call);
+- a plain function runs in a daemon thread of its own.
+
+The agents' loop waits for the result with ``asyncio.wait_for(..., timeout)``; at the deadline it stops waiting and
+the call counts as timed out. A thread cannot be killed: a stuck one finishes (or not) on its own, but it is a
+daemon thread nobody joins, so ``asyncio.run`` and the interpreter exit never wait for it (``asyncio.to_thread``'s
+executor is joined at both). A tool loop that missed a deadline is given up (stopped once it is free again) and the
+next call starts a fresh one, so one stuck call cannot make every later call time out (the old loop finishes
+the calls still on it, then ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+from typing import Any, Callable, Optional
+
+
+class UserCodeTimeout(Exception):
+    """A tool's or an interaction's call did not answer within its deadline."""
+
+
+class _ToolLoop:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name="npu-rl-tool-loop", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def give_up(self) -> None:
+        """No new calls come here; the loop ends once the calls still on it have (a stuck one: when it returns)."""
+
+        async def drain() -> None:
+            me = asyncio.current_task()
+            while any(t is not me and not t.done() for t in asyncio.all_tasks()):
+                await asyncio.sleep(0.05)
+            self.loop.stop()
+
+        try:
+            asyncio.run_coroutine_threadsafe(drain(), self.loop)
+        except RuntimeError:  # already closed
+            pass
+
+
+_lock = threading.Lock()
+_current: Optional[_ToolLoop] = None
+
+
+def _tool_loop() -> _ToolLoop:
+    global _current
+    with _lock:
+        if _current is None:
+            _current = _ToolLoop()
+        return _current
+
+
+def _give_up(tool_loop: _ToolLoop) -> None:
+    global _current
+    with _lock:
+        if _current is tool_loop:
+            _current = None
+    tool_loop.give_up()
+
+
+def _in_daemon_thread(fn: Callable[..., Any], args: tuple, kwargs: dict) -> asyncio.Future:
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(setter, value):
+        if not future.done():
+            setter(value)
+
+    def work():
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting loop, which decides
+            outcome = (future.set_exception, exc)
+        else:
+            outcome = (future.set_result, result)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the agents' loop is closed: nobody waits any more
+            pass
+
+    threading.Thread(target=work, name=f"npu-rl-user-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
+
+
+def check_timeout(value: Any, where: str) -> float:
+    """A deadline in seconds: a finite number > 0 (0, negative, NaN and inf would mean "never" or "at once")."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: timeout={value!r} must be a number of seconds > 0") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{where}: timeout={value!r} must be a finite number of seconds > 0")
+    return seconds
+
+
+async def call_user_code(fn: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` (awaited when it is ``async``), off the agents' loop, cut at ``timeout_s``; raises
+    ``UserCodeTimeout`` at the deadline and whatever ``fn`` raised otherwise."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        tool_loop = _tool_loop()
+        try:
+            pending = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), tool_loop.loop)
+        except RuntimeError:  # that loop was given up meanwhile
+            _give_up(tool_loop)
+            tool_loop = _tool_loop()
+            pending = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), tool_loop.loop)
+        waiting = asyncio.wrap_future(pending)
+    else:
+        tool_loop = None
+        waiting = _in_daemon_thread(fn, args, kwargs)
+    try:
+        return await asyncio.wait_for(waiting, timeout=timeout_s)
+    except asyncio.TimeoutError:
+        if tool_loop is not None:
+            _give_up(tool_loop)
+        raise UserCodeTimeout(f"did not answer within {timeout_s:g} s") from None
