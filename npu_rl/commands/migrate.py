@@ -18,8 +18,7 @@ import sys
 from npu_rl.compat.verl import migrate as compat
 from npu_rl.compat.verl.script import ScriptError, check_text, read_file, read_script
 from npu_rl.config.errors import ConfigError
-
-# TODO(issue 29): pass the printed lines through npu_rl.utils.redact.redact_text once it is on main.
+from npu_rl.utils.redact import redact_text
 
 
 def _usage(parser: argparse.ArgumentParser, message: str) -> int:
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("")
     if values or paths:
         lines.append("# the npu-rl command does not load as it is (the checks `--cfg job` runs):")
-        lines += [f"check      {p}" for p in values] + [f"path       {p}" for p in paths]
+        lines += [f"check      {redact_text(p)}" for p in values] + [f"path       {redact_text(p)}" for p in paths]
     else:
         lines.append("# the kept overrides load and pass the checks of `--cfg job`"
                      + (" (values only: --skip-paths)" if args.skip_paths else ""))

@@ -315,3 +315,12 @@ def test_unset_variables_are_kept_as_written():
                           'a=${B:-two} "${EXTRA[@]}"\n')
     assert reading.overrides == ["actor_rollout_ref.model.path=${MODEL_PATH}/x", "a=two"]
     assert any("$MODEL_PATH is not set" in w for w in reading.warnings)
+
+
+def test_a_secret_written_in_the_script_is_masked(capsys, tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo "
+                      "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY=wandb-planted-literal\n")
+    main([str(script), "--skip-paths"])
+    out = capsys.readouterr().out
+    assert "planted" not in out and "WANDB_API_KEY=<redacted>" in out

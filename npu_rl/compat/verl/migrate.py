@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 
 from npu_rl.compat.verl.keys import ascend_notes, classify, is_off, refused_value
-from npu_rl.compat.verl.script import SECRET_NAME
+from npu_rl.utils.redact import is_secret_name, redact_text
 
 KIND_LABELS = {"implemented": "supported", "alias": "mapped", "no_effect": "no effect", "refused": "refused",
                "unknown": "unknown", "off": "no effect", "flag": "flag"}
@@ -144,9 +144,18 @@ def kept_overrides(rows: list[Row]) -> list[str]:
 
 def quote(word: str) -> str:
     """Shell quoting for the printed command; a secret kept as ``$NAME`` stays expandable (double quotes)."""
-    if not any(SECRET_NAME.search(m.group(1)) for m in re.finditer(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", word)):
+    if not any(is_secret_name(m.group(1)) for m in re.finditer(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", word)):
         return shlex.quote(word)
     return '"' + re.sub(r'(["`\\])', r"\\\1", word) + '"'
+
+
+_REFERENCE = re.compile(r"=\$\{?[A-Za-z_][A-Za-z0-9_]*\}?$")
+
+
+def mask(text: str) -> str:
+    """``text`` as it may be printed: secrets masked (npu_rl.utils.redact), except a value that only names a
+    variable (``WANDB_API_KEY=$WANDB_API_KEY``), which the shell expands when the command runs."""
+    return text if _REFERENCE.search(text) else redact_text(text)
 
 
 def command(rows: list[Row], flags: Flags, cfg_job: bool = False) -> list[str]:
@@ -156,23 +165,24 @@ def command(rows: list[Row], flags: Flags, cfg_job: bool = False) -> list[str]:
         head += f" --config-path {shlex.quote(flags.config_path)}"
     if cfg_job:
         head += " --cfg job"
-    lines = [head] + [f"    {quote(o)}" for o in kept_overrides(rows)]
+    lines = [head] + [f"    {quote(mask(o))}" for o in kept_overrides(rows)]
     lines = [line + " \\" for line in lines[:-1]] + lines[-1:]
-    lines += [f"#   {row.override}    # {KIND_LABELS[row.kind]}: {row.detail}" for row in rows if row.kind in FAILING]
+    lines += [f"#   {mask(row.override)}    # {KIND_LABELS[row.kind]}: {row.detail}" for row in rows
+              if row.kind in FAILING]
     return lines
 
 
 def render(rows: list[Row], source: str, warnings: list[str]) -> list[str]:
     """The per-override table (one line each, an ``ascend:`` line under the settings that differ on NPUs)."""
     lines = [f"# npu-rl migrate: {source} ({len(rows)} overrides)"]
-    lines += [f"# warning: {w}" for w in warnings]
+    lines += [f"# warning: {redact_text(w)}" for w in warnings]
     width = min(max((len(r.override) for r in rows), default=0), 72)
     counts: dict[str, int] = {}
     for row in rows:
         label = KIND_LABELS[row.kind]
         counts[label] = counts.get(label, 0) + 1
         detail = f"  {row.detail}" if row.detail else ""
-        lines.append(f"{label:<10} {row.override:<{width}}{detail}".rstrip())
+        lines.append(f"{label:<10} {mask(row.override):<{width}}{detail}".rstrip())
         if row.ascend:
             lines.append(f"{'':<10} ascend: {row.ascend}")
     lines.append("# " + ", ".join(f"{n} {label}" for label, n in counts.items()))

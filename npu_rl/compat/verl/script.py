@@ -10,8 +10,8 @@ that a missing program does not end the reading and a variable the script never 
 
 What the reading cannot know is said in ``warnings``: a variable the script uses but nobody set (kept as
 ``${NAME}``; give it with ``env``), the commands that were not run (their output is empty). Secrets are never read
-from the environment: a variable whose name looks like a secret (``*_API_KEY``, ``*_TOKEN`` ...) is kept as
-``$NAME``. A script that is not text, does not parse, runs too long or takes too much memory is refused
+from the environment: a variable whose name looks like a secret (``*_API_KEY``, ``*_TOKEN`` ...: the rule of
+:mod:`npu_rl.utils.redact`) is kept as ``$NAME``. A script that is not text, does not parse, runs too long or takes too much memory is refused
 (:class:`ScriptError`) naming the line where bash says.
 """
 
@@ -26,14 +26,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+from npu_rl.utils.redact import is_secret_name
+
 ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "npu_rl.trainer.main_ppo", "main_ppo", "main_dapo")
 MAX_BYTES = 1 << 20  # a run script is a few kB; a larger file is not one
 TIME_LIMIT_S = 5.0  # for the whole reading (every pass)
 MEMORY_LIMIT = 512 << 20  # address space of the bash process
 OUTPUT_LIMIT = 8 << 20  # bytes bash may write (the record, stdout, stderr)
 MAX_PASSES = 40  # one more pass per variable the script uses without setting it
-SECRET_NAME = re.compile(r"(_API_KEY|_TOKEN|_SECRET|PASSWORD|_PASSWD|_CREDENTIALS?)$|^(HF_TOKEN|WANDB_API_KEY)$",
-                         re.IGNORECASE)
 # never handed to the script's bash: they change how bash starts or looks commands up
 _SHELL_VARIABLES = {"ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "IFS", "PS4", "PATH", "CDPATH", "GLOBIGNORE",
                     "PROMPT_COMMAND", "POSIXLY_CORRECT", "EXECIGNORE", "HISTFILE", "BASH_XTRACEFD", "SHELL"}
@@ -98,7 +98,7 @@ def _environment(env: dict[str, str], placeholders: set[str]) -> dict[str, str]:
     for name, value in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _SHELL_VARIABLES or name.startswith("BASH"):
             continue
-        out[name] = f"${name}" if SECRET_NAME.search(name) else value
+        out[name] = f"${name}" if is_secret_name(name) else value
     out.update({name: "${" + name + "}" for name in placeholders})
     return out
 
@@ -294,7 +294,7 @@ def read_script(text: str, env: dict[str, str] | None = None) -> ScriptReading:
 
 def _secret_warnings(overrides: list[str], env: dict[str, str]) -> list[str]:
     names = sorted({m.group(1) for o in overrides for m in re.finditer(r"\$([A-Za-z_][A-Za-z0-9_]*)", o)
-                    if SECRET_NAME.search(m.group(1)) and m.group(1) in env})
+                    if is_secret_name(m.group(1)) and m.group(1) in env})
     return [f"${name} is a secret: kept as ${name} (never read from the environment)" for name in names]
 
 
