@@ -310,11 +310,12 @@ def test_secrets_are_never_expanded_from_the_environment(capsys, tmp_path, monke
     assert '"trainer.project_name=$HF_TOKEN"' in out
 
 
-def test_unset_variables_are_kept_as_written():
-    reading = read_script('python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path="$MODEL_PATH/x" '
-                          'a=${B:-two} "${EXTRA[@]}"\n')
-    assert reading.overrides == ["actor_rollout_ref.model.path=${MODEL_PATH}/x", "a=two"]
-    assert any("$MODEL_PATH is not set" in w for w in reading.warnings)
+def test_unset_variables_are_named_and_read_as_bash_reads_them():
+    reading = read_script('NAME=run_${ENGINE}\nENGINE=${ENGINE:-vllm}\npython3 -m verl.trainer.main_ppo '
+                          'actor_rollout_ref.model.path="$MODEL_PATH/x" a=${B:-two} e=$ENGINE n=$NAME "${EXTRA[@]}"\n')
+    assert reading.overrides == ["actor_rollout_ref.model.path=/x", "a=two", "e=vllm", "n=run_"]
+    assert any("line 3: $MODEL_PATH is not set" in w for w in reading.warnings), reading.warnings
+    assert any("line 1: $ENGINE is not set" in w for w in reading.warnings)
 
 
 def test_a_secret_written_in_the_script_is_masked(capsys, tmp_path):

@@ -224,13 +224,39 @@ EXPECTED_OTHER = {
     "profile_run_qwen3_8b_npu_profile_discrete": ["global_profiler.tool='npu' is not available on cpu"],
     "profile_run_qwen3_8b_npu_profile_e2e": ["global_profiler.tool='npu' is not available on cpu"],
 }
+# problems any script may stop on: a named refusal of a setting npu-rl lacks (not a key's)
+EXPECTED_ANYWHERE = ["agent-loop rollouts run with tensor_model_parallel_size=1 only"]
+EXPECTED_OTHER.update({
+    "recipe_langgraph_agent_example_run_qwen2.5_3b": ["ulysses_sequence_parallel_size=4 must divide the number of "
+                                                      "devices"],
+})
 # scripts that must pass the check as they are (model and data paths supplied)
 MUST_PASS = {"docs_gsm8k_example_ppo", "docs_quickstart_ppo_gsm8k", "recipe_dapo_run_dapo_qwen2.5_32b_npu",
              "ppo_trainer_run_qwen3_8b_fsdp", "grpo_trainer_run_qwen3_8b_fsdp", "gspo_trainer_run_qwen3_8b_fsdp",
              "sapo_trainer_run_qwen3_8b_fsdp", "otb_trainer_run_qwen3_8b_fsdp", "gdpo_trainer_run_qwen3_8b_fsdp",
              "ascend_extras_ppo_trainer_run_qwen3_8b_fsdp", "ascend_extras_grpo_trainer_run_qwen3_32b_fsdp",
              "ascend_extras_gspo_trainer_run_qwen3_32b_fsdp", "grpo_trainer_run_qwen2_5_32b_fsdp",
-             "tuning_lora_run_qwen3_8b_fsdp", "tuning_lora_run_qwen3_8b_merge_fsdp"}
+             "tuning_lora_run_qwen3_8b_fsdp", "tuning_lora_run_qwen3_8b_merge_fsdp",
+             # verl-recipe's DAPO scripts (reward.reward_kwargs / reward_model.reward_kwargs) and others on main_ppo
+             *(f"recipe_dapo_{n}" for n in (
+                 "run_dapo_early_qwen2.5_32b", "run_dapo_qwen2.5_32b", "run_dapo_qwen2.5_32b_fsdp2_20k_npu",
+                 "run_dapo_qwen2.5_32b_fsdp2_4k_npu", "run_dapo_qwen2.5_7b_npu", "run_dapo_qwen3_14b_base_npu",
+                 "run_dapo_qwen3_30b_fsdp_6k_npu", "run_dapo_qwen3_8b_base_npu", "run_dapo_qwen3_moe_30b_base_fsdp_npu",
+                 "run_dapo_wo_ds_qwen2.5_32b", "test_dapo_7b", "test_dapo_7b_math", "test_dapo_7b_math_lora",
+                 "test_dapo_qwen3_30b_math", "test_dapo_qwen3_30b_math_single_node")),
+             "grpo_trainer_run_qwen3_vl_30b_a3b_fsdp"}
+# Top-level keys of verl's asynchronous trainers (fully_async_main, one_step_off_policy): the async-training work
+# (branch `async`) owns them; until it lands, a script of those trainers is pending and may meet them as unknown.
+PENDING_ASYNC_ROOTS = ("rollout.", "async_training.")
+
+
+def header(name: str, field: str) -> str | None:
+    """A ``# field: value`` line of a script's test data (``trainer``, ``flags``), or None."""
+    with open(os.path.join(SCRIPTS, f"{name}.txt"), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(f"# {field}: "):
+                return line.split(": ", 1)[1].strip()
+    return None
 
 
 def refused_override(problem: str, overrides: list[str]) -> bool:
@@ -256,6 +282,8 @@ def supply_paths(overrides: list[str], files: dict[str, str]) -> list[str]:
     out = []
     for text in overrides:
         key = text.lstrip("+").split("=", 1)[0]
+        if key.endswith("custom_reward_function.name"):
+            text = f"{key}=compute_score"  # the function of the local reward file
         out.append(f"{key}={files[key]}" if key in PATH_KEYS else text)
     return out
 
@@ -279,19 +307,36 @@ SCRIPT_NAMES = sorted(f[:-4] for f in os.listdir(SCRIPTS) if f.endswith(".txt"))
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_verl_script_passes_the_check(name, local_files):
+    """Every launch loads, or stops on a refusal with its reason; none meets an unknown key of verl's. A recipe's own
+    trainer (not main_ppo) is refused as a whole; the async trainers' scripts are pending (see above)."""
+    from npu_rl.compat.verl.migrate import entry_point_rows
+
+    trainer = header(name, "trainer")
+    if trainer is not None and trainer.startswith("recipe."):
+        rows = entry_point_rows(trainer)
+        assert rows and rows[0].kind == "refused" and "a recipe's own trainer" in rows[0].detail
+        return  # its keys are that recipe's
     overrides = supply_paths(read_lines(os.path.join(SCRIPTS, f"{name}.txt")), local_files)
     unknown = [o for o in overrides if verl_keys.classify(o.lstrip("+~").split("=", 1)[0]).kind == "unknown"]
+    if trainer is not None:  # verl's asynchronous trainers: refused as a whole for now, their own keys pending
+        assert entry_point_rows(trainer)[0].kind == "refused"
+        unknown = [o for o in unknown if not o.lstrip("+").startswith(PENDING_ASYNC_ROOTS)]
     assert unknown == []  # (a refusal stops the loading before the loader would name an unknown key)
     try:
         config = load(*overrides)
         npu = config.trainer.device == "npu"  # the Ascend scripts ask for NPUs this machine lacks
-        validate(config, check_device=not npu)
+        # verl-recipe's scripts name files of that repository (tool and agent configs): values only
+        validate(config, check_device=not npu, check_paths=not name.startswith("recipe_"))
         problems = []
     except ConfigError as exc:
         problems = exc.problems
+    if trainer is not None:
+        problems = [p for p in problems if not p.startswith(("unknown config key 'rollout.",
+                                                             "unknown config key 'async_training."))]
     assert not any("unknown config key" in p for p in problems), problems
     for problem in problems:
-        assert refused_override(problem, overrides) or any(n in problem for n in EXPECTED_OTHER.get(name, [])), problem
+        assert refused_override(problem, overrides) or any(n in problem for n in EXPECTED_OTHER.get(name, []) +
+                                                           EXPECTED_ANYWHERE), problem
     if name in MUST_PASS:
         assert problems == []
 
@@ -299,7 +344,7 @@ def test_verl_script_passes_the_check(name, local_files):
 def test_every_script_records_its_source():
     for name in SCRIPT_NAMES:
         with open(os.path.join(SCRIPTS, f"{name}.txt"), encoding="utf-8") as f:
-            assert f.readline().startswith("# source: verl-project/verl@"), name
+            assert f.readline().startswith(("# source: verl-project/verl@", "# source: verl-project/verl-recipe@")), name
 
 
 @pytest.mark.parametrize("name", ["docs_gsm8k_example_ppo", "docs_quickstart_ppo_gsm8k"])

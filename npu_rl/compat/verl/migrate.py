@@ -91,6 +91,25 @@ def split_flags(words: list[str]) -> tuple[list[str], Flags, list[Row]]:
     return overrides, flags, rows
 
 
+# verl's trainers other than main_ppo (and its DAPO entry point): what they are, and what to run instead
+OTHER_TRAINERS = {
+    "verl.experimental.fully_async_policy.fully_async_main": "verl's fully asynchronous trainer is not implemented "
+                                                             "here yet",
+    "verl.experimental.one_step_off_policy.main_ppo": "verl's one-step-off-policy trainer is not implemented here yet",
+}
+
+
+def entry_point_rows(module: str) -> list[Row]:
+    """A refused row for a trainer that is not main_ppo (none for main_ppo and recipe.dapo.main_dapo)."""
+    from npu_rl.compat.verl.script import ENTRY_POINTS
+
+    if module in ENTRY_POINTS:
+        return []
+    why = OTHER_TRAINERS.get(module, f"{module} is a recipe's own trainer (its own loop and config), not main_ppo")
+    return [Row(f"-m {module}", module, "refused", f"{why}; instead: python3 -m npu_rl.trainer.main_ppo (the "
+                                                   "synchronous PPO loop) with the overrides below")]
+
+
 def classify_override(override: str) -> Row:
     prefix, key, value_text = _split(override)
     if key in ("preset", "hydra") or key.startswith("hydra."):

@@ -6,10 +6,11 @@ redirection, no ``cd``, no command named by a path, ``kill`` / ``history`` / ``f
 folder, ``/dev/null`` for input, and limits on time, memory and output. So variables, ``export``, arrays, ``case``,
 ``if``, arithmetic, backticks and ``$(...)`` behave as bash has them, and the one command that matters (the trainer
 call) is recorded with its arguments fully expanded. ``set -e`` and ``set +u`` in the script are not applied, so
-that a missing program does not end the reading and a variable the script never sets is kept as ``${NAME}``.
+that a missing program does not end the reading; ``set -u`` is on, so that a variable the script uses but never
+sets is named (then read as empty, as bash would).
 
-What the reading cannot know is said in ``warnings``: a variable the script uses but nobody set (kept as
-``${NAME}``; give it with ``env``), the commands that were not run (their output is empty). Secrets are never read
+What the reading cannot know is said in ``warnings``: a variable the script uses but nobody set (empty; give it
+with ``env``), the commands that were not run (their output is empty). Secrets are never read
 from the environment: a variable whose name looks like a secret (``*_API_KEY``, ``*_TOKEN`` ...: the rule of
 :mod:`npu_rl.utils.redact`) is kept as ``$NAME``. A script that is not text, does not parse, runs too long or takes too much memory is refused
 (:class:`ScriptError`) naming the line where bash says.
@@ -17,6 +18,7 @@ from the environment: a variable whose name looks like a secret (``*_API_KEY``, 
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import resource
@@ -29,6 +31,9 @@ from dataclasses import dataclass, field
 from npu_rl.utils.redact import is_secret_name
 
 ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "npu_rl.trainer.main_ppo", "main_ppo", "main_dapo")
+# other trainers of verl and its recipes: recognised (and reported as what they are), not translated
+OTHER_TRAINERS = ("verl.experimental.fully_async_policy.fully_async_main", "verl.experimental.one_step_off_policy.main_ppo",
+                  "recipe.*main*", "verl.experimental.*main*")
 MAX_BYTES = 1 << 20  # a run script is a few kB; a larger file is not one
 TIME_LIMIT_S = 5.0  # for the whole reading (every pass)
 MEMORY_LIMIT = 512 << 20  # address space of the bash process
@@ -38,7 +43,7 @@ MAX_PASSES = 40  # one more pass per variable the script uses without setting it
 _SHELL_VARIABLES = {"ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "IFS", "PS4", "PATH", "CDPATH", "GLOBIGNORE",
                     "PROMPT_COMMAND", "POSIXLY_CORRECT", "EXECIGNORE", "HISTFILE", "BASH_XTRACEFD", "SHELL"}
 
-_ENTRY_CASE = "|".join(f"{ep}|*/{ep.rsplit('.', 1)[-1]}.py" for ep in ENTRY_POINTS)
+_ENTRY_CASE = "|".join([f"{ep}|*/{ep.rsplit('.', 1)[-1]}.py" for ep in ENTRY_POINTS] + list(OTHER_TRAINERS))
 # Defined before ``set -r`` (one line, so that the script's line N is line N + 1 of what bash reads). The handler
 # writes line, word count and words, NUL-separated, to file descriptor 3; the trainer call succeeds, others fail.
 _PREAMBLE = (
@@ -99,7 +104,7 @@ def _environment(env: dict[str, str], placeholders: set[str]) -> dict[str, str]:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _SHELL_VARIABLES or name.startswith("BASH"):
             continue
         out[name] = f"${name}" if is_secret_name(name) else value
-    out.update({name: "${" + name + "}" for name in placeholders})
+    out.update({name: "" for name in placeholders})  # unset: empty, as bash reads it (and ${X:-default} works)
     return out
 
 
@@ -224,10 +229,11 @@ def _records(data: bytes) -> list[tuple[int, list[str]]]:
 
 
 def _entry_point(word: str) -> str | None:
+    """The trainer module ``word`` names (a module, or a file of one of ours), or None."""
     for ep in ENTRY_POINTS:
         if word == ep or word.endswith("/" + ep.rsplit(".", 1)[-1] + ".py"):
             return ep
-    return None
+    return word if any(fnmatch.fnmatchcase(word, pattern) for pattern in OTHER_TRAINERS) else None
 
 
 def _script_lines(message: str) -> str:
@@ -268,8 +274,8 @@ def read_script(text: str, env: dict[str, str] | None = None) -> ScriptReading:
             reading.warnings.append(f"line {line}: the array {name} is not set in the script: read as empty")
         else:
             placeholders.add(name)
-            reading.warnings.append(f"line {line}: ${name} is not set in the script: kept as ${{{name}}} (give it "
-                                    f"with --env {name}=...)")
+            reading.warnings.append(f"line {line}: ${name} is not set: read as empty, as bash would (give it with "
+                                    f"--env {name}=...)")
     else:
         raise ScriptError(f"the script uses more than {MAX_PASSES} variables it never sets")
     calls, skipped = [], []
