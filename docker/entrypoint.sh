@@ -11,8 +11,10 @@ set -euo pipefail
 # shell profile only, which `docker run <image> cmd` does not read. NPU_RL_CANN_SET_ENV overrides the path.
 for setenv in "${NPU_RL_CANN_SET_ENV:-}" /usr/local/Ascend/ascend-toolkit/set_env.sh /usr/local/Ascend/nnal/atb/set_env.sh; do
     if [[ -n "$setenv" && -f "$setenv" ]]; then
+        set +eu
         # shellcheck disable=SC1090
-        set +eu; source "$setenv"; set -eu
+        source "$setenv"
+        set -eu
     fi
 done
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by every examples/<algorithm>/run_*.sh: one place for the data, model and device settings, so that each
 # example only says what is particular to its algorithm (verl's examples/<algo>_trainer/run_*.sh, npu-rl's keys).
 #

@@ -124,6 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C (training), or the first one elsewhere: no traceback
         print("npu-rl: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:
+        if "Failed to load the backend extension: torch_npu" not in str(exc):
+            raise
+        # `import torch` loads torch_npu through its [torch.backends] entry point, and fails when CANN's
+        # libraries cannot load: say what to do instead of a traceback from inside torch.
+        print(f"npu-rl: {exc}\n  cause: {exc.__cause__!r}\n  torch_npu cannot load: source CANN's set_env.sh "
+              "(source scripts/atlas/env.sh does), or run with TORCH_DEVICE_BACKEND_AUTOLOAD=0 DEVICE=cpu to use "
+              "this machine without its NPUs", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

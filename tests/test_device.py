@@ -126,6 +126,13 @@ def fake_npu(monkeypatch):
     # recognisably not the real ops, with the real signatures (npu_rl/device/ascend_facts.py)
     fake_torch_npu.npu_rms_norm = _with_real_signature("npu_rms_norm", lambda x, w, epsilon=1e-6: (x * w * 2.0, None))
     fake_torch_npu.npu_rotary_mul = _with_real_signature("npu_rotary_mul", lambda x, r1, r2, rotary_mode="half": x + 1)
+
+    def swiglu(x, dim=-1):  # the real op's arithmetic: silu(first half) * second half
+        a, b = x.chunk(2, dim=dim)
+        return torch.nn.functional.silu(a) * b
+
+    fake_torch_npu.npu_swiglu = _with_real_signature("npu_swiglu", swiglu)
+    fake_torch_npu.swiglu_calls = []
     monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu)
     monkeypatch.setattr(torch, "npu", fake_module, raising=False)
     monkeypatch.setattr(npu_patches, "_APPLIED", False)
@@ -134,11 +141,14 @@ def fake_npu(monkeypatch):
     monkeypatch.setattr(qwen2.Qwen2RMSNorm, "forward", qwen2.Qwen2RMSNorm.forward)
     monkeypatch.setattr(qwen2, "apply_rotary_pos_emb", qwen2.apply_rotary_pos_emb)
     monkeypatch.setattr(llama.LlamaRMSNorm, "forward", llama.LlamaRMSNorm.forward)
+    monkeypatch.setattr(qwen2.Qwen2MLP, "forward", qwen2.Qwen2MLP.forward)
+    monkeypatch.setattr(llama.LlamaMLP, "forward", llama.LlamaMLP.forward)
     monkeypatch.setattr(llama, "apply_rotary_pos_emb", llama.apply_rotary_pos_emb)
     try:
         import transformers.models.qwen3.modeling_qwen3 as qwen3
 
         monkeypatch.setattr(qwen3.Qwen3RMSNorm, "forward", qwen3.Qwen3RMSNorm.forward)
+        monkeypatch.setattr(qwen3.Qwen3MLP, "forward", qwen3.Qwen3MLP.forward)
         monkeypatch.setattr(qwen3, "apply_rotary_pos_emb", qwen3.apply_rotary_pos_emb)
     except ImportError:
         pass
@@ -253,3 +263,63 @@ def test_doctor_runs_here():
                          cwd=REPO_ROOT, env={**os.environ, "DEVICE": ""})
     assert "chosen (DEVICE=" in out.stdout and ": cpu, dist backend gloo" in out.stdout, out.stdout + out.stderr
     assert "torch " in out.stdout and "vllm-ascend" in out.stdout and "CANN" in out.stdout
+
+
+def test_npu_probe_survives_torch_npu_failing_to_load(monkeypatch):
+    """torch_npu raises RuntimeError (not ImportError) when CANN's libraries cannot load: the probe reports it."""
+    real_import = backend_mod.importlib.import_module
+
+    def failing(name, *args):
+        if name == "torch_npu":
+            raise RuntimeError("libhccl.so: cannot open shared object file")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(backend_mod.importlib, "import_module", failing)
+    ok, why = backend_mod._npu_probe()
+    assert not ok and "torch_npu failed to load (libhccl.so" in why and "set_env.sh" in why
+
+
+def test_cli_turns_torch_backend_autoload_failure_into_a_hint(monkeypatch, capsys):
+    from npu_rl import cli
+
+    def doctor(argv):
+        try:
+            raise OSError("libascendcl.so: cannot open shared object file")
+        except OSError as err:  # what torch/__init__.py's _import_device_backends raises
+            raise RuntimeError("Failed to load the backend extension: torch_npu. You can disable extension "
+                               "auto-loading with TORCH_DEVICE_BACKEND_AUTOLOAD=0.") from err
+
+    monkeypatch.setitem(cli.COMMANDS, "doctor", doctor)
+    assert cli.main(["doctor"]) == 1
+    err = capsys.readouterr().err
+    assert "libascendcl.so" in err and "set_env.sh" in err and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in err
+
+
+
+def test_swiglu_patch_matches_the_mlp_and_keeps_other_activations(fake_npu, monkeypatch):
+    """Qwen2MLP through npu_swiglu (the stand-in computes what the real op does) gives the eager MLP's output;
+    an MLP with another activation keeps its own forward."""
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=8, intermediate_size=12, hidden_act="silu")
+    torch.manual_seed(0)
+    mlp, x = qwen2.Qwen2MLP(config), torch.randn(2, 3, 8)
+    expected = mlp(x)
+    calls = []
+    real = sys.modules["torch_npu"].npu_swiglu
+    monkeypatch.setattr(sys.modules["torch_npu"], "npu_swiglu", lambda t, dim=-1: calls.append(t.shape) or real(t, dim))
+    report = {r.target: r for r in select_backend("npu") and npu_patches.REPORT}
+    assert report["transformers.models.qwen2.modeling_qwen2.Qwen2MLP.forward"].applied
+    torch.testing.assert_close(mlp(x), expected)
+    assert calls == [torch.Size([2, 3, 24])]  # gate and up concatenated, one fused call
+    gelu = qwen2.Qwen2MLP(Qwen2Config(hidden_size=8, intermediate_size=12, hidden_act="gelu"))
+    gelu(x)
+    assert len(calls) == 1  # not SiLU: the MLP's own forward
+    from npu_rl.device.patch_toggles import patch_variants
+
+    with dict(patch_variants("npu"))["swiglu"]():
+        mlp(x)
+        assert len(calls) == 1  # undone inside the toggle
+    mlp(x)
+    assert len(calls) == 2

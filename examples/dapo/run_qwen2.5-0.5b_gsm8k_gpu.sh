@@ -6,6 +6,6 @@ source "$(dirname "$0")/../common.sh"
 examples_run gpu \
     preset=dapo \
     actor_rollout_ref.rollout.n=8 \
-    data.gen_batch_size=${GEN_BATCH:-384} \
+    data.gen_batch_size="${GEN_BATCH:-384}" \
     trainer.experiment_name="dapo_qwen2.5-0.5b_gpu" \
     "$@"

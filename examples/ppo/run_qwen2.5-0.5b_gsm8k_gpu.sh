@@ -7,6 +7,6 @@ examples_run gpu \
     preset=ppo \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     critic.optim.lr=1e-5 \
-    critic.model.path=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct} \
+    critic.model.path="${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}" \
     trainer.experiment_name="ppo_qwen2.5-0.5b_gpu" \
     "$@"

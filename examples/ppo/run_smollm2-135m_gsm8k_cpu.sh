@@ -7,6 +7,6 @@ examples_run cpu \
     preset=ppo \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     critic.optim.lr=1e-5 \
-    critic.model.path=${MODEL_PATH:-smollm2-135m-instruct} \
+    critic.model.path="${MODEL_PATH:-smollm2-135m-instruct}" \
     trainer.experiment_name="ppo_smollm2-135m_cpu" \
     "$@"

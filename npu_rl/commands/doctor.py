@@ -133,11 +133,11 @@ def matrix_problems(versions: dict[str, str | None], python_version: str | None 
     va = versions.get("vllm-ascend")
     if va is None:
         return [], []
-    row = matrix.release_for(va)
-    if row is None:
+    found = matrix.match_release(va)
+    if found is None:
         return [], [f"vllm-ascend {va} is not in the compatibility matrix npu-rl carries ({matrix.MATRIX_SOURCE}); "
                     "versions not checked"]
-    problems, notes = [], []
+    row, problems, notes = found.row, [], [found.note] if found.note else []
     vllm_v = versions.get("vllm")
     if vllm_v is None:
         problems.append(f"vllm-ascend {va} needs vllm {' or '.join(row.vllm)}, and vllm is not installed "
@@ -161,20 +161,43 @@ def matrix_problems(versions: dict[str, str | None], python_version: str | None 
         problems.append(f"vllm-ascend {va} supports Python {row.python}, this is Python {python_version}")
     if cann and not matrix.cann_matches(cann, row.cann):
         notes.append(f"CANN {cann} found; vllm-ascend {va}'s matrix names CANN {row.cann}")
+    if not found.checked:  # a release newer than the matrix: the newest row's versions are a guess, not a rule
+        return [], notes + [f"(not checked) {p}" for p in problems]
     return problems, notes
 
 
 def settings_problems(env: dict[str, str], versions: dict[str, str | None], *, sleep_mode: bool = True,
-                      graphs: bool = True) -> tuple[list[str], list[str]]:
+                      graphs: bool = True, additional_config: dict | None = None) -> tuple[list[str], list[str]]:
     """(problems, notes): settings known to break RL on Ascend. ``sleep_mode`` / ``graphs``: npu-rl's defaults
-    (``free_cache_engine=True``, ``enforce_eager=False``)."""
+    (``free_cache_engine=True``, ``enforce_eager=False``); ``additional_config``: the run's
+    ``engine_kwargs.vllm.additional_config``. The NZ check reads the value the installed vllm-ascend will really use
+    (``npu_rl.device.npu_env.effective_weight_nz_mode``), not the variable alone."""
+    from npu_rl.device.npu_env import NZ_VAR, ascend_additional_config, effective_weight_nz_mode
+
     problems, notes = [], []
     va = versions.get("vllm-ascend")
-    nz = env.get("VLLM_ASCEND_ENABLE_NZ")
-    if va and sleep_mode and nz not in (None, "0"):
+    nz = env.get(NZ_VAR)
+    if va and sleep_mode and nz not in (None, "0") and matrix.reads_nz_variable(va):
         problems.append(f"VLLM_ASCEND_ENABLE_NZ={nz} with vLLM sleep mode: vllm-ascend's wake_up raises ValueError "
                         "with NZ weights (npu-rl's own workers override it to 0; other processes fail): export "
                         "VLLM_ASCEND_ENABLE_NZ=0")
+    if va and nz is not None and not matrix.reads_nz_variable(va):
+        notes.append(f"VLLM_ASCEND_ENABLE_NZ={nz} is ignored by vllm-ascend {va} (gone from "
+                     f"{matrix.NZ_VARIABLE_GONE_FROM}): only additional_config.weight_nz_mode decides; npu-rl passes "
+                     "0, tools that set only the variable (verl) fail at wake_up")
+    if va:
+        try:  # what npu-rl's own engine starts with (engine_kwargs.vllm.additional_config on top of npu-rl's keys)
+            config = ascend_additional_config(sleep_mode=sleep_mode, user=additional_config, env=env)
+        except ValueError as exc:
+            problems.append(str(exc))
+        else:
+            worker_env = {**env, NZ_VAR: "0"} if sleep_mode else env
+            mode = effective_weight_nz_mode(config, worker_env, va)
+            if sleep_mode and mode != 0:
+                problems.append(f"vllm-ascend {va} would run with weight_nz_mode={mode} and sleep mode: wake_up "
+                                "raises; set additional_config.weight_nz_mode=0")
+            notes.append(f"npu-rl's vLLM engine on vllm-ascend {va}: weight_nz_mode={mode} (effective), "
+                         f"enable_cpu_binding={config['enable_cpu_binding']}")
     if graphs and env.get("ASCEND_LAUNCH_BLOCKING") == "1":
         problems.append("ASCEND_LAUNCH_BLOCKING=1 with ACL graphs: every launch is synchronous and graph capture "
                         "fails or serialises; unset it (or set actor_rollout_ref.rollout.enforce_eager=True to debug)")
@@ -251,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     problems += more
     notes += more_notes
     if versions.get("vllm-ascend"):
-        row = matrix.release_for(versions["vllm-ascend"])
+        found = matrix.match_release(versions["vllm-ascend"])
+        row = found.row if found is not None else None
         if row is not None:
             print(f"matrix: vllm-ascend {row.vllm_ascend} <- vllm {'/'.join(row.vllm)}, torch {row.torch}, torch_npu "
                   f"{row.torch_npu}, CANN {row.cann}, triton-ascend {row.triton_ascend or 'n/a'}, Python "

@@ -70,9 +70,12 @@ def _model_folder(model: str, tmp: str, adapter: str | None = None) -> str:
 
     if adapter:
         return merge_lora(model, adapter, os.path.join(tmp, "merged"))
+    from npu_rl.models.check import check_model_folder
+
     try:
         source = resolve_checkpoint(model, "actor")
     except FileNotFoundError:
+        check_model_folder(model, "model")  # the trainer's checks and words
         return model
     return merge_source(source, os.path.join(tmp, "merged"))
 

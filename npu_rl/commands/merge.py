@@ -59,9 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = check_merge_out(args.out, args.force)
         source = args.checkpoint if args.adapter else resolve_checkpoint(args.checkpoint, args.role)
-        for path in (source, args.adapter, args.base):
-            if path and not os.path.isdir(os.path.expanduser(path)) and os.path.exists(os.path.expanduser(path)):
-                raise NotADirectoryError(f"{path} is a file, not a model or checkpoint folder")
         with staged_output(out) as staging:
             if args.adapter:
                 merge_lora(args.checkpoint, args.adapter, staging, dtype)
@@ -118,9 +115,11 @@ def lora_adapter_dir(source: str) -> str | None:
 
 def merge_lora(base: str, adapter: str, out: str, dtype=None) -> str:
     """base model + PEFT adapter -> a merged HF folder (with the base's tokenizer and generation config)."""
+    from npu_rl.models.check import check_model_folder
     from npu_rl.models.loader import load_tokenizer, resolve_model_path
     from npu_rl.models.lora import merge_adapter
 
+    check_model_folder(base, "the base model")  # the trainer's checks and words, before anything loads
     merge_adapter(base, adapter, out, dtype=dtype, tokenizer=load_tokenizer(base))
     gen = os.path.join(resolve_model_path(base), "generation_config.json")
     if os.path.isfile(gen):

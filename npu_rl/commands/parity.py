@@ -182,7 +182,16 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.prompts < 1:
         parser.error("--prompts must be at least 1")
-    print(run_parity(args.parity, args.overrides, args.prompts, args.top, args.config_name))
+    from npu_rl.config.errors import ConfigError
+    from npu_rl.models.check import check_model_folder
+
+    try:
+        check_model_folder(args.parity, "--parity")  # the trainer's checks and words, before anything loads
+        report = run_parity(args.parity, args.overrides, args.prompts, args.top, args.config_name)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"npu-rl doctor: {exc}", file=sys.stderr)
+        return 2
+    print(report)
     return 0
 
 

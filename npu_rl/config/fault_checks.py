@@ -39,7 +39,7 @@ def check_faults(config, check_paths: bool = True) -> list[str]:
 
 def _model_problems(config) -> list[str]:
     from npu_rl.config.derived import critic_enabled
-    from npu_rl.models.check import model_folder_problems
+    from npu_rl.models.check import model_path_problems
     from npu_rl.models.loader import is_builtin
 
     keys = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, True)]
@@ -50,7 +50,7 @@ def _model_problems(config) -> list[str]:
         folder = os.path.expanduser(str(path))
         if is_builtin(str(path)) or not os.path.isfile(os.path.join(folder, "config.json")):
             continue  # built-in (converted on first use), or reported by the path check
-        problems += [f"{key}: {p}" for p in model_folder_problems(folder, need_tokenizer)]
+        problems += [f"{key}: {p}" for p in model_path_problems(folder, need_tokenizer)]
     return problems
 
 

@@ -20,9 +20,9 @@ class RoleTorchToolConfig:
 
 @dataclass
 class RoleNpuToolConfig:
-    contents: list[str] = field(default_factory=list)  # read: shapes, memory, stack
-    level: str = "level0"  # verl's; torch_npu's default level is used
-    analysis: bool = True
+    contents: list[str] = field(default_factory=list)  # read: shapes, memory, stack, mstx
+    level: str = "level0"  # level0 | level1 | level2 | level_none (torch_npu's ProfilerLevel)
+    analysis: bool = True  # parse the raw data at the end of each phase (tensorboard_trace_handler's analyse_flag)
     discrete: bool = False
 
 

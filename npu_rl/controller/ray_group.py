@@ -27,6 +27,17 @@ from npu_rl.protocol import Batch
 _RAY_NATIVE_RESOURCES = {"GPU": "num_gpus"}  # Ray refuses these names inside `resources=`
 
 
+class WorkerLostError(RuntimeError):
+    """A worker actor died (its process crashed, or its node went away): the step in progress cannot finish."""
+
+
+def _first_lines(exc: BaseException) -> str:
+    """Ray's own account of the death, without its traceback: the lines naming the actor and why it died."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    keep = [line for line in lines if line.startswith(("The actor died", "ip:", "name:", "the actor's node"))]
+    return "; ".join(keep or lines[:3])
+
+
 class ResourcePool:
     """Devices reserved for one worker group: a placement group per node (``STRICT_PACK``).
 
@@ -222,7 +233,11 @@ class RayWorkerGroup(WorkerGroup):
                                             **{k: put(v) for k, v in kwargs.items()}))
 
         def resolve() -> list:
-            values = iter(ray.get([r for r in refs if r is not None]))
+            try:
+                values = iter(ray.get([r for r in refs if r is not None]))
+            except ray.exceptions.RayActorError as exc:  # a rank's process or its whole node is gone
+                raise WorkerLostError(f"a Ray worker died while running {role}.{method}: "
+                                      f"{_first_lines(exc)}") from exc
             return [None if r is None else next(values) for r in refs]
 
         return resolve

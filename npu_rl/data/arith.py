@@ -24,6 +24,10 @@ _ENUMERATE_LIMIT = 20_000  # spaces up to this size are enumerated exactly
 _OPERATORS = ("+", "-", "*")
 
 
+MAX_ROWS = 1_000_000  # per split
+MAX_OPERANDS = 16
+
+
 @dataclass(frozen=True)
 class ArithSpec:
     num_operands: int = 2
@@ -36,8 +40,8 @@ class ArithSpec:
     prompt_template: str = PROMPT_TEMPLATE
 
     def __post_init__(self):
-        if self.num_operands < 2:
-            raise ValueError(f"arith: num_operands must be >= 2, got {self.num_operands}")
+        if not 2 <= self.num_operands <= MAX_OPERANDS:
+            raise ValueError(f"arith: num_operands must be in [2, {MAX_OPERANDS}], got {self.num_operands}")
         bad = [op for op in self.operators if op not in _OPERATORS]
         if not self.operators or bad:
             raise ValueError(f"arith: operators {self.operators!r} must be a non-empty string of {''.join(_OPERATORS)}")
@@ -45,6 +49,9 @@ class ArithSpec:
             raise ValueError(f"arith: need 1 <= min_digits <= max_digits <= 18, got {self.min_digits}, {self.max_digits}")
         if self.num_train < 1 or self.num_test < 1:
             raise ValueError(f"arith: num_train and num_test must be >= 1, got {self.num_train}, {self.num_test}")
+        if self.num_train > MAX_ROWS or self.num_test > MAX_ROWS:  # checked before anything is generated
+            raise ValueError(f"arith: num_train and num_test must be <= {MAX_ROWS:,} (a generated set is made in "
+                             f"memory at start-up), got {self.num_train}, {self.num_test}")
         if "{expression}" not in self.prompt_template:
             raise ValueError("arith: prompt_template must contain '{expression}'")
 

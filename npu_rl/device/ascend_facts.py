@@ -1,7 +1,8 @@
 """Every torch_npu / vLLM-Ascend / triton-ascend name our code relies on, as data.
 
-Two consumers: ``tests/test_real_packages.py`` (slow) downloads the real wheels (``pip download --no-deps``) and checks
-each fact against their sources; the stand-in ``torch_npu`` of the fast tests (``tests/test_device.py``) builds its
+Two consumers: ``tests/test_real_packages.py`` checks each fact against what was read from the real releases
+(``tests/data/ascend_wheels.json``, recorded by ``tests/ascend_wheel_facts.py``; with ``NPU_RL_SLOW=1`` it downloads
+them again and compares); the stand-in ``torch_npu`` of the fast tests (``tests/test_device.py``) builds its
 functions from :data:`TORCH_NPU_SIGNATURES` and exposes only :data:`TORCH_NPU_DEVICE_API`, so a call our code makes
 with a wrong keyword fails here too. Add a fact whenever the code starts using a new name.
 """
@@ -20,7 +21,7 @@ TORCH_NPU_DEVICE_API = (
     "is_available", "device_count", "current_device", "set_device", "get_device_name", "is_bf16_supported",
     "synchronize", "empty_cache", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
     "reset_peak_memory_stats", "manual_seed_all", "get_rng_state", "set_rng_state", "set_compile_mode", "config",
-    "NPUGraph",
+    "NPUGraph", "memory_allocated",
 )
 
 # Python-level signatures (torch_npu/_op_plugin_docs.py for the fused ops; npu_config.py; profiler).
@@ -29,6 +30,8 @@ TORCH_NPU_SIGNATURES = {
     "npu_rms_norm": "(self, gamma, epsilon=1e-06)",
     # "torch_npu.npu_rotary_mul(Tensor input, Tensor r1, Tensor r2, str rotary_mode='half') -> Tensor"
     "npu_rotary_mul": "(input, r1, r2, rotary_mode='half')",
+    # "torch_npu.npu_swiglu(Tensor self, int dim=-1) -> (Tensor)": silu(first half) * second half along dim
+    "npu_swiglu": "(self, dim=-1)",
     "set_compile_mode": "(jit_compile=False)",
     "profiler.schedule": "(wait, active, warmup=0, repeat=0, skip_first=0)",
     "profiler.tensorboard_trace_handler": "(dir_name=None, worker_name=None, analyse_flag=True, async_mode=False)",
@@ -37,7 +40,10 @@ TORCH_NPU_SIGNATURES = {
 # How npu_rl/device/npu_patches.py calls the fused ops: positional argument count, keywords. Each wheel's documented
 # signature must accept these calls, and begin with the stand-in's (later releases append optional arguments:
 # torch_npu 2.10 added ``rotate=None`` to npu_rotary_mul).
-TORCH_NPU_OP_CALLS = {"npu_rms_norm": (2, ("epsilon",)), "npu_rotary_mul": (3, ())}
+TORCH_NPU_OP_CALLS = {"npu_rms_norm": (2, ("epsilon",)), "npu_rotary_mul": (3, ()), "npu_swiglu": (1, ("dim",)),
+                      # npu_rl/device/npu_attention.py: (q, k, v, head_num, "TND", atten_mask=..., ...)
+                      "npu_fusion_attention": (5, ("atten_mask", "scale", "keep_prob", "actual_seq_qlen",
+                                                   "actual_seq_kvlen", "sparse_mode"))}
 
 # torch.npu.config: a class defining __setattr__ only (no __getattr__), acting on "allow_internal_format", so
 # hasattr() on it is False and the option must be assigned blindly (break 4 of issue 12).
@@ -47,15 +53,30 @@ TORCH_NPU_CONFIG = {"file": "torch_npu/npu/npu_config.py", "class": "_npuConfig"
 TORCH_NPU_PROFILER = {
     "exports": ("profile", "ProfilerActivity", "tensorboard_trace_handler", "schedule", "_ExperimentalConfig",
                 "ProfilerLevel"),
-    "profile_kwargs": ("activities", "schedule", "on_trace_ready", "record_shapes", "profile_memory", "with_stack"),
+    "profile_kwargs": ("activities", "schedule", "on_trace_ready", "record_shapes", "profile_memory", "with_stack",
+                       "experimental_config"),
+    # _ExperimentalConfig keywords npu_rl/device/profiler_backend.py passes; ProfilerLevel attributes it names
+    "experimental_kwargs": ("profiler_level", "mstx"),
+    "levels": ("Level0", "Level1", "Level2", "Level_none"),
+    # tensorboard_trace_handler's folder: "<worker_name>_<timestamp>_ascend_pt" (_profiler_path_creator.py)
+    "trace_folder": "{}_{}_ascend_pt",
+    "mstx": ("range_start", "range_end"),  # torch_npu.npu.mstx ranges around each phase
 }
 
 # torch.npu.memory functions the torch_memory profiler tool calls (torch_npu/npu/memory.py), with the keywords used.
 TORCH_NPU_MEMORY = {"_record_memory_history": ("enabled", "max_entries", "stacks", "context"), "_dump_snapshot": ()}
+# torch.npu.memory._set_allocator_settings("expandable_segments:<bool>") (npu_rl/device/npu_env.py), from 2.10
+TORCH_NPU_ALLOCATOR_SETTINGS = ("_set_allocator_settings", "2.10.0")
+# read by libtorch_npu when it loads (scripts/atlas/env.sh, npu_rl/device/npu_env.py); names found in the library
+TORCH_NPU_NATIVE_VARIABLES = ("CPU_AFFINITY_CONF", "HCCL_BUFFSIZE", "PYTORCH_NPU_ALLOC_CONF", "TASK_QUEUE_ENABLE")
 
 # ------------------------------------------------------------------------------------------------ vLLM-Ascend
-VLLM_ASCEND_ENV = {"VLLM_ASCEND_ENABLE_NZ": "1"}  # variable -> default, in vllm_ascend/envs.py
-VLLM_ASCEND_NZ_WAKE_UP_ERROR = "Please set VLLM_ASCEND_ENABLE_NZ=0"  # raised by NPUWorker.wake_up while NZ is on
+VLLM_ASCEND_ENV = {"VLLM_ASCEND_ENABLE_NZ": "1"}  # variable -> default, in vllm_ascend/envs.py (before 0.27.1rc1)
+VLLM_ASCEND_NZ_WAKE_UP_ERROR = "FRACTAL_NZ"  # in the ValueError NPUWorker.wake_up raises while NZ is on
+# LLM(additional_config=...) keys npu_rl/device/npu_env.py sets -> the release from which AscendConfig reads them
+# (older releases ignore unknown keys; 0.30's AscendConfig forbids them, and both are its fields)
+VLLM_ASCEND_ADDITIONAL_CONFIG = {"weight_nz_mode": "0.20.2rc1", "enable_cpu_binding": "0.19.1rc1"}
+VLLM_ASCEND_GET_CONFIG = "vllm_ascend.ascend_config.get_ascend_config"  # the weight-loading guard's effective value
 VLLM_ASCEND_WORKER_METHODS = ("sleep", "wake_up", "load_model", "get_model")  # NPUWorker, every release checked
 VLLM_ASCEND_WORKER_SIGNATURES = {"sleep": "(self, level=1)", "wake_up": "(self, tags=None)"}
 VLLM_ASCEND_RUNNER_ATTRS = ("get_model",)  # NPUModelRunner: the load_weights path reads its model
@@ -72,13 +93,20 @@ TRITON_ASCEND = {
 }
 
 
+# ------------------------------------------------------------------------------------------------ msprobe
+# npu_rl/trainer/profiling.py: PrecisionDebugger(config_path=...), set_init_step(step), start(), stop(), step()
+MSPROBE = {"init_kwargs": ("config_path",), "methods": ("start", "stop", "step"), "base_methods": ("set_init_step",)}
+
+
 @dataclass(frozen=True)
 class Versions:
     """The real wheels the slow test downloads (from ``npu_rl/device/ascend_matrix.py``'s rows)."""
 
-    torch_npu: tuple[str, ...] = ("2.7.1", "2.10.0.post2")
-    vllm_ascend: tuple[str, ...] = ("0.11.0", "0.13.0")  # aarch64 wheels only (no x86-64 wheel for 0.11.0)
+    torch_npu: tuple[str, ...] = ("2.7.1", "2.10.0.post4", "2.14.0")
+    # aarch64 wheels (0.11.0 / 0.13.0 / 0.26.0rc1); 0.23.0.post1 and 0.30.0rc2 are sdists only on PyPI
+    vllm_ascend: tuple[str, ...] = ("0.11.0", "0.13.0", "0.23.0.post1", "0.26.0rc1", "0.30.0rc2")
     triton_ascend: tuple[str, ...] = ("3.2.0",)
+    mindstudio_probe: tuple[str, ...] = ("26.2.0",)
 
 
 WHEELS = Versions()

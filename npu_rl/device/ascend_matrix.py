@@ -1,7 +1,7 @@
 """vLLM-Ascend's published release compatibility matrix, as data, and facts about its releases that matter for RL.
 
-Source: vllm-ascend ``docs/source/community/versioning_policy.md``, "Release compatibility matrix" (main as of
-2026-08-22, rows v0.7.3 .. v0.23.0; the v0.24.0rc1 row from that tag's copy). Columns: vLLM-Ascend, the vLLM it is
+Source: vllm-ascend ``docs/source/community/versioning_policy.md``, "Release compatibility matrix" (the copy in the
+v0.30.0rc2 sdist, rows v0.7.3 .. v0.30.0rc1; the v0.24.0rc1 row from that tag's copy, which later copies dropped). Columns: vLLM-Ascend, the vLLM it is
 built for (vLLM-Ascend's wheels do not declare that pin: it is checked from this table), Python, CANN, torch,
 torch_npu, triton-ascend (None: the table says N/A; releases before v0.13.0 did not pin one).
 
@@ -10,9 +10,19 @@ Per-release facts read from the vllm-ascend sources (tags in the mirror) and fro
 
 - ``numpy<2.0.0`` is required through v0.19.1rc1 (requirements.txt); from v0.20.2rc1 numpy is unpinned.
 - ``NPUWorker.reload_weights`` exists from v0.24.0rc1 (forwards to the runner, which takes ``weights_iterator``).
-- ``NPUModelRunner`` builds ``AscendSampler()`` without the engine's ``logprobs_mode`` in every release through
-  v0.25.1rc1: rollout log-probs are the raw ones whatever ``logprobs_mode`` asks.
-- ``VLLM_ASCEND_ENABLE_NZ`` defaults to 1 and ``NPUWorker.wake_up`` raises ``ValueError`` while it is on (v0.11.0+).
+- ``NPUModelRunner`` builds ``AscendSampler()`` without the engine's ``logprobs_mode`` in every release checked,
+  through v0.30.0rc2: rollout log-probs are the raw ones whatever ``logprobs_mode`` asks.
+- NZ weights: ``NPUWorker.wake_up`` raises ``ValueError`` while NZ is on (v0.11.0+). Before v0.20.2rc1 only the
+  variable ``VLLM_ASCEND_ENABLE_NZ`` (default 1) decides; v0.20.2rc1-v0.26.0rc1 read ``additional_config.
+  weight_nz_mode`` first and fall back to the variable; from v0.27.1rc1 the variable is gone and
+  ``AscendConfig.weight_nz_mode`` (default 1) alone decides.
+- ``additional_config.enable_cpu_binding`` defaults to True from v0.19.1rc1 (``taskset`` of the whole process).
+- Every wheel from v0.13.0 requires ``arctic-inference==0.1.1`` (sdist only on PyPI); PyPI's wheels are A2 builds
+  and ``NPUWorker.__init__`` asserts the SoC, so an A3 node needs the vendor's wheels or an ``-a3`` image.
+
+Releases not in the matrix (:func:`match_release`): a post / rc / dev release of a row's version takes that row
+(nearest: same release number, the newest row not newer than it); a release newer than the newest row takes the
+newest row and is marked ``checked=False`` (npu-rl runs and says so) instead of being refused.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 MATRIX_SOURCE = ("vllm-project/vllm-ascend docs/source/community/versioning_policy.md, release compatibility matrix "
-                 "(main 2026-08-22 + v0.24.0rc1)")
+                 "(the v0.30.0rc2 sdist's copy + v0.24.0rc1)")
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,10 @@ class AscendRelease:
 
 _R = AscendRelease
 MATRIX: tuple[AscendRelease, ...] = (
+    _R("0.30.0rc1", ("0.30.0",), ">=3.10,<3.13", "9.2.0", "2.10.0", "2.10.0.post4", "3.2.2"),
+    _R("0.26.0rc1", ("0.26.0",), ">=3.10,<3.13", "9.1.0", "2.10.0", "2.10.0.post4", "3.2.2"),
     _R("0.24.0rc1", ("0.24.0",), ">=3.10,<3.13", "9.0.1", "2.10.0", "2.10.0.post2", "3.2.1"),
+    _R("0.23.0.post1", ("0.23.0",), ">=3.10,<3.13", "9.1.0", "2.10.0", "2.10.0.post4", "3.2.2"),
     _R("0.23.0", ("0.23.0",), ">=3.10,<3.13", "9.1.0", "2.10.0", "2.10.0.post4", "3.2.2"),
     _R("0.23.0rc1", ("0.23.0",), ">=3.10,<3.13", "9.0.1", "2.10.0", "2.10.0.post2", "3.2.1"),
     _R("0.22.1rc1", ("0.22.1",), ">=3.10,<3.13", "9.0.0", "2.10.0", "2.10.0", "3.2.1"),
@@ -79,7 +92,11 @@ MATRIX: tuple[AscendRelease, ...] = (
 
 NUMPY_BELOW_2_UNTIL = "0.19.1rc1"  # the last release whose requirements.txt says numpy<2.0.0
 RELOAD_WEIGHTS_SINCE = "0.24.0rc1"  # NPUWorker.reload_weights(weights_iterator=...) via its runner
-LOGPROBS_MODE_IGNORED_THROUGH = "0.25.1rc1"  # AscendSampler() built without logprobs_mode (newest checked)
+LOGPROBS_MODE_IGNORED_THROUGH = "0.30.0rc2"  # AscendSampler() built without logprobs_mode (newest checked)
+NZ_KEY_SINCE = "0.20.2rc1"  # additional_config.weight_nz_mode read (before: the variable alone)
+NZ_VARIABLE_GONE_FROM = "0.27.1rc1"  # VLLM_ASCEND_ENABLE_NZ no longer read
+CPU_BINDING_DEFAULT_ON_SINCE = "0.19.1rc1"  # additional_config.enable_cpu_binding defaults to True
+ARCTIC_INFERENCE_SINCE = "0.13.0"  # wheels require arctic-inference==0.1.1 (no wheel of it on PyPI)
 
 
 def parse(version: str | None) -> Version | None:
@@ -108,6 +125,50 @@ def release_for(vllm_ascend_version: str | None) -> AscendRelease | None:
         if parse(row.vllm_ascend) == wanted:
             return row
     return None
+
+
+@dataclass(frozen=True)
+class ReleaseMatch:
+    row: AscendRelease
+    checked: bool  # False: a release newer than the matrix, run with its newest row's versions
+    note: str = ""  # how the row was chosen when it is not the exact version
+
+
+def match_release(vllm_ascend_version: str | None) -> ReleaseMatch | None:
+    """The row an installed vLLM-Ascend runs with: the exact row; else the newest row of the same release number
+    not newer than it (0.23.0.post2 -> 0.23.0.post1, 0.26.0rc2 -> 0.26.0rc1, 0.30.0.dev5 -> the newest 0.30.0 row);
+    else, for a release newer than every row, the newest row with ``checked=False``; None for an unparsable
+    version or one older than the matrix with no row of its release number."""
+    wanted = parse(vllm_ascend_version)
+    if wanted is None:
+        return None
+    exact = release_for(vllm_ascend_version)
+    if exact is not None:
+        return ReleaseMatch(exact, True)
+    same = [row for row in MATRIX if same_release(row.vllm_ascend, str(wanted))]
+    if same:
+        older = [row for row in same if parse(row.vllm_ascend) <= wanted]
+        row = max(older or same, key=lambda r: parse(r.vllm_ascend))
+        return ReleaseMatch(row, True, f"vllm-ascend {vllm_ascend_version} is not in the matrix; using the row of "
+                                       f"{row.vllm_ascend} (same release)")
+    newest = max(MATRIX, key=lambda r: parse(r.vllm_ascend))
+    if wanted > parse(newest.vllm_ascend):
+        return ReleaseMatch(newest, False, f"vllm-ascend {vllm_ascend_version} is newer than npu-rl's matrix "
+                                           f"(newest row {newest.vllm_ascend}): not checked; running with that "
+                                           "row's versions")
+    return None
+
+
+def reads_nz_key(vllm_ascend_version: str | None) -> bool:
+    """additional_config.weight_nz_mode is read (unknown versions: assume a current release)."""
+    v = parse(vllm_ascend_version)
+    return v is None or v >= Version(NZ_KEY_SINCE)
+
+
+def reads_nz_variable(vllm_ascend_version: str | None) -> bool:
+    """VLLM_ASCEND_ENABLE_NZ is still read (alone or as the fallback; unknown versions: maybe)."""
+    v = parse(vllm_ascend_version)
+    return v is None or v < Version(NZ_VARIABLE_GONE_FROM)
 
 
 def _at_most(version: str | None, bound: str) -> bool:

@@ -221,6 +221,11 @@ def _npu_probe() -> tuple[bool, str]:
         importlib.import_module("torch_npu")
     except ImportError as exc:
         return False, f"torch_npu is not importable ({exc})"
+    except RuntimeError as exc:
+        # torch_npu registers a [torch.backends] entry point, so `import torch` already loads it and raises
+        # RuntimeError when its libraries cannot load (CANN's set_env.sh not sourced, a driver mismatch).
+        return False, (f"torch_npu failed to load ({exc}); source CANN's set_env.sh (scripts/atlas/env.sh does) "
+                       "or use the Ascend image's Python")
     npu = getattr(torch, "npu", None)
     if npu is None:
         return False, "torch_npu imported but torch.npu is missing (torch / torch_npu version mismatch?)"

@@ -6,8 +6,11 @@ What and why:
   each new shape online; RL batches change shape every step and online compilation stalls for seconds.
 - ``torch.npu.config.allow_internal_format = False``: keep ND tensor layouts, so that weights handed to the
   rollout engine and to checkpoints are plain tensors.
-- Hugging Face Llama / Qwen2 / Qwen3 modules: RMSNorm through ``torch_npu.npu_rms_norm`` and rotary embeddings
-  through ``torch_npu.npu_rotary_mul`` (fused kernels; the eager compositions launch 6-10 small operators each).
+- Hugging Face Llama / Qwen2 / Qwen3 modules: RMSNorm through ``torch_npu.npu_rms_norm``, rotary embeddings
+  through ``torch_npu.npu_rotary_mul`` and the MLP's SwiGLU (``silu(gate) * up``) through ``torch_npu.npu_swiglu``
+  on the concatenated projections (fused kernels; the eager compositions launch several small operators each).
+  These are the training forwards (actor, reference, critic); the rollout engine (vLLM-Ascend) has its own. The MLP
+  patch applies only where the model's activation is SiLU (``config.hidden_act == "silu"``); others run as written.
 
 ``TASK_QUEUE_ENABLE`` is not set here: torch_npu reads it when it is imported, before any patch can run
 (``npu_rl/device/npu_env.py``). :func:`apply_once` returns a report of what each patch replaced, checked after the
@@ -55,6 +58,23 @@ def _apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     return torch_npu.npu_rotary_mul(q, cos, sin).to(q.dtype), torch_npu.npu_rotary_mul(k, cos, sin).to(k.dtype)
 
 
+def _swiglu_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(x)) * up(x))`` with the fused op: npu_swiglu(t, dim=-1) = silu(first half) * second half."""
+    if getattr(self.config, "hidden_act", "silu") != "silu":
+        return _EAGER_MLP[type(self)](self, x)
+    import torch_npu
+
+    return self.down_proj(torch_npu.npu_swiglu(torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1), dim=-1))
+
+
+_MLP_CLASSES = {  # the MLP classes whose forward is silu(gate) * up
+    "transformers.models.llama.modeling_llama": "LlamaMLP",
+    "transformers.models.qwen2.modeling_qwen2": "Qwen2MLP",
+    "transformers.models.qwen3.modeling_qwen3": "Qwen3MLP",
+}
+_EAGER_MLP: dict[type, object] = {}  # class -> its own forward, for activations other than SiLU
+
+
 _ATTENTION_CLASSES = {  # the attention class whose forward must look up apply_rotary_pos_emb by name
     "transformers.models.llama.modeling_llama": "LlamaAttention",
     "transformers.models.qwen2.modeling_qwen2": "Qwen2Attention",
@@ -98,6 +118,19 @@ def patch_transformers() -> list[PatchResult]:
             norm_cls.forward = _rms_norm_forward
             ok = norm_cls.forward is _rms_norm_forward and norm_cls.__call__ is torch.nn.Module.__call__
             results.append(PatchResult(target, ok, "" if ok else f"{norm_name}.__call__ is overridden"))
+        mlp_name = _MLP_CLASSES.get(module_name)
+        mlp_cls = getattr(module, mlp_name, None) if mlp_name else None
+        target = f"{module_name}.{mlp_name}.forward"
+        if mlp_cls is None:
+            results.append(PatchResult(target, False, f"{module_name} has no {mlp_name}"))
+        elif not all(n in mlp_cls.forward.__code__.co_names for n in ("gate_proj", "up_proj", "act_fn")) and \
+                mlp_cls.forward is not _swiglu_mlp_forward:
+            results.append(PatchResult(target, False, f"{mlp_name}.forward is not down(act(gate) * up)"))
+        else:
+            if mlp_cls.forward is not _swiglu_mlp_forward:
+                _EAGER_MLP[mlp_cls] = mlp_cls.forward
+            mlp_cls.forward = _swiglu_mlp_forward
+            results.append(PatchResult(target, True))
         target = f"{module_name}.apply_rotary_pos_emb"
         if not hasattr(module, "apply_rotary_pos_emb"):
             results.append(PatchResult(target, False, "no apply_rotary_pos_emb in the module"))

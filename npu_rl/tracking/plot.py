@@ -46,21 +46,32 @@ class Run:
     label: str
     path: str  # the metrics.jsonl
     rows: list[dict] = field(default_factory=list)
+    num_skipped: int = 0  # lines that were not a JSON object with a numeric 'step' (counted, not fatal)
+    first_skipped: str = ""
+    _columns: dict[str, tuple[list[int], list[float]]] | None = field(default=None, repr=False)
+
+    def _index(self) -> dict[str, tuple[list[int], list[float]]]:
+        """Every numeric metric as (steps, values), built in one pass over the rows (a large file is read once)."""
+        if self._columns is None:
+            columns: dict[str, tuple[list[int], list[float]]] = {}
+            for row in self.rows:
+                step = int(row["step"])
+                for key, value in row.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                        xs, ys = columns.setdefault(key, ([], []))
+                        xs.append(step)
+                        ys.append(float(value))
+                    else:
+                        columns.setdefault(key, ([], []))
+            self._columns = columns
+        return self._columns
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
-        xs, ys = [], []
-        for row in self.rows:
-            value = row.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                xs.append(int(row["step"]))
-                ys.append(float(value))
-        return xs, ys
+        xs, ys = self._index().get(key, ([], []))
+        return list(xs), list(ys)
 
     def keys(self) -> set[str]:
-        out: set[str] = set()
-        for row in self.rows:
-            out.update(row)
-        return out
+        return set(self._index())
 
 
 def find_metrics(target: str) -> list[str]:
@@ -77,23 +88,30 @@ def find_metrics(target: str) -> list[str]:
 
 
 def load_run(path: str, label: str | None = None) -> Run:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == last and not line.rstrip().endswith("}"):
-                break  # a run killed mid-write leaves a partial last line
-            raise ValueError(f"{path}: line {lineno} is not JSON: {exc.msg}") from exc
-        if "step" not in row:
-            raise ValueError(f"{path}: line {lineno} has no 'step'")
-        rows.append(row)
-    return Run(label or _label(path), path, rows)
+    """The rows of one metrics.jsonl, read in one pass; a line that is not a JSON object with a numeric ``step``
+    (a partial last line of a killed run, a corrupt line) is skipped and counted, never fatal to the whole run."""
+    run = Run(label or _label(path), path)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                _skip(run, lineno, getattr(exc, "msg", "nested too deeply"))
+                continue
+            step = row.get("step") if isinstance(row, dict) else None
+            if not isinstance(step, (int, float)) or isinstance(step, bool) or not math.isfinite(step):
+                _skip(run, lineno, "no numeric 'step'")
+                continue
+            run.rows.append(row)
+    return run
+
+
+def _skip(run: Run, lineno: int, why: str) -> None:
+    run.num_skipped += 1
+    if not run.first_skipped:
+        run.first_skipped = f"line {lineno}: {why}"
 
 
 def _label(path: str) -> str:
@@ -253,6 +271,10 @@ def plot_runs(targets: list[str], out_dir: str | None = None, name: str = "curve
     if labels and len(labels) != len(paths):
         raise ValueError(f"{len(labels)} labels for {len(paths)} runs")
     runs = [load_run(p, labels[i] if labels else None) for i, p in enumerate(paths)]
+    for run in runs:
+        if run.num_skipped:
+            print(f"npu-rl plot: {run.path}: skipped {run.num_skipped} line(s) that are not metrics rows (first: "
+                  f"{run.first_skipped})", file=sys.stderr)
     if not any(run.rows for run in runs):
         raise ValueError("no metrics rows to plot in " + ", ".join(paths))
     out_dir = os.path.abspath(out_dir or os.path.dirname(paths[0]))

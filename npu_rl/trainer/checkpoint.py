@@ -16,10 +16,17 @@ removed by the next save. ``max_actor_ckpt_to_keep`` prunes the oldest folders a
 Before a resume every file of the step is checked against the manifests (``verify_step``); a missing, truncated or
 altered file is named. ``resume_mode=auto`` then falls back to the newest step that verifies, saying which file
 failed; nothing in the folder is loaded in a way that could run code (``npu_rl.utils.safe_load``).
+
+Symbolic links in the tree are never followed: a ``global_step_N(.tmp)`` that is a link is removed as a link (what
+it points at is left alone) when a save needs the name, and a linked step folder or file is never read or hashed
+(``verify_step`` refuses it; a resume falls back to the newest real step). A save that fails because the disk is
+full says so (``DiskFullError``: where, how much is free), removes its partial folder and leaves ``latest`` on the
+previous step.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -33,6 +40,66 @@ from npu_rl.utils.safe_load import CorruptFileError, load_state, save_state
 STATE_FILE = "trainer_state.pt"
 MARKER = "latest_checkpointed_iteration.txt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class DiskFullError(OSError):
+    """A write failed because the file system is full (or over quota); the message names where."""
+
+
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+LOW_SPACE_BYTES = 64 << 20  # below this much free space, a failed save is taken to be a full disk
+
+
+def disk_full_error(exc: BaseException, path: str) -> DiskFullError | None:
+    """``exc`` (or what caused it: DCP wraps the OSError in its own errors) as a ``DiskFullError`` naming ``path``,
+    or None when the failure is something else."""
+    seen, cause = set(), exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in _FULL:
+            break
+        cause = cause.__cause__ or cause.__context__
+    free = free_bytes(path)
+    if cause is None and (free is None or free >= LOW_SPACE_BYTES):
+        return None
+    where = getattr(cause, "filename", None) or path
+    have = f" ({free / 2**20:.0f} MiB free)" if free is not None else ""
+    return DiskFullError(errno.ENOSPC, f"disk full at {where}{have}: free some space or point "
+                                       "trainer.default_local_dir at a larger disk, then resume")
+
+
+def free_bytes(path: str) -> int | None:
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def checkpoint_space_problem(root: str, model_path: str, lora: bool) -> str | None:
+    """Known before any model loads: a full-weight checkpoint holds at least the model's weights (with the optimizer
+    state, 3-6 times more); refuse when the disk under ``root`` has less free space than the weights' files."""
+    folder = os.path.expanduser(str(model_path))
+    if lora or not os.path.isdir(folder):
+        return None  # a LoRA checkpoint holds only the adapter; a built-in model is converted later
+    weights = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+                  if n.endswith((".safetensors", ".bin")) and os.path.isfile(os.path.join(folder, n)))
+    free = free_bytes(root)
+    if free is None or not weights or free >= weights:
+        return None
+    return (f"trainer.default_local_dir={root}: {free / 2**30:.2f} GiB free, but one checkpoint of this model needs at "
+            f"least {weights / 2**30:.2f} GiB (its weights; with the optimizer state 3-6x more): free space, choose a "
+            "larger disk, or set trainer.save_freq=-1 and trainer.save_on_interrupt=False to save nothing")
+
+
+def remove_path(path: str) -> None:
+    """Remove a checkpoint folder or file; a symbolic link is removed as a link, never followed."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
 
 
 def step_dir(root: str, step: int) -> str:
@@ -78,10 +145,17 @@ class CheckpointManager:
         os.makedirs(self.root, exist_ok=True)
         for name in os.listdir(self.root):
             if name.endswith(".tmp") and name.startswith("global_step_"):
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                remove_path(os.path.join(self.root, name))
         tmp = step_dir(self.root, step) + ".tmp"
         os.makedirs(tmp)
         return tmp
+
+    def abandon(self, tmp: str) -> None:
+        """A save that failed: its partial folder goes (space back on a full disk); ``latest`` was not moved."""
+        try:
+            remove_path(tmp)
+        except OSError as exc:
+            print(f"npu-rl: warning: could not remove the partial checkpoint {tmp}: {exc}", file=sys.stderr)
 
     def commit(self, step: int, tmp: str, trainer_state: dict[str, Any]) -> str:
         """Write the trainer state and the step's manifest, rename the folder into place, then move the marker."""
@@ -89,8 +163,8 @@ class CheckpointManager:
         roles = sorted(name for name in os.listdir(tmp) if os.path.isfile(os.path.join(tmp, name, MANIFEST)))
         write_manifest(tmp, [STATE_FILE] + [os.path.join(role, MANIFEST) for role in roles])
         final = step_dir(self.root, step)
-        if os.path.exists(final):  # re-saving a step (a run restarted without resume): replace it whole
-            shutil.rmtree(final)
+        if os.path.lexists(final):  # re-saving a step (a run restarted without resume): replace it whole
+            remove_path(final)
         os.replace(tmp, final)
         _atomic_write_text(os.path.join(self.root, MARKER), str(step))
         self._prune()
@@ -100,7 +174,10 @@ class CheckpointManager:
         if not self.max_to_keep or self.max_to_keep <= 0:
             return
         for step in saved_steps(self.root)[: -self.max_to_keep]:
-            shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
+            try:
+                remove_path(step_dir(self.root, step))
+            except OSError as exc:
+                print(f"npu-rl: warning: could not prune {step_dir(self.root, step)}: {exc}", file=sys.stderr)
 
     def resume_dir(self, mode: str, resume_from_path: str | None) -> str | None:
         """The folder to resume from (``trainer.resume_mode``): auto -> the latest here, if any; disable -> None;
@@ -147,6 +224,8 @@ class CheckpointManager:
 
 def verify_step(path: str) -> None:
     """Every file of a ``global_step_N`` folder against its manifests (hashes); ``CorruptFileError`` names a bad one."""
+    if os.path.islink(os.path.normpath(path)):
+        raise CorruptFileError(f"{path} is a symbolic link: checkpoints are never read through links")
     listed = verify_manifest(path)
     if STATE_FILE not in listed:
         raise CorruptFileError(f"{os.path.join(path, MANIFEST)} does not list {STATE_FILE}")

@@ -64,3 +64,35 @@ def throughput_metrics(num_tokens: int, step_seconds: float, num_devices: int) -
 def masked_mean_tensor(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.float()
     return (values.float() * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+# A step's non-finite metric -> what most likely made it so (the first one found is named to the user).
+NONFINITE_CAUSES = (
+    ("critic/score/mean", "the reward function returned a non-finite score (custom_reward_function / the scorer)"),
+    ("critic/advantages/mean", "the advantages: the scores or algorithm.* settings (e.g. the KL-in-reward coefficient "
+                               "algorithm.kl_ctrl.kl_coef)"),
+    ("actor/pg_loss", "the policy loss: actor_rollout_ref.actor.optim.lr, the clip ratios or the advantages"),
+    ("actor/kl_loss", "the KL loss: actor_rollout_ref.actor.kl_loss_coef / kl_loss_type"),
+    ("actor/entropy", "the entropy: actor_rollout_ref.actor.entropy_coeff or the rollout temperature"),
+    ("critic/vf_loss", "the value loss: critic.optim.lr or critic.cliprange_value"),
+    ("actor/grad_norm", "the actor's gradient norm with finite loss terms: a loss coefficient "
+                        "(actor_rollout_ref.actor.entropy_coeff, kl_loss_coef) or actor_rollout_ref.actor.optim.lr"),
+    ("critic/grad_norm", "the critic's gradient norm: critic.optim.lr"),
+)
+
+
+def nonfinite_terms(metrics: dict[str, float]) -> list[str]:
+    """The step metrics (among the loss terms, scores and gradient norms) that are NaN or infinite, in the order of
+    ``NONFINITE_CAUSES``."""
+    import math
+
+    return [key for key, _ in NONFINITE_CAUSES if key in metrics and not math.isfinite(metrics[key])]
+
+
+def likely_cause(metrics: dict[str, float]) -> str:
+    terms = nonfinite_terms(metrics)
+    if not terms:
+        return "no loss term is NaN/inf in the step's means (a single mini-batch was): check the scores and " \
+            "actor_rollout_ref.actor.optim.lr"
+    causes = dict(NONFINITE_CAUSES)
+    return f"{', '.join(terms)} went non-finite; likely {causes[terms[0]]}"

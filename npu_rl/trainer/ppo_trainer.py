@@ -35,7 +35,7 @@ from npu_rl.config.schema import PPOConfig
 from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_kl_controller
 from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
-from npu_rl.trainer.checkpoint import CheckpointManager, load_trainer_state
+from npu_rl.trainer.checkpoint import CheckpointManager, disk_full_error, load_trainer_state
 from npu_rl.trainer.estimator_inputs import estimator_extras
 from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
@@ -92,6 +92,8 @@ class PPOTrainer:
         self.total_steps = total_training_steps(config, prompts.batches_per_epoch)
         self.global_step = 0
         self.consecutive_nan_steps = 0
+        self.steps_run = self.steps_skipped = 0  # in this process (a resumed run counts again)
+        self.first_nonfinite: str | None = None
         self.last_val_metrics: dict[str, float] = {}
         self.profiler = StepProfiler(config, tracker.run_dir, rank=0, device=backend.name)  # global_profiler keys
 
@@ -141,7 +143,7 @@ class PPOTrainer:
             from npu_rl.trainer.interrupt import stop_after_interrupt
 
             return stop_after_interrupt(self, self.interrupt, True)
-        return 0
+        return self._all_updates_skipped()
 
     def train_step(self) -> dict[str, float]:
         timer = PhaseTimer(self.backend.synchronize, around=self.profiler.phase)
@@ -299,13 +301,28 @@ class PPOTrainer:
     def _check_nan(self, metrics: dict[str, float]) -> None:
         skipped = metrics.get("actor/nan_skipped", 0.0) + metrics.get("critic/nan_skipped", 0.0)
         self.consecutive_nan_steps = self.consecutive_nan_steps + 1 if skipped > 0 else 0
+        self.steps_run += 1
+        if skipped > 0:
+            self.steps_skipped += 1
+            if self.first_nonfinite is None:  # said once, at the first step it happens, with what went non-finite
+                self.first_nonfinite = f"step {self.global_step}: {M.likely_cause(metrics)}"
+                print(f"npu-rl: warning: {self.first_nonfinite}; {int(skipped)} update(s) skipped",
+                      file=sys.stderr)
         limit = self.config.trainer.max_consecutive_nan_steps
         if self.consecutive_nan_steps >= limit:
             raise NonFiniteLossError(
                 f"step {self.global_step}: the loss or gradient norm was NaN/inf in {self.consecutive_nan_steps} "
                 f"consecutive steps (trainer.max_consecutive_nan_steps={limit}); updates were skipped and the run is "
-                "stopped. Lower the learning rate, check the reward function for NaN, or use fp32 "
-                "(actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32)")
+                f"stopped (first: {self.first_nonfinite}). Lower the learning rate, check the reward function for "
+                "NaN, or use fp32 (actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32)")
+
+    def _all_updates_skipped(self) -> int:
+        """Exit code 0, or (every step of this run skipped its updates: nothing was trained) 1, said in words."""
+        if self.steps_run == 0 or self.steps_skipped < self.steps_run:
+            return 0
+        print(f"npu-rl: error: every one of the {self.steps_run} step(s) of this run skipped its updates because a "
+              f"loss or gradient was NaN/inf, so nothing was trained ({self.first_nonfinite})", file=sys.stderr)
+        return 1
 
     def _validate(self) -> dict[str, float]:
         start = time.perf_counter()
@@ -326,10 +343,17 @@ class PPOTrainer:
 
     def save_checkpoint(self) -> str:
         tmp = self.checkpoints.begin(self.global_step)
-        self.roles.actor_rollout.save_checkpoint(f"{tmp}/actor")
-        if self.plan.use_critic:
-            self.roles.critic.save_checkpoint(f"{tmp}/critic")
-        return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
+        try:
+            self.roles.actor_rollout.save_checkpoint(f"{tmp}/actor")
+            if self.plan.use_critic:
+                self.roles.critic.save_checkpoint(f"{tmp}/critic")
+            return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
+        except Exception as exc:
+            self.checkpoints.abandon(tmp)  # latest stays on the previous step
+            full = disk_full_error(exc, tmp)
+            if full is not None:  # said in words, not as DCP's "enforce fail ... unexpected pos"
+                raise full from exc
+            raise
 
     def _resume(self) -> None:
         cfg = self.config.trainer

@@ -1,6 +1,10 @@
 """Checks on the file system that a run needs, done before anything heavy loads (``main_ppo`` and ``run``).
 
-- ``trainer.default_local_dir`` must be a folder that can be made and written (not a file, not under a file).
+- ``trainer.default_local_dir`` must be a folder that can be made and written (not a file, not under a file, not
+  ``/proc/...`` or a read-only mount); so must ``trainer.rollout_data_dir`` / ``validation_data_dir`` when set.
+- ``trainer.project_name`` / ``experiment_name`` may not climb out of the run folder (``..``, an absolute path).
+- When the run saves, the disk under ``default_local_dir`` has at least the model's weights free (a full-weight
+  checkpoint is bigger still).
 - A ``default_local_dir`` that already holds checkpoints is never overwritten silently: with
   ``trainer.resume_mode=disable`` the run is refused, naming the folder and the three ways on (resume, another
   folder, or ``trainer.overwrite_checkpoints=True``, which removes the old steps and marker first).
@@ -9,11 +13,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
-from npu_rl.trainer.checkpoint import MARKER, saved_steps, step_dir
-from npu_rl.utils.paths import check_output_dir
+from npu_rl.trainer.checkpoint import MARKER, checkpoint_space_problem, remove_path, saved_steps, step_dir
+from npu_rl.utils.paths import check_name_component, check_output_dir
 
 
 def run_folder_problems(config) -> list[str]:
@@ -22,10 +25,30 @@ def run_folder_problems(config) -> list[str]:
     if not isinstance(trainer.default_local_dir, str) or not trainer.default_local_dir.strip() \
             or "\0" in trainer.default_local_dir:
         return [f"trainer.default_local_dir={trainer.default_local_dir!r} is not a folder path"]
+    problems = []
+    for key in ("project_name", "experiment_name"):
+        try:
+            check_name_component(getattr(trainer, key), f"trainer.{key}")
+        except ValueError as exc:
+            problems.append(str(exc))
+    for key in ("rollout_data_dir", "validation_data_dir"):
+        if getattr(trainer, key):
+            try:
+                check_output_dir(getattr(trainer, key), f"trainer.{key}")
+            except (OSError, ValueError) as exc:
+                problems.append(str(exc))
     try:
         root = check_output_dir(trainer.default_local_dir, "trainer.default_local_dir")
     except (OSError, ValueError) as exc:
-        return [str(exc)]
+        return problems + [str(exc)]
+    saves = trainer.save_freq > 0 or trainer.save_on_interrupt
+    model = config.actor_rollout_ref.model
+    space = checkpoint_space_problem(root, model.path, int(model.lora_rank) > 0) if saves and not trainer.val_only \
+        else None
+    if space:
+        problems.append(space)
+    if problems:
+        return problems
     if trainer.resume_mode not in ("disable",) or trainer.val_only or trainer.overwrite_checkpoints:
         return []
     steps = saved_steps(root)
@@ -54,7 +77,7 @@ def prepare_run_folder(config) -> None:
     if trainer.resume_mode == "disable" and trainer.overwrite_checkpoints and not trainer.val_only:
         steps = saved_steps(root)
         for step in steps:
-            shutil.rmtree(step_dir(root, step))
+            remove_path(step_dir(root, step))  # a linked step folder: the link goes, not what it points at
         if os.path.isfile(os.path.join(root, MARKER)):
             os.remove(os.path.join(root, MARKER))
         if steps:

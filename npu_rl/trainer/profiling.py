@@ -159,9 +159,12 @@ class StepProfiler:
         tool = self._tool(role) if (self._step is not None and role) else None
         if tool in dev.TRACE_TOOLS:
             out_dir = os.path.join(self.save_path, f"step_{self._step}")
-            with dev.trace_session(self.device, out_dir, f"{name}_rank{self.rank}", self._contents(role, tool)):
+            npu = self.roles[role].tool_config.npu  # verl's level / analysis (used on Ascend only)
+            trace = f"{name}_rank{self.rank}"
+            with dev.trace_session(self.device, out_dir, trace, self._contents(role, tool), level=npu.level,
+                                   analysis=npu.analysis):
                 yield
-            self.written.append(os.path.join(out_dir, f"{name}_rank{self.rank}"))
+            self.written.append(dev.trace_path(self.device, out_dir, trace) or os.path.join(out_dir, trace))
         elif tool == "nsys":
             with dev.nsys_range(name):
                 yield

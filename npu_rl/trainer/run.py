@@ -139,6 +139,11 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         code = trainer.fit()
+    except Exception as exc:
+        if type(exc).__name__ != "WorkerLostError":  # npu_rl.controller.ray_group's (not imported without Ray)
+            raise
+        _worker_lost(config, exc)
+        return 1
     finally:
         tracker.close()
         group.shutdown()
@@ -148,6 +153,22 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
     write_ray_timeline(config)
     _draw_curves(run_dir)
     return code
+
+
+def _worker_lost(config: PPOConfig, exc: Exception) -> None:
+    """A rank died (a node went down): say so, where the last whole checkpoint is, and how to resume."""
+    from npu_rl.trainer.checkpoint import latest_step
+    from npu_rl.trainer.interrupt import resume_command
+
+    root = os.path.abspath(config.trainer.default_local_dir)
+    try:
+        step = latest_step(root)
+        where = f"step {step} in {root}" if step is not None else f"none yet in {root}"
+    except (OSError, ValueError) as marker_error:  # say what is wrong with it rather than hide the worker's death
+        where = f"unreadable ({marker_error})"
+    print(f"npu-rl: {exc}\nnpu-rl: the step in progress is lost; the last checkpoint is {where}. Once every node "
+          f"is back (ray status), resume with:\n  {resume_command(['trainer.resume_mode=auto'])}",
+          file=sys.stderr, flush=True)
 
 
 def _draw_curves(run_dir: str) -> None:

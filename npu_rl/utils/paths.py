@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 
 def check_output_dir(path: str, key: str, *, must_be_empty: bool = False) -> str:
     """``path`` can be created (or is a writable folder); raise ``NotADirectoryError`` / ``PermissionError`` naming
-    ``key`` and the part of the path that is in the way. Creates nothing."""
+    ``key`` and the part of the path that is in the way. Leaves nothing behind: the deepest existing folder is
+    tried by making (and removing) an empty folder in it, since permission bits do not tell (root passes
+    ``os.access`` on ``/proc``, a read-only mount, a full quota)."""
     full = os.path.abspath(os.path.expanduser(str(path)))
     if os.path.exists(full) and not os.path.isdir(full):
         raise NotADirectoryError(f"{key}={path!r}: {full} is a file, not a folder")
@@ -21,6 +24,10 @@ def check_output_dir(path: str, key: str, *, must_be_empty: bool = False) -> str
         raise NotADirectoryError(f"{key}={path!r}: {probe} is a file, so no folder can be made under it")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise PermissionError(f"{key}={path!r}: {probe} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".npu_rl_probe_", dir=probe))
+    except OSError as exc:
+        raise PermissionError(f"{key}={path!r}: nothing can be written in {probe} ({exc.strerror})") from None
     if must_be_empty and os.path.isdir(full) and os.listdir(full):
         raise FileExistsError(f"{key}={path!r}: {full} is not empty")
     return full
@@ -34,3 +41,13 @@ def check_output_file(path: str, key: str) -> str:
     check_output_dir(os.path.dirname(full) or ".", key)
     return full
 
+
+
+def check_name_component(value: str, key: str) -> None:
+    """A name that becomes part of a path (``trainer.experiment_name``): it may not climb out of the folder it is
+    put in (a ``..`` part, or an absolute path)."""
+    text = str(value)
+    parts = text.replace("\\", "/").split("/")
+    if text.startswith(("/", "~")) or ".." in parts or "\0" in text:
+        raise ValueError(f"{key}={value!r} would put files outside the run folder (a '..' part or an absolute "
+                         "path); use a plain name, e.g. with '-' or '_'")

@@ -27,6 +27,11 @@ if [ -n "${SOCKET_IFNAME:-}" ]; then export HCCL_SOCKET_IFNAME=$SOCKET_IFNAME GL
 # exported here, before any Python process starts; Ray workers inherit it through the raylet.
 export TASK_QUEUE_ENABLE=${TASK_QUEUE_ENABLE:-1}
 # VLLM_ASCEND_ENABLE_NZ=0: the RL rollout puts vLLM to sleep between steps, and vllm-ascend's wake_up raises with
-# the NZ weight layout on (its default); weights synced in place also need the plain layout.
+# the NZ weight layout on (its default); weights synced in place also need the plain layout. Read by vllm-ascend
+# before 0.27.1rc1 only: newer releases take additional_config={"weight_nz_mode": 0}, which npu-rl's engine passes.
 export VLLM_ASCEND_ENABLE_NZ=${VLLM_ASCEND_ENABLE_NZ:-0}
-export DEVICE=npu
+# CPU_AFFINITY_CONF=1: torch_npu binds each process to the cores of its NPU's NUMA node (read when libtorch_npu
+# loads). npu-rl turns vllm-ascend's own binding off (it would taskset the whole trainer process).
+export CPU_AFFINITY_CONF=${CPU_AFFINITY_CONF:-1}
+# DEVICE: npu on an Atlas node (a rehearsal on a CPU machine sets DEVICE=cpu before sourcing this file).
+export DEVICE=${DEVICE:-npu}

@@ -10,6 +10,11 @@ npu_resource_args() {
   if [ -n "${NPUS_PER_NODE:-}" ]; then printf -- '--resources={"NPU":%s}' "$NPUS_PER_NODE"; fi
 }
 
+# RAY_START_ARGS: more `ray start` options, word-split (e.g. "--num-cpus=32 --object-store-memory=200000000000").
+ray_start_args() {
+  if [ -n "${RAY_START_ARGS:-}" ]; then printf '%s\n' "$RAY_START_ARGS"; fi
+}
+
 npu_count_note() {
   if [ -n "${NPUS_PER_NODE:-}" ]; then echo "offering $NPUS_PER_NODE NPUs (NPUS_PER_NODE)"
   else echo "offering the NPUs Ray detected (ray status lists them)"; fi

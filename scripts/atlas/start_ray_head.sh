@@ -14,6 +14,9 @@ RAY_PORT=${RAY_PORT:-6379}
 refuse_if_port_taken "$RAY_PORT"
 # shellcheck disable=SC2046
 ray start --head --node-ip-address="$HEAD_IP" --port="$RAY_PORT" --dashboard-host=0.0.0.0 --dashboard-port="${DASHBOARD_PORT:-8265}" \
-  --temp-dir="$RAY_TMP" $(npu_resource_args) --disable-usage-stats
+  --temp-dir="$RAY_TMP" $(npu_resource_args) $(ray_start_args) --disable-usage-stats
 echo "Ray head at $HEAD_IP:$RAY_PORT (dashboard and job API at http://$HEAD_IP:${DASHBOARD_PORT:-8265}); $(npu_count_note)"
-npu-rl doctor || echo "npu-rl doctor found problems (above); fix them before training"
+# NPU_RL_DOCTOR=0 skips the check (a rehearsal on a machine without NPUs).
+if [ "${NPU_RL_DOCTOR:-1}" != 0 ]; then
+  npu-rl doctor || echo "npu-rl doctor found problems (above); fix them before training"
+fi

@@ -6,9 +6,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/env.sh"
 source "$here/ray_common.sh"
 refuse_if_running
-: "${HEAD_IP:?set HEAD_IP to the head node's address}"
+: "${HEAD_IP:?set HEAD_IP to the address of the head node}"
 NODE_IP=${NODE_IP:-$(hostname -I | awk '{print $1}')}
 # shellcheck disable=SC2046
 ray start --address="$HEAD_IP:${RAY_PORT:-6379}" --node-ip-address="$NODE_IP" --temp-dir="$RAY_TMP" \
-  $(npu_resource_args) --disable-usage-stats
+  $(npu_resource_args) $(ray_start_args) --disable-usage-stats
 echo "joined $HEAD_IP:${RAY_PORT:-6379}; $(npu_count_note)"

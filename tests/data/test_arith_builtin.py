@@ -76,6 +76,9 @@ def test_builtin_paths_are_generated_once_and_cached():
     ("builtin://arith/train?digit=2", "unknown arith parameter 'digit'"),
     ("builtin://arith/train?seed=x", "not an integer"),
     ("builtin://gsm8k/train?seed=1", "no parameters other than data_dir"),
+    ("builtin://arith/train?num_train=1000000000", "num_train and num_test must be <= 1,000,000"),
+    ("builtin://arith_tool/train?num_test=99999999", "num_train and num_test must be <= 1,000,000"),
+    ("builtin://arith/train?num_operands=1000", r"num_operands must be in \[2, 16\]"),
 ])
 def test_bad_builtin_paths(uri, message):
     with pytest.raises(ValueError, match=message):

@@ -39,6 +39,10 @@ CUSTOM_FUNCTIONS = textwrap.dedent('''
         return math.nan
 
 
+    def returns_huge(data_source, solution_str, ground_truth, extra_info=None):
+        return 1e308  # finite in Python, inf in the float32 score tensor
+
+
     def returns_str(data_source, solution_str, ground_truth, extra_info=None):
         return "1.0"
 

@@ -68,6 +68,13 @@ def test_custom_function_problems_name_file_and_function(tmp_path, custom):
     with pytest.raises(RewardFunctionError, match=rf"function 'wrong_signature' in {custom} has the signature "
                                                   r"wrong_signature\(text, answer\).*Expected verl's signature"):
         _check(config(path=custom, name="wrong_signature"))
+    with pytest.raises(RewardFunctionError, match=rf"path: {tmp_path} is a folder; give the .py file inside it"):
+        _check(config(path=str(tmp_path), name="f"))
+    asynchronous = tmp_path / "async_reward.py"
+    asynchronous.write_text("async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                            "    return 1.0\n")
+    with pytest.raises(RewardFunctionError, match="is an async def: the reward managers call it as a plain"):
+        _check(config(path=str(asynchronous)))
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
     with pytest.raises(RewardFunctionError, match=rf"cannot import {broken}.*not_a_module_anywhere"):

@@ -98,3 +98,55 @@ def test_factory_falls_back_to_hf_without_vllm(monkeypatch, caplog, tiny_model_d
     assert "pip install" in caplog.text and "vllm" in caplog.text
     with pytest.raises(ValueError, match="vllm, hf"):
         build_rollout_engine(config(name="sglang"), tiny_model_dir_pad_is_eos, None, tokenizer)
+
+
+def test_ascend_engine_gets_nz_off_and_no_cpu_binding_through_additional_config(monkeypatch):
+    """vllm-ascend >= 0.27.1rc1 no longer reads VLLM_ASCEND_ENABLE_NZ: the key is what keeps wake_up working."""
+    monkeypatch.delenv("VLLM_ASCEND_ENABLE_NZ", raising=False)
+    kwargs = build_llm_kwargs(config(), "/m", NPU)
+    assert kwargs["additional_config"] == {"weight_nz_mode": 0, "enable_cpu_binding": False}
+    assert "additional_config" not in build_llm_kwargs(config(), "/m", CPU)
+    user = config(engine_kwargs=EngineKwargsConfig(vllm={"additional_config": {"enable_cpu_binding": True,
+                                                                               "ascend_log_path": "/l"}}))
+    assert build_llm_kwargs(user, "/m", NPU)["additional_config"] == {
+        "weight_nz_mode": 0, "enable_cpu_binding": True, "ascend_log_path": "/l"}  # merged key by key
+    nz_on = config(engine_kwargs=EngineKwargsConfig(vllm={"additional_config": {"weight_nz_mode": 1}}))
+    with pytest.raises(ValueError, match="weight_nz_mode=1 with vLLM sleep mode"):
+        build_llm_kwargs(nz_on, "/m", NPU)
+    assert build_llm_kwargs(config(free_cache_engine=False, engine_kwargs=nz_on.engine_kwargs), "/m",
+                            NPU)["additional_config"]["weight_nz_mode"] == 1  # no sleep: the user's choice
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "2")  # without sleep mode the old variable still chooses
+    assert build_llm_kwargs(config(free_cache_engine=False), "/m", NPU)["additional_config"]["weight_nz_mode"] == 2
+    assert build_llm_kwargs(config(), "/m", NPU)["additional_config"]["weight_nz_mode"] == 0
+
+
+def test_effective_nz_mode_per_release():
+    from npu_rl.device.npu_env import effective_weight_nz_mode as nz
+
+    on, off = {"VLLM_ASCEND_ENABLE_NZ": "1"}, {"VLLM_ASCEND_ENABLE_NZ": "0"}
+    assert nz(None, off, "0.30.0rc2") == 1  # the variable is gone: the default decides
+    assert nz({"weight_nz_mode": 0}, on, "0.30.0rc2") == 0
+    assert nz({"weight_nz_mode": 0}, on, "0.26.0rc1") == 0  # key first, variable as the fallback
+    assert nz(None, off, "0.26.0rc1") == 0 and nz(None, {}, "0.23.0.post1") == 1
+    assert nz({"weight_nz_mode": 0}, on, "0.13.0") == 1  # before 0.20.2rc1 the key is ignored
+    assert nz({"weight_nz_mode": 0}, off, "0.13.0") == 0
+
+
+def test_allocator_expandable_segments_follow_the_rollout(monkeypatch):
+    """Off while the engine is awake, on for training (verl's switch), on NPU only; NPU_RL_EXPANDABLE_SEGMENTS=0
+    leaves the allocator alone."""
+    import types
+
+    import torch
+
+    from npu_rl.device.vllm_env import allocator_for_rollout
+
+    calls = []
+    fake = types.SimpleNamespace(memory=types.SimpleNamespace(_set_allocator_settings=calls.append))
+    monkeypatch.setattr(torch, "npu", fake, raising=False)
+    monkeypatch.delenv("NPU_RL_EXPANDABLE_SEGMENTS", raising=False)
+    assert allocator_for_rollout("npu", awake=True) and allocator_for_rollout("npu", awake=False)
+    assert calls == ["expandable_segments:False", "expandable_segments:True"]
+    assert not allocator_for_rollout("cpu", awake=True)
+    monkeypatch.setenv("NPU_RL_EXPANDABLE_SEGMENTS", "0")
+    assert not allocator_for_rollout("npu", awake=True) and len(calls) == 2

