@@ -1,4 +1,4 @@
-"""``npu-rl``: train | eval | merge | preprocess | doctor | plot | bench.
+"""``npu-rl``: train | eval | merge | preprocess | doctor | plan | plot | bench.
 
 Each sub-command's body lives with the code it drives; this file only routes (imports are lazy so that
 ``npu-rl doctor`` works on a machine where half the stack is broken).
@@ -19,6 +19,7 @@ commands:
   migrate     read a verl run script (runs none of its commands): what each override becomes here, checked,
               and the npu-rl command
   doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs
+  plan        will a job fit: per-device memory of each phase, the peak, the keys that would make it fit
   plot        training curves (PNG + self-contained HTML) of one or several run folders
   bench       benchmarks: kernels | rollout | trainer
 
@@ -65,6 +66,12 @@ def _doctor(argv: list[str]) -> int:
     return main(argv)
 
 
+def _plan(argv: list[str]) -> int:
+    from npu_rl.commands.plan import main
+
+    return main(argv)
+
+
 def _plot(argv: list[str]) -> int:
     from npu_rl.tracking.plot import main
 
@@ -76,11 +83,13 @@ def _bench(argv: list[str]) -> int:
         "kernels": "npu_rl.commands.bench_kernels",
         "rollout": "npu_rl.commands.bench_rollout",
         "trainer": "npu_rl.commands.bench_trainer",
+        "trl": "npu_rl.commands.bench_trl",
     }
     usage = (f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]\n\n"
              "  kernels  fused log-prob / KL kernels against the plain reference (time, memory)\n"
              "  rollout  rollout engine throughput (tokens/s) on the chosen device\n"
-             "  trainer  one training step's phases (padded vs packed, fused vs plain)\n\n"
+             "  trainer  one training step's phases (padded vs packed, fused vs plain)\n"
+             "  trl      TRL's GRPOTrainer and ours on the same task and sizes: wall and step times, their ratio\n\n"
              "`npu-rl bench <target> --help` for a target's options.")
     if argv and argv[0] in ("-h", "--help"):
         print(usage)
@@ -100,6 +109,7 @@ COMMANDS = {
     "preprocess": _preprocess,
     "migrate": _migrate,
     "doctor": _doctor,
+    "plan": _plan,
     "plot": _plot,
     "bench": _bench,
 }

@@ -20,11 +20,11 @@ FLOORS = [
     ("core", "kernels", "data"),
     ("parallel", "reward"),
     ("models", "controller"),
-    ("rollout",),
+    ("rollout", "plan"),
     ("agent",),
     ("workers",),
     ("trainer",),
-    ("commands", "api"),
+    ("commands", "api", "experimental"),
     ("cli",),
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}

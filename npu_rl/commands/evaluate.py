@@ -4,6 +4,13 @@ The task's JSONL (shipped in the package, or ``--data-dir``) is converted to ver
 model's chat template, sampled ``--n`` times per problem (greedy by default) with the rollout engine (vLLM when
 installed, else Hugging Face generate), and scored by the same rule scorers the trainer uses. pass@k uses the
 unbiased estimator of Chen et al. 2021: 1 - C(n - c, k) / C(n, k) per problem, averaged.
+
+GSM8K is scored both ways (``accuracy`` is the trainer's rule, strict, as verl's): ``strict`` takes the number after
+the last ``####``, ``flexible`` the last number anywhere; a model that answers right without the ``####`` format
+scores 0 strict and > 0 flexible. The output shows ``--samples`` responses (problem tail, response, answer, scores)
+so a score of 0 can be told apart from a broken prompt. The hf engine decodes eagerly here: an eval's batches come
+in many shapes (the last one, and every length bucket), and compiled decoding compiles each shape anew (measured on
+an H200: 67 s against 36 s for 256 problems).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="only the first N problems")
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"))
     p.add_argument("--batch-size", type=int, default=64, help="problems per generation batch")
+    p.add_argument("--samples", type=int, default=3, help="responses shown in the output (and kept in --out)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("overrides", nargs="*", help="extra config overrides (verl keys), e.g. actor_rollout_ref.rollout."
                                                 "gpu_memory_utilization=0.8")
@@ -84,6 +92,7 @@ def evaluate(args) -> dict:
     from npu_rl.data.loader import build_dataloader
     from npu_rl.models.loader import load_tokenizer, stop_token_ids
     from npu_rl.reward import build_reward_manager
+    from npu_rl.reward.scorers import gsm8k_score
     from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
     from npu_rl.trainer.sampling import score_batch
 
@@ -94,10 +103,13 @@ def evaluate(args) -> dict:
         config = _eval_config(args, model, data_file, temperature)
         rollout_cfg = config.actor_rollout_ref.rollout
         tokenizer = load_tokenizer(model)
-        engine = build_rollout_engine(rollout_cfg, model, None, tokenizer)
+        # eager hf decoding: compiled decoding compiles each batch shape (module docstring)
+        engine = build_rollout_engine(rollout_cfg, model, None, tokenizer, allow_compile=False)
         sampling = sampling_params_from_config(rollout_cfg, True, args.max_new_tokens, stop_token_ids(tokenizer, model))
         reward_fn = build_reward_manager(config, tokenizer, validation=True)
         correct: dict[str, list[float]] = {}
+        flexible: list[float] = []
+        samples: list[dict] = []
         start, num_tokens = time.perf_counter(), 0
         for prompts in build_dataloader(config.data, tokenizer, "val"):
             out, _ = score_batch(engine.generate(prompts, sampling).batch, reward_fn)
@@ -105,16 +117,56 @@ def evaluate(args) -> dict:
             acc = np.asarray(out["acc"], dtype=float) if "acc" in out else out["token_level_scores"].sum(-1).numpy()
             for uid, value in zip(out["uid"], acc):
                 correct.setdefault(uid, []).append(float(value))
+            texts = None
+            if args.task == "gsm8k" or len(samples) < args.samples:
+                texts = response_texts(out, tokenizer)
+            if args.task == "gsm8k":
+                flexible += [gsm8k_score(t, gt, method="flexible")["acc"] for t, gt in zip(texts, out["ground_truth"])]
+            for i in range(min(args.samples - len(samples), len(texts or []))):
+                samples.append(sample_record(out, i, texts[i], tokenizer, float(acc[i]), args.task))
         seconds = time.perf_counter() - start
     ks = sorted({int(k) for k in args.k.split(",")} if args.k else {1, args.n})
     results = {"model": args.model, "task": args.task, "split": args.split, "num_problems": len(correct),
                "n": args.n, "temperature": temperature, "accuracy": float(np.mean([np.mean(v) for v in correct.values()])),
                "seconds": seconds, "generated_tokens": num_tokens}
+    if args.task == "gsm8k":
+        results["accuracy_strict"] = results["accuracy"]
+        results["accuracy_flexible"] = float(np.mean(flexible)) if flexible else 0.0
     for k in ks:
         if k <= args.n:
             results[f"pass@{k}"] = float(np.mean([pass_at_k(len(v), int(sum(x > 0.5 for x in v)), k)
                                                   for v in correct.values()]))
+    results["samples"] = samples
     return results
+
+
+def response_texts(batch, tokenizer) -> list[str]:
+    """Each row's response up to its mask (what the scorers read), without special tokens."""
+    lengths = batch["response_mask"].sum(-1).tolist()
+    return [tokenizer.decode(row[:int(n)].tolist(), skip_special_tokens=True)
+            for row, n in zip(batch["responses"], lengths)]
+
+
+def sample_record(batch, i: int, text: str, tokenizer, acc: float, task: str) -> dict:
+    """One shown sample: the prompt's last 200 characters, the response, the reference answer, the score(s)."""
+    prompt = batch["prompts"][i]  # input_ids holds prompt + response
+    prompt_ids = prompt[batch["attention_mask"][i][: prompt.shape[0]].bool()].tolist()
+    record = {"prompt_tail": tokenizer.decode(prompt_ids, skip_special_tokens=True)[-200:], "response": text,
+              "ground_truth": str(batch["ground_truth"][i]), "score": acc}
+    if task == "gsm8k":
+        from npu_rl.reward.scorers import gsm8k_score
+
+        record["flexible"] = gsm8k_score(text, batch["ground_truth"][i], method="flexible")["acc"]
+    return record
+
+
+def format_samples(samples: list[dict]) -> str:
+    lines = []
+    for k, s in enumerate(samples, 1):
+        scores = f"score {s['score']:g}" + (f", flexible {s['flexible']:g}" if "flexible" in s else "")
+        lines += [f"--- sample {k} ({scores}; answer {s['ground_truth']})", f"... {s['prompt_tail']}",
+                  f">>> {s['response']}"]
+    return "\n".join(lines)
 
 
 def _eval_config(args, model: str, data_file: str, temperature: float):
@@ -166,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as exc:
         print(f"npu-rl eval: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(results, indent=2))
+    if results["samples"]:
+        print(format_samples(results["samples"]))
+    print(json.dumps({k: v for k, v in results.items() if k != "samples"}, indent=2))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:

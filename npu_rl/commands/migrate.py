@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         warnings.append(note)
     rows = flag_rows + compat.migrate(overrides)
     lines = compat.render(rows, source, warnings)
-    values, paths = checks(compat.kept_overrides(rows), flags, not args.skip_paths)
+    mode = compat.npu_rl_module(entry_point)[1]  # an async trainer's module adds its mode, as npu-rl's does
+    values, paths = checks(compat.kept_overrides(rows) + ([f"async_training.mode={mode}"] if mode else []), flags,
+                           not args.skip_paths)
     lines.append("")
     if values or paths:
         lines.append("# the npu-rl command does not load as it is (the checks `--cfg job` runs):")
@@ -107,6 +109,6 @@ def main(argv: list[str] | None = None) -> int:
                      + (" (values only: --skip-paths)" if args.skip_paths else ""))
     lines.append("")
     lines.append("# the equivalent npu-rl command:")
-    lines += compat.command(rows, flags)
+    lines += compat.command(rows, flags, entry_point)
     print("\n".join(lines))
     return 1 if values or paths or any(r.kind in compat.FAILING for r in rows) else 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from npu_rl.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
 from npu_rl.config.profiler_schema import GlobalProfilerConfig, RoleProfilerConfig
 
 # ----------------------------------------------------------------------------------------------------------- data
@@ -520,3 +521,5 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)  # config/async_schema.py
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)  # the asynchronous trainers' rollout pool

@@ -112,7 +112,8 @@ def _check_numbers(c: _Checker, config: PPOConfig) -> None:
     data = config.data
     c.require(data.max_prompt_length > 0, "data.max_prompt_length must be > 0")
     c.require(data.max_response_length > 0, "data.max_response_length must be > 0")
-    c.require(data.train_batch_size > 0, "data.train_batch_size must be > 0")
+    c.require(data.train_batch_size > 0 or config.async_training.mode == "fully_async",
+              "data.train_batch_size must be > 0 (0 streams: the fully asynchronous trainer only)")
     if data.gen_batch_size is not None:
         c.require(data.gen_batch_size > 0, "data.gen_batch_size must be > 0")
     fg = config.algorithm.filter_groups
@@ -293,6 +294,9 @@ def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = T
     from npu_rl.config.fault_checks import check_faults
 
     c.problems += check_faults(config, check_paths)
+    from npu_rl.config.async_schema import async_problems
+
+    c.problems += async_problems(config)
     if check_device:
         _check_device(c, config)
     if c.problems:
@@ -301,7 +305,8 @@ def validate(config: PPOConfig, check_paths: bool = True, check_device: bool = T
 
 # Keys kept so that verl scripts run unchanged, but with no effect here (a non-default value gets a note).
 NO_EFFECT = {
-    "actor_rollout_ref.hybrid_engine": "actor, rollout and reference always share the devices",
+    "actor_rollout_ref.hybrid_engine": "actor, rollout and reference always share the devices (a separate rollout "
+                                       "pool is the asynchronous trainers', docs/async.md)",
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": "entropy is always computed in row chunks or fused",
     "actor_rollout_ref.actor.entropy_checkpointing": "entropy is always computed in row chunks or fused",
     "actor_rollout_ref.rollout.layered_summon": "weights are always streamed one parameter at a time",
@@ -338,10 +343,15 @@ def ignored_settings(config: PPOConfig, baseline: PPOConfig | None = None) -> li
     current = OmegaConf.structured(config)
     notes = []
     for key, why in NO_EFFECT.items():
+        if key == "actor_rollout_ref.hybrid_engine" and config.async_training.mode != "sync":
+            continue  # the asynchronous trainers read it (config/async_schema.py)
         value = OmegaConf.select(current, key)
         default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
         if value != default:
             notes.append(f"{key}={value!r} has no effect in npu-rl: {why}")
+    from npu_rl.config.async_schema import async_notes
+
+    notes += async_notes(config, defaults, current)
     tokenizer_path = config.critic.model.tokenizer_path
     if tokenizer_path not in (None, config.actor_rollout_ref.model.path):
         notes.append(f"critic.model.tokenizer_path={tokenizer_path!r} has no effect in npu-rl: the critic scores the "

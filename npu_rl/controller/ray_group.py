@@ -242,6 +242,12 @@ class RayWorkerGroup(WorkerGroup):
 
         return resolve
 
+    def rank0_address(self) -> tuple[str, int]:
+        """Rank 0's node IP and a port free there: where a process group spanning this group and another meets."""
+        import ray
+
+        return ray.get(self._hosts[0].master_address.remote())
+
     def _query_layouts(self, role: str) -> list[DispatchLayout]:
         import ray
 

@@ -134,6 +134,28 @@ def stop_token_ids(tokenizer, model_path: str | None = None) -> list[int]:
     return ids
 
 
+def _from_folder(auto_class, folder: str, config, dtype: torch.dtype, device, **kwargs):
+    """``auto_class.from_pretrained(folder)``, or with ``device="meta"`` the same model built from ``config`` with
+    its parameters on the meta device (no memory, no weights read) and its buffers real (the rotary frequencies are
+    computed by the constructors, exactly as a plain load computes them); the sharded load fills it after it is
+    parallelised (:mod:`npu_rl.parallel.sharded_load`)."""
+    if device is not None and torch.device(device).type == "meta":
+        from accelerate import init_empty_weights
+
+        with init_empty_weights(include_buffers=False):
+            return auto_class.from_config(config, dtype=dtype, **kwargs)
+    return auto_class.from_pretrained(folder, config=config, dtype=dtype, **kwargs)
+
+
+def _finish(model, gradient_checkpointing: bool, device):
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    if device is not None and torch.device(device).type != "meta":
+        model.to(device)
+    return model
+
+
 def load_causal_lm(
     path: str,
     dtype: str | torch.dtype = "fp32",
@@ -143,23 +165,17 @@ def load_causal_lm(
     gradient_checkpointing: bool = False,
     device: torch.device | str | None = None,
 ):
-    """An HF causal LM from ``path`` with ``override_config`` applied to its config."""
+    """An HF causal LM from ``path`` with ``override_config`` applied to its config. ``device="meta"``: built
+    without its weights, for a sharded load after parallelising (see :func:`_from_folder`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = resolve_model_path(path)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, config=config, dtype=to_dtype(dtype), attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
-    if device is not None:
-        model.to(device)
-    return model
+    model = _from_folder(AutoModelForCausalLM, folder, config, to_dtype(dtype), device,
+                         attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    return _finish(model, gradient_checkpointing, device)
 
 
 def load_value_model(
@@ -168,9 +184,11 @@ def load_value_model(
     override_config: dict[str, Any] | None = None,
     trust_remote_code: bool = False,
     gradient_checkpointing: bool = False,
+    device: torch.device | str | None = None,
 ):
     """A critic: the model's trunk with a one-output token-classification head (``score``), as verl builds it.
-    The head is freshly initialised unless the folder already holds one."""
+    The head is freshly initialised unless the folder already holds one. ``device="meta"``: as in
+    :func:`load_causal_lm`."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     folder = resolve_model_path(path)
@@ -179,9 +197,6 @@ def load_value_model(
     config.classifier_dropout = 0.0
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    model = AutoModelForTokenClassification.from_pretrained(
-        folder, config=config, dtype=to_dtype(dtype), trust_remote_code=trust_remote_code)
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
-    return model
+    model = _from_folder(AutoModelForTokenClassification, folder, config, to_dtype(dtype), device,
+                         trust_remote_code=trust_remote_code)
+    return _finish(model, gradient_checkpointing, device)

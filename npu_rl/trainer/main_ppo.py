@@ -53,11 +53,22 @@ def _notes(config, args: argparse.Namespace) -> list[str]:
     return ignored_settings(config, baseline)
 
 
-def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> int:
+def memory_verdict(config) -> str:
+    """``npu-rl plan``'s one line for this config on this machine's device (npu_rl/plan), or why there is none."""
+    from npu_rl.plan.job import plan_config, this_device
+
+    try:
+        return plan_config(config, this_device()).verdict()
+    except (ValueError, FileNotFoundError) as exc:
+        return f"memory plan: not available ({exc})"
+
+
+def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
+         module: str = "npu_rl.trainer.main_ppo") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from npu_rl.trainer.interrupt import set_command
 
-    prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", "npu_rl.trainer.main_ppo"]
+    prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", module]
     set_command(prog + argv)
     args, unknown = parse_args(argv, default_config)
     flags = [u for u in unknown if u.startswith("-")]
@@ -79,6 +90,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
             for note in notes + _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
+            print(f"# {memory_verdict(config)}", file=sys.stderr)
             return 0
         config = load_verl_config(overrides, args.config_name, args.config_path, notes)
         from npu_rl.trainer.preflight import check_run_folder
@@ -98,7 +110,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer") -> 
     from npu_rl.trainer.checkpoint import DiskFullError
     from npu_rl.trainer.ppo_trainer import NonFiniteLossError
 
-    entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", "npu_rl.trainer.main_ppo"]
+    entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", module]
     try:
         return run(config, entry + argv)  # the command is recorded in the run folder
     except NonFiniteLossError as exc:  # said in words (which term, which key), not as a traceback

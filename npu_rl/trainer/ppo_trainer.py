@@ -35,6 +35,7 @@ from npu_rl.config.schema import PPOConfig
 from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_kl_controller
 from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
+from npu_rl.trainer.async_rollouts import SyncRollouts
 from npu_rl.trainer.checkpoint import CheckpointManager, disk_full_error, load_trainer_state
 from npu_rl.trainer.estimator_inputs import estimator_extras
 from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
@@ -52,9 +53,16 @@ class NonFiniteLossError(RuntimeError):
 
 
 def total_training_steps(config: PPOConfig, batches_per_epoch: int) -> int:
-    """``trainer.total_training_steps`` when set, else batches per epoch x ``trainer.total_epochs``."""
+    """``trainer.total_training_steps`` when set, else batches per epoch x ``trainer.total_epochs`` (fully async:
+    the prompts to generate, ``rollout.total_rollout_steps`` or the epochs', over the prompts per update)."""
     if config.trainer.total_training_steps is not None:
         return config.trainer.total_training_steps
+    if config.async_training.mode == "fully_async":
+        from npu_rl.config.async_schema import streaming_batch_size
+
+        prompts = config.rollout.total_rollout_steps or \
+            batches_per_epoch * (config.data.gen_batch_size or 1) * config.trainer.total_epochs
+        return max(1, prompts // streaming_batch_size(config))
     return batches_per_epoch * config.trainer.total_epochs
 
 
@@ -71,7 +79,7 @@ class Roles:
 
 class PPOTrainer:
     def __init__(self, config: PPOConfig, plan: RunPlan, roles: Roles, prompts: PromptStream, val_loader, reward_fn,
-                 val_reward_fn, tracker, backend, model_config, tokenizer=None):
+                 val_reward_fn, tracker, backend, model_config, tokenizer=None, rollouts=None):
         self.config = config
         self.plan = plan
         self.roles = roles
@@ -83,6 +91,8 @@ class PPOTrainer:
         self.backend = backend
         self.model_config = model_config  # HF config of the actor, for FLOPs
         self.tokenizer = tokenizer  # to write validation samples (trainer.log_val_generations)
+        # where each step's rollouts come from: the colocated engine, or a separate pool (trainer/async_rollouts.py)
+        self.rollouts = rollouts if rollouts is not None else SyncRollouts(prompts, roles.actor_rollout)
         algo = config.algorithm
         self.kl_ctrl = make_kl_controller(type=algo.kl_ctrl.type, kl_coef=algo.kl_ctrl.kl_coef,
                                           target_kl=algo.kl_ctrl.target_kl, horizon=algo.kl_ctrl.horizon)
@@ -152,6 +162,7 @@ class PPOTrainer:
             batch, gen_metrics = self._generate_and_score(timer)
             batch, experience_metrics = self._make_experience(batch, timer)
             update_metrics = self._update(batch, timer)
+            update_metrics |= self.rollouts.after_update()  # an asynchronous mode may push the weights here
         if self.config.trainer.rollout_data_dir and self.tokenizer is not None:  # every rollout, one file per step
             from npu_rl.trainer.validation import dump_generations
 
@@ -178,10 +189,9 @@ class PPOTrainer:
         metrics: dict[str, Any] = {}
         num_gen_batches, num_prompts = 0, 0
         while True:
-            prompts = self.prompts.next_batch()
             num_gen_batches += 1
             with timer("gen"):
-                rollout = self.roles.actor_rollout.generate_sequences(prompts)
+                prompts, rollout = self.rollouts.next_rollout()
             batch, metrics = rollout.batch, metrics | rollout.metrics
             if self.plan.use_greedy_baseline:
                 with timer("gen_max"):
@@ -326,7 +336,7 @@ class PPOTrainer:
 
     def _validate(self) -> dict[str, float]:
         start = time.perf_counter()
-        out = validate(self.config, self.roles.actor_rollout, self.val_loader, self.val_reward_fn,
+        out = validate(self.config, self.rollouts.validator, self.val_loader, self.val_reward_fn,
                        self.tracker.run_dir, self.global_step, self.tokenizer)
         out["timing_s/testing"] = time.perf_counter() - start
         self.last_val_metrics = out
@@ -339,7 +349,7 @@ class PPOTrainer:
     def trainer_state(self) -> dict[str, Any]:
         return {"global_step": self.global_step, "prompts": self.prompts.state_dict(),
                 "rng": self.backend.rng_state(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                "consecutive_nan_steps": self.consecutive_nan_steps}
+                "consecutive_nan_steps": self.consecutive_nan_steps, "rollouts": self.rollouts.state_dict()}
 
     def save_checkpoint(self) -> str:
         tmp = self.checkpoints.begin(self.global_step)
@@ -372,6 +382,7 @@ class PPOTrainer:
         self.backend.set_rng_state(state["rng"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.consecutive_nan_steps = state["consecutive_nan_steps"]
+        self.rollouts.load_state_dict(state.get("rollouts", {}))  # asynchronous modes: versions, dropped queue
         print(f"npu-rl: resumed from {path} (step {self.global_step}, epoch {self.prompts.epoch})", file=sys.stderr)
 
 

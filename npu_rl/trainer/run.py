@@ -134,8 +134,11 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
                       run_dir, recorded_config(config))  # secrets masked: trackers store what they are given
     print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
           f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
+    from npu_rl.trainer.async_rollouts import build_rollouts
+
+    rollouts = build_rollouts(config, plan, group, prompts)  # sync: the colocated engine; else a rollout pool
     trainer = PPOTrainer(config, plan, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
-                         group.actor_rollout.model_config(), tokenizer)
+                         group.actor_rollout.model_config(), tokenizer, rollouts=rollouts)
     start = time.perf_counter()
     try:
         code = trainer.fit()
@@ -145,6 +148,10 @@ def run(config: PPOConfig, argv: list[str] | None = None) -> int:
         _worker_lost(config, exc)
         return 1
     finally:
+        closing = rollouts.close()  # asynchronous modes: the rollouter stops after its in-flight batch
+        if closing:
+            print(f"npu-rl: rollout pool closed ({', '.join(f'{k}={v:g}' for k, v in closing.items())})",
+                  file=sys.stderr)
         tracker.close()
         group.shutdown()
         if getattr(group, "owned_pool", None) is not None:

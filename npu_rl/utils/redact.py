@@ -117,9 +117,27 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def install_log_redaction(logger: logging.Logger | None = None) -> None:
-    """Mask secrets in what the handlers of ``logger`` (default: the root logger) write."""
-    target = logger or logging.getLogger()
-    for handler in target.handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
+_installed = False
+
+
+def install_log_redaction() -> None:
+    """Mask secrets in every log record of this process, whichever logger or handler writes it (a library's own
+    handler added later included): the record factory masks the formatted message when a record is made."""
+    global _installed
+    if _installed:
+        return
+    make = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is the logging module's to report
+            return record
+        masked = redact_text(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return record
+
+    logging.setLogRecordFactory(factory)
+    _installed = True

@@ -21,7 +21,7 @@ from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora, is_lora_m
 from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.workers.engine import MicroLoss, TrainingEngine, UpdateSettings
-from npu_rl.workers.model_runner import MicroBatching
+from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 
 def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, plan: RunPlan, forward_micro: MicroBatching,
@@ -29,21 +29,24 @@ def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, plan:
                         update: UpdateSettings | None = None, compile_blocks: bool = False) -> TrainingEngine:
     """A causal LM from ``actor_rollout_ref.model`` on an engine: the actor's (trained) or the reference's.
     With ``lora_rank`` > 0 the trained one is a PEFT model: the frozen base loaded straight in the compute dtype,
-    fp32 adapters (models/lora.py)."""
+    fp32 adapters (models/lora.py). On several ranks the model is built on the meta device and each rank reads
+    only its shards (:func:`sharded_load_folder`)."""
     lora = LoraSpec.from_config(model_cfg)
     lora_on = lora.enabled and trainable
+    weights_folder = sharded_load_folder(model_cfg.path)
     model = load_causal_lm(
         model_cfg.path, dtype=fsdp_config.mixed_precision.param_dtype if lora_on else fsdp_config.model_dtype,
         override_config=dict(model_cfg.override_config),
         attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code,
         gradient_checkpointing=trainable and model_cfg.enable_gradient_checkpointing,
+        device="meta" if weights_folder else None,
     )
     if lora_on:
         model = apply_lora(model, lora, base_path=model_cfg.path, seed=plan.seed)
     return TrainingEngine(model, fsdp_config, role=role, response_length=plan.max_response_length,
                           forward_micro=forward_micro, sp_size=sp_size, use_remove_padding=model_cfg.use_remove_padding,
                           optim_config=optim_config if trainable else None, total_training_steps=total_training_steps,
-                          compile_blocks=compile_blocks,
+                          compile_blocks=compile_blocks, weights_folder=weights_folder,
                           update=update, seed=plan.seed)
 
 

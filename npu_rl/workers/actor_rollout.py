@@ -45,7 +45,8 @@ class ActorRolloutWorker(ReportsMemory):
         rollout_lora_rank = 0 if model_cfg.lora.merge else model_cfg.lora_rank
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
                                            self.tokenizer, lora_rank=rollout_lora_rank,
-                                           allow_compile=self.plan.allow_compile)
+                                           allow_compile=self.plan.allow_compile,
+                                           decode_steps=total_training_steps * self.plan.max_response_length)
         self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
         if agent_rollout_enabled(self.rollout_cfg):
             self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length,
@@ -108,6 +109,31 @@ class ActorRolloutWorker(ReportsMemory):
             version = None if fresh_base else self.weights_version  # None: load even if the version matches
             return metrics | self.engine.update_adapter(tensors, config, version=version)
         return self.engine.update_weights(self.actor.named_full_weights(), version=self.weights_version)
+
+    # ----------------------------------------------------------------- a separate rollout pool (docs/async.md)
+    @register(Dispatch.ALL)
+    def join_weight_group(self, backend: str, host: str, port: int, world_size: int) -> None:
+        """Rank 0 joins the group spanning it and the rollout ranks (it hosts the store at ``host:port``)."""
+        from npu_rl.parallel.dist import rank
+        from npu_rl.parallel.weight_transport import join_weight_group
+
+        self.weight_group = None
+        if rank() == 0:
+            device = self.actor.engine.device if backend != "gloo" else "cpu"
+            self.weight_group = join_weight_group(backend, host, port, 0, world_size, device)
+
+    @register(Dispatch.ALL)
+    def send_weights(self) -> dict[str, float]:
+        """The current policy to the rollout pool, in buckets (the gather is collective over the trainer ranks;
+        rank 0 sends). Returns ``weight_sync/*`` metrics on rank 0."""
+        from npu_rl.parallel.weight_transport import send_weights
+
+        tensors = self.actor.named_full_weights()
+        if self.weight_group is None:  # ranks > 0 take part in the gather only
+            for _ in tensors:
+                pass
+            return {}
+        return send_weights(self.weight_group, tensors, self.rollout_cfg.update_weights_bucket_megabytes)
 
     @register(Dispatch.DP_SPLIT)
     def compute_logprobs(self, batch: Batch) -> Batch:

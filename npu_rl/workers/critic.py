@@ -12,7 +12,7 @@ from npu_rl.core import value_loss
 from npu_rl.models.loader import load_value_model
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.workers.engine import MicroLoss, TrainingEngine, UpdateSettings
-from npu_rl.workers.model_runner import MicroBatching
+from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 
 class CriticWorker:
@@ -24,10 +24,12 @@ class CriticWorker:
     @register(Dispatch.ALL)
     def init_model(self, total_training_steps: int) -> None:
         cfg = self.cfg
+        weights_folder = sharded_load_folder(cfg.model.path)  # several ranks: built on meta, read shard by shard
         model = load_value_model(cfg.model.path, dtype=cfg.model.fsdp_config.model_dtype,
                                  override_config=dict(cfg.model.override_config),
                                  trust_remote_code=cfg.model.trust_remote_code,
-                                 gradient_checkpointing=cfg.model.enable_gradient_checkpointing)
+                                 gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
+                                 device="meta" if weights_folder else None)
         update = UpdateSettings(
             rows_per_mini_batch=self.plan.critic.rows_per_mini_batch,
             micro=MicroBatching(cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu),
@@ -38,7 +40,8 @@ class CriticWorker:
             model, cfg.model.fsdp_config, role="critic", response_length=self.plan.max_response_length,
             forward_micro=forward_micro, sp_size=cfg.ulysses_sequence_parallel_size,
             use_remove_padding=cfg.model.use_remove_padding, optim_config=cfg.optim,
-            total_training_steps=total_training_steps, update=update, seed=self.plan.seed)
+            total_training_steps=total_training_steps, update=update, seed=self.plan.seed,
+            weights_folder=weights_folder)
 
     def dispatch_layout(self):
         return self.engine.dispatch_layout() if self.engine is not None else None

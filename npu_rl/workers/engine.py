@@ -91,13 +91,14 @@ class TrainingEngine:
     def __init__(self, model: torch.nn.Module, fsdp_config, *, role: str, response_length: int,
                  forward_micro: MicroBatching, sp_size: int = 1, use_remove_padding: bool = False,
                  optim_config=None, total_training_steps: int | None = None, update: UpdateSettings | None = None,
-                 seed: int = 0, compile_blocks: bool = False):
+                 seed: int = 0, compile_blocks: bool = False, weights_folder: str | None = None):
         dist.init_distributed(single_process_group=False)
         self.role = role
         self.trainable = optim_config is not None
         if not self.trainable:
             model.requires_grad_(False)
-        self.runner = ModelRunner(model, fsdp_config, self.trainable, sp_size, use_remove_padding, compile_blocks)
+        self.runner = ModelRunner(model, fsdp_config, self.trainable, sp_size, use_remove_padding, compile_blocks,
+                                  weights_folder=weights_folder, init_seed=seed)
         self.response_length = response_length
         self.forward_micro = forward_micro
         self.update_settings = update

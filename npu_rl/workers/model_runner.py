@@ -102,8 +102,31 @@ def compile_elementwise_blocks(model: torch.nn.Module) -> int:
     return count
 
 
+def sharded_load_folder(path: str) -> str | None:
+    """Where a training role reads its weights shard by shard, or None for a plain load. Sharded when there are
+    several ranks and the model folder stores safetensors (the embedded SmolLM2's converted cache folder does):
+    the role then builds its model on the meta device (``device="meta"`` in models/loader.py) and hands this folder
+    to :class:`ModelRunner`, which parallelises the meta model and reads each rank's slices
+    (:mod:`npu_rl.parallel.sharded_load`). A folder of ``*.bin`` weights keeps the plain load on every rank."""
+    from npu_rl.models.loader import resolve_model_path
+    from npu_rl.parallel import dist
+    from npu_rl.parallel.sharded_load import has_safetensors
+
+    dist.init_distributed(single_process_group=False)
+    folder = resolve_model_path(path)
+    return folder if dist.world_size() > 1 and has_safetensors(folder) else None
+
+
+def is_on_meta(model: torch.nn.Module) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
 class ModelRunner:
     """A model on this rank's device with its precision settings; parallelism is applied afterwards.
+
+    A model built on the meta device (``weights_folder`` given) is parallelised first and then filled with this
+    rank's shards read from ``weights_folder`` (:func:`sharded_load_folder`); ``init_seed`` draws the parameters
+    no file holds (a critic's value head).
 
     Precision: ``fsdp_config.model_dtype`` is the dtype of the weights the optimizer updates and checkpoints hold
     (fp32 by default), ``mixed_precision.param_dtype`` the dtype forwards and backwards run in (bf16 by default).
@@ -115,7 +138,8 @@ class ModelRunner:
     """
 
     def __init__(self, model: torch.nn.Module, fsdp_config, trainable: bool = True, sp_size: int = 1,
-                 use_remove_padding: bool = False, compile_blocks: bool = False):
+                 use_remove_padding: bool = False, compile_blocks: bool = False, weights_folder: str | None = None,
+                 init_seed: int = 0):
         from npu_rl.parallel import dist
 
         self.backend = get_backend()
@@ -132,11 +156,19 @@ class ModelRunner:
 
             use_varlen_attention(model)
         self.mesh = None
+        if is_on_meta(model) and (weights_folder is None or self.world_size == 1):
+            raise ValueError("a model built on the meta device is loaded shard by shard: give weights_folder "
+                             "(several ranks only; see sharded_load_folder)")
         if self.world_size > 1:
             from npu_rl.parallel import apply_fsdp2_from_config, build_mesh
+            from npu_rl.parallel.sharded_load import load_sharded_weights, real_tensors
 
             self.mesh = build_mesh(sp_size=sp_size, fsdp_size=getattr(fsdp_config, "fsdp_size", -1))
+            kept = real_tensors(model) if weights_folder is not None else None  # buffers, adapters: full values
             self.model = apply_fsdp2_from_config(model, fsdp_config, sp_size=sp_size, mesh=self.mesh)
+            if weights_folder is not None:
+                load_sharded_weights(self.model, weights_folder, self._shard_device(), seed=init_seed, keep=kept,
+                                     buffer_device=self.device)
             self.compute_model = self.model
             self.compiled_blocks = self._compile(compile_blocks)
             return
@@ -152,6 +184,10 @@ class ModelRunner:
         else:  # nothing to update: keep only the compute copy
             self.model = self.compute_model = self.model.to(self.param_dtype)
         self.compiled_blocks = self._compile(compile_blocks)
+
+    def _shard_device(self) -> torch.device:
+        """Where the shards live: the device, or host memory with ``param_offload``."""
+        return torch.device("cpu") if self.fsdp_settings.param_offload else self.device
 
     def _compile(self, asked: bool) -> int:
         """The compute model's elementwise blocks compiled where the device layer allows it (``use_torch_compile``)."""

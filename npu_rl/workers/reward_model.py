@@ -20,14 +20,24 @@ from npu_rl.models.loader import load_tokenizer, resolve_model_path
 from npu_rl.utils.dtypes import to_dtype
 from npu_rl.protocol import Batch
 from npu_rl.workers.engine import TrainingEngine
-from npu_rl.workers.model_runner import MicroBatching
+from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 
-def load_reward_model(path: str, dtype: str, trust_remote_code: bool = False):
-    from transformers import AutoModelForSequenceClassification
+def load_reward_model(path: str, dtype: str, trust_remote_code: bool = False, device: str | None = None):
+    """The scoring model; ``device="meta"``: built without weights, for the sharded load (sharded_load_folder)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(
-        resolve_model_path(path), num_labels=1, dtype=to_dtype(dtype), trust_remote_code=trust_remote_code)
+    folder = resolve_model_path(path)
+    if device == "meta":
+        from accelerate import init_empty_weights
+
+        config = AutoConfig.from_pretrained(folder, num_labels=1, trust_remote_code=trust_remote_code)
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForSequenceClassification.from_config(config, dtype=to_dtype(dtype),
+                                                                   trust_remote_code=trust_remote_code)
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder, num_labels=1, dtype=to_dtype(dtype), trust_remote_code=trust_remote_code)
     model.requires_grad_(False)
     return model
 
@@ -49,10 +59,13 @@ class RewardModelWorker:
     @register(Dispatch.ALL)
     def init_model(self) -> None:
         rm = self.cfg
-        model = load_reward_model(rm.model.path, rm.model.fsdp_config.model_dtype, rm.model.trust_remote_code)
+        weights_folder = sharded_load_folder(rm.model.path)  # several ranks: built on meta, read shard by shard
+        model = load_reward_model(rm.model.path, rm.model.fsdp_config.model_dtype, rm.model.trust_remote_code,
+                                  device="meta" if weights_folder else None)
         micro = MicroBatching(rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
         self.engine = TrainingEngine(model, rm.model.fsdp_config, role="reward_model",
-                                     response_length=self.plan.max_response_length, forward_micro=micro)
+                                     response_length=self.plan.max_response_length, forward_micro=micro,
+                                     seed=self.plan.seed, weights_folder=weights_folder)
         self.tokenizer = load_tokenizer(rm.model.path, rm.model.trust_remote_code)
         self.tokenizer.padding_side = "right"  # the score is read at the last real token
         self.policy_tokenizer = load_tokenizer(rm.model.input_tokenizer or self.plan.policy_model_path)

@@ -3,6 +3,8 @@ for the workers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from npu_rl.config.derived import RunPlan
 from npu_rl.config.schema import PPOConfig
 from npu_rl.controller.worker_group import WorkerSpec
@@ -15,7 +17,10 @@ from npu_rl.workers.reward_model import RewardModelWorker
 def worker_specs(config: PPOConfig, plan: RunPlan) -> dict[str, WorkerSpec]:
     """``{role name: WorkerSpec}`` for every role the plan needs; all colocated on the same devices."""
     arr = config.actor_rollout_ref
-    roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (arr.model, arr.actor, arr.rollout, plan))}
+    rollout = arr.rollout
+    if config.async_training.mode != "sync":  # the rollout pool generates; the trainer keeps only the free hf twin
+        rollout = dataclasses.replace(rollout, name="hf", free_cache_engine=False)
+    roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (arr.model, arr.actor, rollout, plan))}
     if plan.use_ref and not plan.ref_in_actor:  # with LoRA the actor serves the reference (adapter off)
         roles["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.ref, plan))
     if plan.use_critic:

@@ -26,3 +26,24 @@ def test_section_is_appended_to_a_file_without_one(tmp_path):
     fresh = tmp_path / "new.md"
     bench.write_section(str(fresh), "## Rollout\n\ny\n")
     assert fresh.read_text().startswith("# Benchmarks\n\n## Rollout")
+
+
+def test_bench_takes_a_random_weight_shape_and_the_hf_variants(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.torch, "set_num_threads", lambda n: None)
+    argv = ["--models", "shape:tiny", "--engines", "hf_eager,hf", "--num-prompts", "2", "--n", "1",
+            "--prompt-length", "5", "--response-length", "3", "--repeats", "1"]
+    assert bench.main(argv) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| shape:tiny"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "2" and cells[2] != "-" and cells[3] != "-" and cells[4] == "-"  # hf, hf eager; no compiled
+
+
+def test_compiled_hf_and_vllm_are_refused_in_one_process(monkeypatch, capsys):
+    from npu_rl.device import backend as backend_module
+
+    monkeypatch.setattr("npu_rl.device.get_backend", lambda: backend_module.make_backend("cpu"))
+    assert bench.compiled_with_vllm(["hf_eager", "vllm"]) is None and bench.compiled_with_vllm(["hf"]) is None
+    assert bench.main(["--engines", "hf_compiled,vllm"]) == 2
+    assert "cannot share a process" in capsys.readouterr().err
+    monkeypatch.setattr("npu_rl.device.get_backend", lambda: backend_module.make_backend("cuda"))
+    assert bench.compiled_with_vllm(["hf", "vllm"])  # hf compiles on CUDA

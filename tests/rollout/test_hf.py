@@ -254,3 +254,28 @@ def test_token_lists_take_a_budget_each_and_match_one_prompt_generations(eos_mod
         assert EOS not in completion.token_ids[:-1] and len(completion.logprobs) == len(completion.token_ids)
     with pytest.raises(ValueError, match="3 requests but 2 budgets"):
         engine.generate_token_lists(token_lists, budgets[:2], greedy())
+
+
+def test_compiled_decode_only_for_runs_long_enough_to_pay(monkeypatch):
+    from npu_rl.rollout.factory import COMPILE_MIN_DECODE_STEPS, compiled_decode_pays
+
+    monkeypatch.delenv("NPU_RL_COMPILED_DECODE", raising=False)
+    assert not compiled_decode_pays(15 * 24)  # the embedded default: 15 steps x 24 tokens
+    assert compiled_decode_pays(COMPILE_MIN_DECODE_STEPS) and compiled_decode_pays(None)  # None: length unknown
+    monkeypatch.setenv("NPU_RL_COMPILED_DECODE", "1")
+    assert compiled_decode_pays(1)
+
+
+def test_factory_builds_an_eager_hf_engine_for_a_short_run(monkeypatch, eos_model, eos_model_dir):
+    from npu_rl.config.schema import RolloutConfig
+    from npu_rl.device import backend as backend_module
+    from npu_rl.rollout.factory import build_rollout_engine
+
+    model, tokenizer = eos_model
+    monkeypatch.delenv("NPU_RL_COMPILED_DECODE", raising=False)
+    cuda_like = backend_module.make_backend("cuda")
+    monkeypatch.setattr("npu_rl.device.get_backend", lambda: cuda_like)
+    config = RolloutConfig(name="hf")
+    short = build_rollout_engine(config, eos_model_dir, model, tokenizer, decode_steps=15 * 24)
+    long = build_rollout_engine(config, eos_model_dir, model, tokenizer, decode_steps=200 * 256)
+    assert not short.compiled_decode and long.compiled_decode

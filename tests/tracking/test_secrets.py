@@ -73,12 +73,16 @@ def test_a_run_writes_and_prints_no_secret(tiny_model_dir, tmp_path, reward_file
 
 
 def test_logs_are_masked(caplog):
-    from npu_rl.utils.redact import RedactingFilter
+    from npu_rl.utils.redact import RedactingFilter, install_log_redaction
 
     logger = logging.getLogger("npu_rl.test_redact")
     caplog.handler.addFilter(RedactingFilter())
     logger.warning("connecting to %s with WANDB_API_KEY=%s", "https://u:p@h", "k")
     assert caplog.records[-1].getMessage() == f"connecting to https://{MASK}@h with WANDB_API_KEY={MASK}"
+    caplog.handler.filters.clear()
+    install_log_redaction()  # every record, whatever handler (a library's own, added later) writes it
+    logging.getLogger("some.library").warning("login with HF_TOKEN=%s", "hf_abc")
+    assert caplog.records[-1].getMessage() == f"login with HF_TOKEN={MASK}"
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -30,7 +30,24 @@ def test_eval_on_the_arith_task(tiny_model_dir, tmp_path, capsys):
     results = json.loads(out.read_text())
     assert results["num_problems"] == 6 and results["n"] == 2 and results["temperature"] == 1.0
     assert 0.0 <= results["accuracy"] <= results["pass@2"] <= 1.0
-    assert json.loads(capsys.readouterr().out)["task"] == "arith"
+    printed = capsys.readouterr().out
+    assert json.loads(printed[printed.index("{"):])["task"] == "arith"
+    assert len(results["samples"]) == 3 and "--- sample 1 (score" in printed  # --samples 3 by default
+
+
+def test_eval_gsm8k_scores_strict_and_flexible_and_shows_samples(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert cli(["eval", tiny_model_dir, "--task", "gsm8k", "--limit", "4", "--engine", "hf", "--max-new-tokens", "3",
+                "--batch-size", "4", "--samples", "2", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["accuracy_strict"] == results["accuracy"]
+    assert 0.0 <= results["accuracy_flexible"] <= 1.0
+    assert [set(s) for s in results["samples"]] == [{"prompt_tail", "response", "ground_truth", "score",
+                                                     "flexible"}] * 2
+    for sample in results["samples"]:  # the prompt part only (an H200 run showed the response there too)
+        assert sample["response"] == "" or not sample["prompt_tail"].endswith(sample["response"])
+    printed = capsys.readouterr().out
+    assert printed.count("--- sample ") == 2 and ">>> " + results["samples"][0]["response"] in printed
 
 
 def test_eval_and_merge_take_a_checkpoint(tiny_model_dir, tmp_path, reward_file):

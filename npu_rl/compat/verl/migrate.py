@@ -78,6 +78,9 @@ def split_flags(words: list[str]) -> tuple[list[str], Flags, list[Row]]:
             if HYDRA_FLAGS[name] == "config_name":
                 flags.config_name = value[:-5] if value.endswith(".yaml") else value
                 rows.append(Row(text, name, "flag", f"-> --config-name {flags.config_name}"))
+            elif value.rstrip("/") in ("config", "./config"):  # verl's module-relative folder: ours ship inside
+                rows.append(Row(text, name, "flag", "left out: verl's own config folder; npu-rl's configs ship "
+                                                    "inside the package"))
             else:
                 flags.config_path = value
                 rows.append(Row(text, name, "flag", "-> --config-path (a folder of npu-rl YAML; verl's own YAML "
@@ -91,23 +94,30 @@ def split_flags(words: list[str]) -> tuple[list[str], Flags, list[Row]]:
     return overrides, flags, rows
 
 
-# verl's trainers other than main_ppo (and its DAPO entry point): what they are, and what to run instead
-OTHER_TRAINERS = {
-    "verl.experimental.fully_async_policy.fully_async_main": "verl's fully asynchronous trainer is not implemented "
-                                                             "here yet",
-    "verl.experimental.one_step_off_policy.main_ppo": "verl's one-step-off-policy trainer is not implemented here yet",
+# verl's asynchronous trainers: npu-rl's module of the same name, its config and the mode it adds (docs/async.md)
+ASYNC_TRAINERS = {
+    "fully_async_policy.fully_async_main": ("fully_async_ppo_trainer", "fully_async"),
+    "one_step_off_policy.main_ppo": ("one_step_off_ppo_trainer", "one_step_off"),
 }
 
 
+def npu_rl_module(entry_point: str | None) -> tuple[str, str | None]:
+    """(npu-rl's module for verl's ``entry_point``, the ``async_training.mode`` it sets or None)."""
+    for tail, (_, mode) in ASYNC_TRAINERS.items():
+        if entry_point is not None and entry_point.endswith("experimental." + tail):
+            return f"npu_rl.experimental.{tail}", mode
+    return "npu_rl.trainer.main_ppo", None
+
+
 def entry_point_rows(module: str) -> list[Row]:
-    """A refused row for a trainer that is not main_ppo (none for main_ppo and recipe.dapo.main_dapo)."""
+    """A refused row for a recipe's own trainer (none for main_ppo, its DAPO entry point and the async trainers)."""
     from npu_rl.compat.verl.script import ENTRY_POINTS
 
     if module in ENTRY_POINTS:
         return []
-    why = OTHER_TRAINERS.get(module, f"{module} is a recipe's own trainer (its own loop and config), not main_ppo")
-    return [Row(f"-m {module}", module, "refused", f"{why}; instead: python3 -m npu_rl.trainer.main_ppo (the "
-                                                   "synchronous PPO loop) with the overrides below")]
+    return [Row(f"-m {module}", module, "refused", f"{module} is a recipe's own trainer (its own loop and config), "
+                                                   "not main_ppo; instead: python3 -m npu_rl.trainer.main_ppo with "
+                                                   "the overrides below")]
 
 
 def classify_override(override: str) -> Row:
@@ -177,9 +187,9 @@ def mask(text: str) -> str:
     return text if _REFERENCE.search(text) else redact_text(text)
 
 
-def command(rows: list[Row], flags: Flags, cfg_job: bool = False) -> list[str]:
+def command(rows: list[Row], flags: Flags, entry_point: str | None = None, cfg_job: bool = False) -> list[str]:
     """The equivalent npu-rl command (lines joined by ``\\``), refused and unknown overrides commented out."""
-    head = f"python3 -m npu_rl.trainer.main_ppo --config-name {shlex.quote(flags.config_name)}"
+    head = f"python3 -m {npu_rl_module(entry_point)[0]} --config-name {shlex.quote(flags.config_name)}"
     if flags.config_path:
         head += f" --config-path {shlex.quote(flags.config_path)}"
     if cfg_job:

@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 
 from npu_rl.utils.redact import is_secret_name
 
-ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "npu_rl.trainer.main_ppo", "main_ppo", "main_dapo")
-# other trainers of verl and its recipes: recognised (and reported as what they are), not translated
-OTHER_TRAINERS = ("verl.experimental.fully_async_policy.fully_async_main", "verl.experimental.one_step_off_policy.main_ppo",
-                  "recipe.*main*", "verl.experimental.*main*")
+ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "npu_rl.trainer.main_ppo", "main_ppo", "main_dapo",
+                # the asynchronous trainers (docs/async.md)
+                "verl.experimental.one_step_off_policy.main_ppo", "verl.experimental.fully_async_policy.fully_async_main",
+                "npu_rl.experimental.one_step_off_policy.main_ppo",
+                "npu_rl.experimental.fully_async_policy.fully_async_main")
+# other trainers of verl's recipes: recognised (and reported as what they are), not translated
+OTHER_TRAINERS = ("recipe.*main*", "verl.experimental.*main*")
 MAX_BYTES = 1 << 20  # a run script is a few kB; a larger file is not one
 TIME_LIMIT_S = 5.0  # for the whole reading (every pass)
 MEMORY_LIMIT = 512 << 20  # address space of the bash process

@@ -1,0 +1,35 @@
+"""``npu-rl plan [--device h200] [key=value ...]``: will this job fit? The per-device memory of each phase of one
+step (rollout, log-probs, reference, critic, update), the peak, whether it fits the named device, the one or two
+keys that would make it fit, and the host memory per node. Nothing is loaded: model shapes come from config.json
+(``--model-config FILE`` for a Hub id that is not on this machine). The arithmetic: npu_rl/plan/memory.py."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from npu_rl.plan.memory import DEVICES
+
+    parser = argparse.ArgumentParser(prog="npu-rl plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default=None, help=f"{' | '.join(DEVICES)} (default: this machine's)")
+    parser.add_argument("--model-config", default=None, help="the policy's config.json (a Hub id not on disk)")
+    parser.add_argument("--critic-model-config", default=None, help="the critic's config.json")
+    parser.add_argument("--config-name", "-cn", default="ppo_trainer")
+    parser.add_argument("--config-path", "-cp", default=None)
+    parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")
+    args = parser.parse_args(argv)
+    from npu_rl.config.loader import ConfigError, load_config
+    from npu_rl.plan.job import plan_config, this_device
+
+    try:
+        config = load_config(args.overrides, args.config_name, args.config_path, validate=False)
+        result = plan_config(config, args.device or this_device(), model_config=args.model_config,
+                             critic_model_config=args.critic_model_config)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"npu-rl plan: {exc}", file=sys.stderr)
+        return 2
+    print(result.table())
+    print(result.verdict())
+    return 0 if result.fits else 1

