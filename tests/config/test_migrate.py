@@ -14,7 +14,7 @@ from npu_rl.compat.verl import script as script_module
 from npu_rl.compat.verl.migrate import migrate
 from npu_rl.compat.verl.script import ScriptError, read_script
 from npu_rl.trainer.main_ppo import main as train_main
-from tests.config.test_verl_keys import MUST_PASS, PENDING_ASYNC_ROOTS, header
+from tests.config.test_verl_keys import MUST_PASS, header
 from tests.conftest import REPO_ROOT
 
 SCRIPTS = os.path.join(REPO_ROOT, "tests", "config", "data", "verl_scripts")
@@ -87,10 +87,7 @@ def test_migrate_accounts_for_every_override_of_real_scripts(name):
     trainer = header(name, "trainer")
     if trainer is not None and trainer.startswith("recipe."):
         return  # a recipe's own trainer: its keys are that recipe's (migrate refuses the trainer, test_verl_keys)
-    unknown = [r for r in rows if r.kind == "unknown"]
-    if trainer is not None:  # verl's async trainers: their top-level keys are pending (test_verl_keys)
-        unknown = [r for r in unknown if not r.key.startswith(PENDING_ASYNC_ROOTS)]
-    assert not unknown
+    assert not [r for r in rows if r.kind == "unknown"]
     refused = {r.key for r in rows if r.kind == "refused"}
     expected = {
         "prefix_grouper_run_qwen3_8b_fsdp": {"actor_rollout_ref.actor.use_prefix_grouper"},
