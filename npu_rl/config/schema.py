@@ -89,7 +89,7 @@ class FusedKernelOptions:
 
 @dataclass
 class LoraOptions:
-    """verl's ``model.lora`` tree: only ``merge`` is read (its other keys are Megatron's; config/verl_keys.py)."""
+    """verl's ``model.lora`` tree: only ``merge`` is read (its other keys are Megatron's; compat/verl/keys.yaml)."""
 
     merge: bool = False
     """True: the rollout engine gets W + scale * B @ A after each update and runs without LoRA"""

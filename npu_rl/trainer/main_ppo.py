@@ -30,6 +30,15 @@ def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace
     return parser.parse_known_args(argv)
 
 
+def load_verl_config(overrides: list[str], config_name: str, config_path: str | None, notes: list[str]):
+    """The config of a verl-style command line, unchecked: verl's keys translated (:mod:`npu_rl.compat.verl`), then
+    loaded (``--cfg job`` prints it before the checks; ``npu-rl migrate`` reads it). Training goes through
+    :func:`npu_rl.trainer.preflight.load_checked`, which translates the same way and checks everything."""
+    from npu_rl.compat.verl.translate import translate_overrides
+
+    return load_config(translate_overrides(overrides, notes), config_name, config_path, notes=notes)
+
+
 def _notes(config, args: argparse.Namespace) -> list[str]:
     """Notes on keys with no effect that the user set: a config file we ship is the baseline, so its own values
     (chosen by us, not the user) never produce one; a user's own config folder is compared with the schema."""
@@ -70,7 +79,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
     try:
         notes: list[str] = []
         if args.cfg:
-            config = load_config(overrides, args.config_name, args.config_path, notes=notes)
+            config = load_verl_config(overrides, args.config_name, args.config_path, notes)
             print(to_yaml(config))  # printed before the checks, so a config with problems can still be read
             check(config)
             notes += plan_for(config).notes

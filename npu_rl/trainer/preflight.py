@@ -3,8 +3,8 @@
 through :func:`load_checked` or :func:`check`; every problem is collected and reported at once, each naming the key
 and what to change.
 
-- :func:`load_checked`: load (``npu_rl.config.loader.load_config``: compose and resolve, nothing else), build the
-  plan, run every check; raises ``ConfigError`` listing every problem.
+- :func:`load_checked`: translate verl's keys (``npu_rl.compat.verl``), load (``npu_rl.config.loader.load_config``:
+  compose and resolve, nothing else), build the plan, run every check; raises ``ConfigError`` listing every problem.
 - :func:`check`: the checks of a loaded config: each slice's own rules (``check(key)`` in the schema), the plan's
   arithmetic (``npu_rl.config.derived.plan_problems``), the rules between keys, then what needs the rest of the
   house (:mod:`npu_rl.trainer.checks`: names, files, the device) and the agent loops' settings.
@@ -37,9 +37,12 @@ from npu_rl.utils.paths import check_name_component, check_output_dir
 
 def load_checked(overrides: list[str] | None = None, config_name: str = "ppo_trainer", config_path: str | None = None,
                  notes: list[str] | None = None, check_paths: bool = True, check_device: bool = True) -> PPOConfig:
-    """Load and check (see the module docstring). ``notes`` (a list) receives one line per verl key that was renamed,
-    dropped or reinterpreted, and one per value the plan reads differently from the key as written."""
-    config = load_config(overrides, config_name, config_path, notes)
+    """Translate verl's keys (:func:`npu_rl.compat.verl.translate.translate_overrides`), load and check (see the
+    module docstring). ``notes`` (a list) receives one line per verl key that was renamed, dropped or reinterpreted,
+    and one per value the plan reads differently from the key as written."""
+    from npu_rl.compat.verl.translate import translate_overrides
+
+    config = load_config(translate_overrides(list(overrides or []), notes), config_name, config_path, notes)
     plan = _plan(config, strict=False)
     check(config, plan, check_paths=check_paths, check_device=check_device)
     if notes is not None:

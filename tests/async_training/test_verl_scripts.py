@@ -7,9 +7,10 @@ import os
 
 import pytest
 
+from npu_rl.compat.verl.script import read_script
+from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.async_schema import async_problems
 from npu_rl.config.loader import load_config
-from npu_rl.config.shell_args import read_script
 from npu_rl.experimental import verl_flags
 from npu_rl.trainer.main_ppo import parse_args
 
@@ -24,11 +25,9 @@ def load_script(name: str):
     config_name, mode = ENTRY[reading.entry_point]
     args, unknown = parse_args(verl_flags(reading.overrides), config_name)  # as the entry point reads its flags
     assert args.config_path is None and args.config_name == config_name
-    # verl >= 0.9's DAPO reward tree (reward.reward_kwargs.*) is not this issue's: the verl-compat room maps it (until
-    # then it is the one unknown tree these scripts hit; the test says so rather than hide it)
-    overrides = [o for o in args.overrides + unknown if not o.lstrip("+").startswith("reward.reward_kwargs.")]
-    # what the entry point adds (npu_rl/experimental/...): the mode
-    return load_config(overrides + [f"async_training.mode={mode}"], config_name)
+    # what the entry point adds (npu_rl/experimental/...): the mode; verl's keys translated as the entry point does
+    overrides = translate_overrides(args.overrides + unknown + [f"async_training.mode={mode}"], [])
+    return load_config(overrides, config_name)
 
 
 @pytest.mark.parametrize("name", ["one_step_off_grpo_0.6b_gsm8k_fsdp2_2_6.sh",

@@ -132,17 +132,18 @@ def test_cfg_job_prints_the_verdict(capsys):
 
 def test_docs_show_the_planners_output():
     """docs/distributed.md prints the plans of the 32B DAPO script and verl's Qwen3-8B example: still true."""
+    from npu_rl.compat.verl.script import read_script
+    from npu_rl.compat.verl.translate import translate_overrides
     from npu_rl.config.loader import load_config
-    from npu_rl.config.shell_args import read_script
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     with open(os.path.join(root, "scripts", "run_dapo_qwen2.5_32b_npu.sh")) as f:
         script = read_script(f.read(), env={"HOME": "/home/user", "PWD": "/work"})
-    dapo = plan_config(load_config(script.overrides, "ppo_trainer"), "atlas-a3",
+    dapo = plan_config(load_config(translate_overrides(script.overrides), "ppo_trainer"), "atlas-a3",
                        model_config=os.path.join(DATA, "qwen2.5-32b", "config.json"))
     with open(os.path.join(DATA, "verl_qwen3_8b_grpo.txt")) as f:
         overrides = [line for line in f.read().splitlines() if line and not line.startswith("#")]
-    grpo = plan_config(load_config(overrides, "ppo_trainer"), "h200",
+    grpo = plan_config(load_config(translate_overrides(overrides), "ppo_trainer"), "h200",
                        model_config=os.path.join(DATA, "qwen3-8b", "config.json"))
     with open(os.path.join(root, "docs", "distributed.md")) as f:
         docs = f.read()
