@@ -151,7 +151,7 @@ def test_lora_keys_checked():
                                  "actor_rollout_ref.model.target_modules=[]",
                                  "actor_rollout_ref.model.lora_adapter_path=/nowhere"),
                            check_paths=False, check_device=False)
-    for message in ("lora_alpha=0 must be > 0", "target_modules=[]", "lora_adapter_path='/nowhere' is not a folder"):
+    for message in ("lora_alpha=0 must be a finite number > 0", "target_modules=[]", "lora_adapter_path='/nowhere' is not a folder"):
         assert any(message in p for p in problems), problems
     problems = problems_of(small("algorithm.adv_estimator=gae", "critic.model.lora_rank=8"), check_paths=False,
                            check_device=False)
