@@ -250,7 +250,6 @@ class Trainer:
         return settings
 
     def _build_config(self):
-        from npu_rl.config.loader import load_config
         from npu_rl.config.schema import PPOConfig
 
         if isinstance(self.user_config, PPOConfig):
@@ -264,21 +263,24 @@ class Trainer:
                                                                     **kwargs}
             for key, value in settings.items():
                 config = _replace(config, key, value)
-            from npu_rl.config.validate import validate
+            from npu_rl.trainer.preflight import check
 
-            validate(config)
+            check(config)
             return config
         overrides = _as_overrides(self.user_config)
-        probe = load_config(overrides + ([_override("trainer.default_local_dir", os.path.abspath(
-            os.path.expanduser(self.output_dir)))] if self.output_dir else []), self.config_name, validate=False)
+        from npu_rl.trainer.preflight import load_checked
+
+        probe = load_checked(overrides + ([_override("trainer.default_local_dir", os.path.abspath(
+            os.path.expanduser(self.output_dir)))] if self.output_dir else []), self.config_name,
+            check_paths=False, check_device=False)
         out_dir = os.path.abspath(os.path.expanduser(probe.trainer.default_local_dir))
         ours = [_override(k, v) for k, v in self._settings(out_dir).items()]
-        return load_config(overrides + ours, self.config_name)
+        return load_checked(overrides + ours, self.config_name)
 
     def train(self) -> TrainResult:
         from npu_rl.trainer.run import train
 
-        result = train(self.config, ["npu_rl.Trainer", *self.reward_refs])
+        result = train(self.config, ["npu_rl.Trainer", *self.reward_refs], checked=True)
         history: list[dict[str, Any]] = []
         if os.path.isfile(result.metrics_path):
             with open(result.metrics_path, encoding="utf-8") as f:

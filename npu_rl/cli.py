@@ -16,7 +16,8 @@ commands:
   eval        accuracy / pass@k of a model folder or checkpoint on gsm8k | math500 | aime24 | arith
   merge       turn a (sharded) checkpoint into a plain Hugging Face folder
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
-  migrate     read a verl run script (never run it): what each override becomes here, and the npu-rl command
+  migrate     read a verl run script (runs none of its commands): what each override becomes here, checked,
+              and the npu-rl command
   doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs
   plan        will a job fit: per-device memory of each phase, the peak, the keys that would make it fit
   plot        training curves (PNG + self-contained HTML) of one or several run folders
@@ -50,7 +51,7 @@ def _preprocess(argv: list[str]) -> int:
 
 
 def _migrate(argv: list[str]) -> int:
-    from npu_rl.config.migrate import main
+    from npu_rl.commands.migrate import main
 
     return main(argv)
 

@@ -63,7 +63,7 @@ def main() -> None:
                "fsdp hooks": HFRolloutEngine(sharded, 0, gather_full_weights=False, **common),
                "gathered + twin": HFRolloutEngine(sharded, 0, **common)}
     engines = {name: engines[name] for name in args.engines.split(",")}
-    results, tokens = {}, {}
+    results, tokens, last_metrics = {}, {}, {}
     for name, engine in engines.items():
         start = time.perf_counter()
         engine.generate(prompts, sampling)  # warm-up
@@ -72,7 +72,8 @@ def main() -> None:
         for _ in range(args.repeats):
             backend.synchronize()
             start = time.perf_counter()
-            out = engine.generate(prompts, sampling)
+            generated = engine.generate(prompts, sampling)
+            out, last_metrics[name] = generated.batch, generated.metrics
             backend.synchronize()
             times.append(time.perf_counter() - start)
         results[name] = sorted(times)[len(times) // 2]
@@ -84,8 +85,8 @@ def main() -> None:
     for name, seconds in results.items():
         same = bool(torch.equal(tokens[name], tokens["plain"])) if "plain" in tokens else "-"
         print(f"| {name} | {seconds:.2f} | {1e3 * seconds / args.new_tokens:.1f} | {same} |")
-    for name, engine in engines.items():
-        print(f"{name}: {engine.last_generate_metrics}")
+    for name in engines:
+        print(f"{name}: {last_metrics[name]}")
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ def test_a_dead_worker_is_named_with_the_checkpoint_and_the_resume_command(tmp_p
     (tmp_path / "global_step_2").mkdir()
     (tmp_path / "global_step_2" / "trainer_state.pt").write_bytes(b"")
     (tmp_path / MARKER).write_text("2")
-    config = load_config([f"trainer.default_local_dir={tmp_path}"], "ppo_trainer", validate=False)
+    config = load_config([f"trainer.default_local_dir={tmp_path}"], "ppo_trainer")
     set_command(["python3", "-m", "npu_rl.trainer.main_ppo", "preset=dapo", "trainer.resume_mode=disable"])
     _worker_lost(config, WorkerLostError(f"a Ray worker died while running actor_rollout.update_policy: {why}"))
     err = capsys.readouterr().err

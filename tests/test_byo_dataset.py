@@ -22,7 +22,7 @@ def _load(name: str):
 
 
 def test_prepare_then_train_config(tmp_path, packaged_data_dir, capsys):
-    from npu_rl.config.loader import load_config
+    from npu_rl.trainer.preflight import load_checked
     from npu_rl.data.io import read_jsonl, read_rows
     from npu_rl.data.preprocess import find_raw_file, gsm8k_answer
 
@@ -43,7 +43,7 @@ def test_prepare_then_train_config(tmp_path, packaged_data_dir, capsys):
     assert reward.compute_score("my_dataset", f"so the answer is \\boxed{{{truth}}}", truth)["score"] == 1.0
     assert reward.compute_score("my_dataset", "I think 12345679", truth)["score"] == 0.0
 
-    config = load_config([f"data.train_files={out / 'train'}", f"data.val_files={out / 'test'}",
-                          f"custom_reward_function.path={os.path.join(EXAMPLE, 'reward.py')}",
-                          "custom_reward_function.name=compute_score"], "quickstart")
+    config = load_checked([f"data.train_files={out / 'train'}", f"data.val_files={out / 'test'}",
+                           f"custom_reward_function.path={os.path.join(EXAMPLE, 'reward.py')}",
+                           "custom_reward_function.name=compute_score"], "quickstart")
     assert config.data.train_files == str(out / "train")

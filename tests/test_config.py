@@ -10,7 +10,7 @@ import pytest
 
 from npu_rl.config.loader import ConfigError, all_keys, compose, load_config, to_dataclass
 from npu_rl.config.schema import PPOConfig
-from npu_rl.config.validate import validate
+from npu_rl.trainer.preflight import check as validate, load_checked
 from tests.conftest import REPO_ROOT
 
 PRESETS = ("ppo", "grpo", "dapo", "gspo", "rloo", "reinforce_plus_plus", "remax")
@@ -151,7 +151,8 @@ def test_lora_keys_checked():
                                  "actor_rollout_ref.model.target_modules=[]",
                                  "actor_rollout_ref.model.lora_adapter_path=/nowhere"),
                            check_paths=False, check_device=False)
-    for message in ("lora_alpha=0 must be > 0", "target_modules=[]", "lora_adapter_path='/nowhere' is not a folder"):
+    for message in ("lora_alpha=0 must be a finite number > 0", "target_modules=[]",
+                    "lora_adapter_path='/nowhere' is not a folder"):
         assert any(message in p for p in problems), problems
     problems = problems_of(small("algorithm.adv_estimator=gae", "critic.model.lora_rank=8"), check_paths=False,
                            check_device=False)
@@ -235,7 +236,7 @@ def test_seed_ppo_script_resolves_and_validates(tmp_path, tiny_model_dir):
     overrides = _script_overrides("run_ppo_gsm8k_single_card.sh", tmp_path,
                                   {"MODEL_PATH": tiny_model_dir, "DATA_DIR": str(data)})
     assert "critic.ppo_micro_batch_size_per_gpu=4" in overrides and len(overrides) == 24
-    config = load_config(overrides, "ppo_trainer")  # validates paths and the device too
+    config = load_checked(overrides, "ppo_trainer")  # validates paths and the device too
     assert config.critic.model.path == tiny_model_dir and config.trainer.total_epochs == 15
 
 
@@ -243,7 +244,7 @@ def test_seed_dapo_npu_script_fails_only_on_missing_files_and_device(tmp_path, m
     monkeypatch.delenv("DEVICE", raising=False)
     overrides = _script_overrides("run_dapo_qwen2.5_32b_npu.sh", tmp_path, {"DATA_HOME": str(tmp_path / "none")})
     assert "+actor_rollout_ref.rollout.enable_expert_parallel=False" in overrides
-    config = load_config(overrides, "ppo_trainer", validate=False)
+    config = load_config(overrides, "ppo_trainer")
     assert config.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 8
     assert config.reward_model.overlong_buffer.len == 4096
     problems = problems_of(config)
@@ -254,7 +255,7 @@ def test_seed_dapo_npu_script_fails_only_on_missing_files_and_device(tmp_path, m
 
 
 def test_keys_without_effect_get_a_note_only_when_set():
-    from npu_rl.config.validate import ignored_settings
+    from npu_rl.config.reference import ignored_settings
 
     assert ignored_settings(cfg()) == []
     notes = ignored_settings(cfg("actor_rollout_ref.actor.entropy_checkpointing=True", "trainer.default_hdfs_dir=/x"))

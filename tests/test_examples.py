@@ -26,7 +26,7 @@ def test_an_example_per_algorithm_and_device():
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: os.path.relpath(p, REPO_ROOT))
 def test_example_config_is_valid(script):
     from npu_rl.config.loader import load_config
-    from npu_rl.config.validate import validate
+    from npu_rl.trainer.preflight import check
 
     echo = f"{sys.executable} {os.path.join(REPO_ROOT, 'tests', 'argv_echo.py')}"
     out = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
@@ -34,7 +34,7 @@ def test_example_config_is_valid(script):
     assert out.returncode == 0, out.stderr
     argv = json.loads(out.stdout)
     assert argv[:2] == ["--config-name", "ppo_trainer"]
-    config = load_config(argv[2:], "ppo_trainer", validate=False)
-    validate(config, check_paths=False, check_device=False)
+    config = load_config(argv[2:], "ppo_trainer")
+    check(config, check_paths=False, check_device=False)
     algo = os.path.basename(os.path.dirname(script))
     assert config.trainer.experiment_name.startswith(algo)

@@ -28,28 +28,6 @@ FLOORS = [
     ("cli",),
 ]
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
-# Arrows still pointing up while issue 23 is being worked: (from module, to module). Each entry must still occur
-# (the test below fails on a stale entry), so this list only shrinks.
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("npu_rl.config.derived", "npu_rl.core"),
-    ("npu_rl.config.fault_checks", "npu_rl.data.dataset"),
-    ("npu_rl.config.fault_checks", "npu_rl.data.io"),
-    ("npu_rl.config.fault_checks", "npu_rl.data.sources"),
-    ("npu_rl.config.fault_checks", "npu_rl.models.kinds"),
-    ("npu_rl.config.fault_checks", "npu_rl.models.check"),
-    ("npu_rl.config.fault_checks", "npu_rl.models.loader"),
-    ("npu_rl.config.fault_checks", "npu_rl.reward.scorers"),
-    ("npu_rl.config.rollout_correction", "npu_rl.core.rollout_correction"),
-    ("npu_rl.config.validate", "npu_rl.agent.validate"),
-    ("npu_rl.config.validate", "npu_rl.core"),
-    ("npu_rl.config.validate", "npu_rl.data.sources"),
-    ("npu_rl.config.validate", "npu_rl.device"),
-    ("npu_rl.config.validate", "npu_rl.models.loader"),
-    ("npu_rl.config.validate", "npu_rl.models.lora"),
-    ("npu_rl.config.validate", "npu_rl.reward"),
-    ("npu_rl.config.validate", "npu_rl.tracking.backends"),
-    ("npu_rl.config.validate", "npu_rl.trainer.profiling"),
-}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -100,12 +78,9 @@ def _upward_imports() -> set[tuple[str, str]]:
 
 
 def test_no_import_runs_up_a_floor():
-    up = _upward_imports()
-    new = sorted(up - KNOWN_UPWARD)
-    assert not new, "imports that run up (or across) a floor:\n" + "\n".join(
-        f"  {a} (floor {FLOOR[_room(a)]}) -> {b} (floor {FLOOR[_room(b)]})" for a, b in new)
-    stale = sorted(KNOWN_UPWARD - up)
-    assert not stale, f"KNOWN_UPWARD lists arrows that no longer exist (remove them): {stale}"
+    up = sorted(_upward_imports())
+    assert not up, "imports that run up (or across) a floor:\n" + "\n".join(
+        f"  {a} (floor {FLOOR[_room(a)]}) -> {b} (floor {FLOOR[_room(b)]})" for a, b in up)
 
 
 def test_no_import_cycles():

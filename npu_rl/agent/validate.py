@@ -1,4 +1,4 @@
-"""Start-up checks for agent-loop rollouts: the config (called from ``npu_rl.config.validate``) and the data rows
+"""Start-up checks for agent-loop rollouts: the config (called from ``npu_rl.trainer.preflight``) and the data rows
 (``agent_row_problems``, called once the data set is read, before any model loads): every problem as a message
 naming the key and, for files, the file (and the row)."""
 

@@ -80,8 +80,7 @@ def _time_generate(engines: dict, prompts: Batch, sampling: SamplingParams, repe
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(repeats):
         for name, engine in engines.items():
-            if hasattr(engine, "llm"):  # as after a weight sync: nothing of the previous run in the prefix cache
-                engine.llm.reset_prefix_cache()
+            engine.reset_prefix_cache()  # as after a weight sync: nothing of the previous run in the prefix cache
             start = time.perf_counter()
             engine.generate(prompts, sampling)
             seconds[name].append(time.perf_counter() - start)

@@ -244,7 +244,7 @@ def _memory_verdict() -> str:
         from npu_rl.config.loader import load_config
         from npu_rl.plan.job import plan_config, this_device
 
-        return plan_config(load_config([], "quickstart", validate=False), this_device()).verdict()
+        return plan_config(load_config([], "quickstart"), this_device()).verdict()
     except Exception as exc:  # noqa: BLE001 (the doctor reports, it never fails on a report)
         return f"memory plan: not available ({type(exc).__name__}: {exc})"
 

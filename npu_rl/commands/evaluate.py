@@ -105,7 +105,8 @@ def evaluate(args) -> dict:
         tokenizer = load_tokenizer(model)
         # eager hf decoding: compiled decoding compiles each batch shape (module docstring)
         engine = build_rollout_engine(rollout_cfg, model, None, tokenizer, allow_compile=False)
-        sampling = sampling_params_from_config(rollout_cfg, True, args.max_new_tokens, stop_token_ids(tokenizer, model))
+        sampling = sampling_params_from_config(rollout_cfg, True, args.max_new_tokens, stop_token_ids(tokenizer, model),
+                                               logprobs=False)
         reward_fn = build_reward_manager(config, tokenizer, validation=True)
         correct: dict[str, list[float]] = {}
         flexible: list[float] = []
@@ -170,9 +171,9 @@ def format_samples(samples: list[dict]) -> str:
 
 
 def _eval_config(args, model: str, data_file: str, temperature: float):
-    from npu_rl.config.loader import load_config
+    from npu_rl.trainer.preflight import load_checked
 
-    return load_config([
+    return load_checked([
         f"actor_rollout_ref.model.path={model}", f"data.val_files={data_file}", f"data.train_files={data_file}",
         f"data.max_prompt_length={args.max_prompt_length}", f"data.max_response_length={args.max_new_tokens}",
         f"data.val_batch_size={args.batch_size}", "data.truncation=left", "data.dataloader_num_workers=0",

@@ -132,14 +132,13 @@ def _note(config) -> str:
 
 def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, config_name: str = "quickstart") -> str:
     """Build, generate, recompute; returns the report."""
-    from npu_rl.config.derived import build_plan
-    from npu_rl.config.loader import load_config
     from npu_rl.data.loader import build_dataloader
     from npu_rl.device import get_backend
     from npu_rl.device.patch_toggles import patch_variants
+    from npu_rl.trainer.preflight import load_checked, plan_for
     from npu_rl.workers.actor_rollout import ActorRolloutWorker
 
-    config = load_config([f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=1",
+    config = load_checked([f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=1",
                           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=1",
                           "actor_rollout_ref.rollout.calculate_log_probs=true", f"data.val_batch_size={num_prompts}",
                           f"data.train_batch_size={num_prompts}",
@@ -149,7 +148,7 @@ def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, con
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
     backend.manual_seed(config.trainer.seed)
     arr = config.actor_rollout_ref
-    worker = ActorRolloutWorker(arr.model, arr.actor, arr.rollout, build_plan(config))
+    worker = ActorRolloutWorker(arr.model, arr.actor, arr.rollout, plan_for(config))
     worker.init_model(1)
     prompts = next(iter(build_dataloader(config.data, worker.tokenizer, "val"))).index(slice(0, num_prompts))
     batch = worker.generate_sequences(prompts).batch

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     from npu_rl.plan.job import plan_config, this_device
 
     try:
-        config = load_config(args.overrides, args.config_name, args.config_path, validate=False)
+        config = load_config(args.overrides, args.config_name, args.config_path)
         result = plan_config(config, args.device or this_device(), model_config=args.model_config,
                              critic_model_config=args.critic_model_config)
     except (ConfigError, ValueError, FileNotFoundError) as exc:

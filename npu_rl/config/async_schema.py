@@ -22,30 +22,46 @@ ASYNC_MODES = ("sync", "one_step_off", "fully_async")
 class AsyncTrainingConfig:
     """The asynchronous trainers' settings (verl's names and defaults); read only when ``mode`` is not ``sync``."""
 
-    mode: str = "sync"  # npu-rl: sync | one_step_off | fully_async; set by the entry point (verl: the module)
-    # fully async: at most (1 + this) x trigger_parameter_sync_step x require_batches x ppo_mini_batch_size prompts
-    # are generated per policy version; a sample more than ceil(this) weight pushes old is dropped, counted
-    staleness_threshold: float = 0.1  # fully async: freshness control (0: synchronous streaming); docs/async.md
-    trigger_parameter_sync_step: int = 4  # fully async: updates between two weight pushes to the rollout pool
-    require_batches: int = 1  # fully async: ppo_mini_batch_size-prompt mini-batches the trainer takes per update
-    partial_rollout: bool = True  # fully async: resume interrupted generations after a push; not built (set False)
-    use_trainer_do_validate: bool = False  # validate on the trainer pool; not built (the rollout pool validates)
-    use_dynamic_resource_scheduling: bool = False  # lend trainer devices to rollout replicas; not built
-    dynamic_schedule_policy: str = "default"  # read only with use_dynamic_resource_scheduling
-    dynamic_schedule_deactivate_ratio: float = 0.3  # read only with use_dynamic_resource_scheduling
-    dynamic_schedule_enable_rebalance: bool = True  # read only with use_dynamic_resource_scheduling
-    concurrent_samples_per_replica: int = 16  # verl's server replicas; here a rollout rank generates a batch a call
+    mode: str = "sync"
+    """npu-rl: sync | one_step_off | fully_async; set by the entry point (verl: the module)"""
+    staleness_threshold: float = 0.1
+    """fully async: freshness control (0: synchronous streaming; docs/async.md): at most (1 + this) x
+    trigger_parameter_sync_step x require_batches x ppo_mini_batch_size prompts are generated per policy version; a
+    sample more than ceil(this) weight pushes old is dropped, counted"""
+    trigger_parameter_sync_step: int = 4
+    """fully async: updates between two weight pushes to the rollout pool"""
+    require_batches: int = 1
+    """fully async: ppo_mini_batch_size-prompt mini-batches the trainer takes per update"""
+    partial_rollout: bool = True
+    """fully async: resume interrupted generations after a push; not built (set False)"""
+    use_trainer_do_validate: bool = False
+    """validate on the trainer pool; not built (the rollout pool validates)"""
+    use_dynamic_resource_scheduling: bool = False
+    """lend trainer devices to rollout replicas; not built"""
+    dynamic_schedule_policy: str = "default"
+    """read only with use_dynamic_resource_scheduling"""
+    dynamic_schedule_deactivate_ratio: float = 0.3
+    """read only with use_dynamic_resource_scheduling"""
+    dynamic_schedule_enable_rebalance: bool = True
+    """read only with use_dynamic_resource_scheduling"""
+    concurrent_samples_per_replica: int = 16
+    """verl's server replicas; here a rollout rank generates a batch a call"""
 
 
 @dataclass
 class RolloutPoolConfig:
     """Top-level ``rollout``: the separate rollout pool of the asynchronous trainers (verl: resource isolation)."""
 
-    nnodes: int = 1  # nodes of the rollout pool
-    n_gpus_per_node: int = 8  # devices per node of the rollout pool (CPU: processes); one rollout rank each
-    total_rollout_steps: Optional[int] = None  # fully async: prompts to generate in all (null: the epochs' prompts)
-    n: int = 4  # verl's fully-async YAML has it; the samples per prompt are actor_rollout_ref.rollout.n
-    test_freq: int = -1  # verl's fully-async README; here trainer.test_freq decides when to validate
+    nnodes: int = 1
+    """nodes of the rollout pool"""
+    n_gpus_per_node: int = 8
+    """devices per node of the rollout pool (CPU: processes); one rollout rank each"""
+    total_rollout_steps: Optional[int] = None
+    """fully async: prompts to generate in all (null: the epochs' prompts)"""
+    n: int = 4
+    """verl's fully-async YAML has it; the samples per prompt are actor_rollout_ref.rollout.n"""
+    test_freq: int = -1
+    """verl's fully-async README; here trainer.test_freq decides when to validate"""
 
 
 def async_notes(config: Any, defaults: Any, current: Any) -> list[str]:

@@ -1,8 +1,13 @@
-"""Numbers and switches derived from the config, worked out once and checked here (nowhere else).
+"""Numbers and switches derived from the config, worked out once, in :func:`build_plan`.
 
-The trainer and the workers read :class:`RunPlan` instead of recomputing ``ppo_mini_batch_size * n // dp`` or asking
-whether a critic is needed. :func:`plan_problems` is the validation of the same arithmetic: every split of a step's
-rows must come out even (prompts -> mini-batches -> data-parallel ranks -> micro-batches).
+The trainer and the workers read :class:`RunPlan` instead of recomputing ``ppo_mini_batch_size * n // dp``, asking
+whether a critic is needed, or rewriting the config: the config is never changed after loading, and what verl's
+workers would rewrite at start-up (the deprecated global micro-batch sizes, the rollout log-probs that rollout
+correction needs) is a value of the plan. :func:`plan_problems` is the validation of the same arithmetic: every
+split of a step's rows must come out even (prompts -> mini-batches -> data-parallel ranks -> micro-batches).
+
+This module reads the config only; what it needs from the rest of the house (what the advantage estimator reads,
+the core's rollout-correction settings) is passed in by the caller (``npu_rl.trainer.preflight.plan_for``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu_rl.config.profiler_schema import uses_precision_debugger
+from npu_rl.config.rollout_correction import needs_rollout_logprobs, policy_loss_mode
 from npu_rl.config.schema import PPOConfig
 
 
@@ -23,21 +30,51 @@ def as_list(value) -> list:
 
 
 def world_size(config: PPOConfig) -> int:
+    """Devices of the run: ``trainer.nnodes x trainer.n_gpus_per_node``."""
     return config.trainer.nnodes * config.trainer.n_gpus_per_node
 
 
-def critic_enabled(config: PPOConfig) -> bool:
-    """``critic.enable`` when set, else whether the advantage estimator reads values (``gae``)."""
+def critic_enabled(config: PPOConfig, needs: frozenset[str]) -> bool:
+    """``critic.enable`` when set, else whether the advantage estimator reads values (``needs``: what the estimator
+    declares it reads, ``npu_rl.core.estimator_needs``; ``gae`` reads ``values``)."""
     if config.critic.enable is not None:
         return bool(config.critic.enable)
-    from npu_rl.core import estimator_needs
-
-    return "values" in estimator_needs(config.algorithm.adv_estimator)
+    return "values" in needs
 
 
 def ref_enabled(config: PPOConfig) -> bool:
     """A reference policy is needed for a KL term: in the loss (``actor.use_kl_loss``) or in the reward."""
     return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+
+
+# (config path, verl's deprecated global key, the per-GPU key, where the sequence-parallel size is read (None: divide
+# by the world size), the MicroBatchSizes field)
+GLOBAL_MICRO_BATCH_KEYS: tuple[tuple[str, str, str, str | None, str], ...] = (
+    ("actor_rollout_ref.actor", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor",
+     "actor_update"),
+    ("actor_rollout_ref.rollout", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu",
+     "actor_rollout_ref.actor", "actor_logprob"),
+    ("actor_rollout_ref.ref", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu",
+     "actor_rollout_ref.ref", "ref_logprob"),
+    ("critic", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", "critic", "critic_update"),
+    ("critic", "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", "critic", "critic_values"),
+    ("reward_model", "micro_batch_size", "micro_batch_size_per_gpu", None, "reward_model"),
+)
+
+
+@dataclass(frozen=True)
+class MicroBatchSizes:
+    """Rows per micro-batch on one device for each pass (None: the whole batch, or token budgets with
+    ``use_dynamic_bsz``): the ``*_per_gpu`` key, or else verl's deprecated *global* key divided by the data-parallel
+    ranks, as verl's FSDP workers do (``ppo_micro_batch_size //= world_size // ulysses_sp``; the reward model's by
+    the world size). See :data:`GLOBAL_MICRO_BATCH_KEYS`."""
+
+    actor_update: int | None  # actor.ppo_micro_batch_size(_per_gpu)
+    actor_logprob: int | None  # rollout.log_prob_micro_batch_size(_per_gpu): the actor's log-prob passes
+    ref_logprob: int | None  # ref.log_prob_micro_batch_size(_per_gpu)
+    critic_update: int | None  # critic.ppo_micro_batch_size(_per_gpu)
+    critic_values: int | None  # critic.forward_micro_batch_size(_per_gpu)
+    reward_model: int | None  # reward_model.micro_batch_size(_per_gpu)
 
 
 @dataclass(frozen=True)
@@ -66,15 +103,78 @@ class RunPlan:
     use_greedy_baseline: bool  # the estimator needs one greedy response's reward per prompt (ReMax)
     policy_model_path: str
     actor: RolePlan
-    critic: RolePlan | None = None
-    # data.apply_chat_template_kwargs: the agent loops render later turns with the same template settings as the prompt
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
-    policy_loss_mode: str = "vanilla"  # actor.policy_loss.loss_mode, or bypass_mode (algorithm.rollout_correction)
-    bypass_correction: Any = None  # the bypass_mode loss's RolloutCorrectionSpec (algorithm.rollout_correction)
-    ref_in_actor: bool = False  # LoRA: the reference is the actor with its adapter off (no reference worker)
+    critic: RolePlan | None
+    micro_batches: MicroBatchSizes
+    # the rollout returns the log-probs of the sampled tokens: rollout.calculate_log_probs, or because
+    # algorithm.rollout_correction needs them (then the trainer also logs the rollout_corr/* mismatch metrics)
+    rollout_logprobs: bool
+    policy_loss_mode: str  # actor.policy_loss.loss_mode, or bypass_mode (algorithm.rollout_correction)
+    bypass_correction: Any  # the bypass_mode loss's settings (the core's RolloutCorrectionSpec), else None
+    ref_in_actor: bool  # LoRA: the reference is the actor with its adapter off (no reference worker)
     # torch.compile may be used where the device layer allows it (compiled decoding, compiled blocks); False when
     # msprobe's precision dumps are on (msprobe refuses TorchDynamo)
-    allow_compile: bool = True
+    allow_compile: bool
+    # data.apply_chat_template_kwargs: the agent loops render later turns with the same template settings as the prompt
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
+    # what the plan reads differently from the keys as written (verl's global micro-batch sizes, uneven micro-batches,
+    # log-probs turned on): one line each, printed at start-up
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+
+def _node(config: PPOConfig, path: str):
+    node = config
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _as_int(value) -> int | None:
+    """An int from a resolved config value (None stays None; what is not a number is left to validation)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _micro_batches(config: PPOConfig, notes: list[str]) -> MicroBatchSizes:
+    world = world_size(config)
+    sizes = {}
+    for path, global_key, per_gpu_key, sp_path, name in GLOBAL_MICRO_BATCH_KEYS:
+        node = _node(config, path)
+        per_gpu, total = _as_int(getattr(node, per_gpu_key)), _as_int(getattr(node, global_key))
+        if per_gpu is not None or total is None:
+            sizes[name] = per_gpu  # both set: plan_problems asks for one of the two
+            continue
+        sp = _as_int(_node(config, sp_path).ulysses_sequence_parallel_size) if sp_path else 1
+        ranks = max(world // max(sp or 1, 1), 1)
+        sizes[name] = max(total // ranks, 1)
+        notes.append(f"{path}.{global_key}={total} is global (verl's deprecated key): {sizes[name]} per rank over "
+                     f"{ranks} data-parallel rank(s), i.e. {path}.{per_gpu_key}={sizes[name]}")
+    return MicroBatchSizes(**sizes)
+
+
+def _uneven_micro_batches(config: PPOConfig, micro: MicroBatchSizes, use_critic: bool) -> list[str]:
+    """A per-rank mini-batch that is not a multiple of the micro-batch size runs, as in verl: the last micro-batch of
+    each mini-batch is smaller (the loss is aggregated with global denominators, so the gradient is the same)."""
+    arr, world = config.actor_rollout_ref, world_size(config)
+    roles = [("actor_rollout_ref.actor", arr.actor, micro.actor_update)]
+    if use_critic:
+        roles.append(("critic", config.critic, micro.critic_update))
+    notes = []
+    for key, role, size in roles:
+        mini, sp = _as_int(role.ppo_mini_batch_size), _as_int(role.ulysses_sequence_parallel_size) or 1
+        if role.use_dynamic_bsz is True or size is None or mini is None or size <= 0 or sp <= 0 or world % sp:
+            continue
+        rows, dp = mini * arr.rollout.n, world // sp
+        if rows % dp or (rows // dp) % size == 0:
+            continue
+        per_rank = rows // dp
+        notes.append(f"{key}: the {per_rank} rows per rank of a mini-batch are not a multiple of "
+                     f"ppo_micro_batch_size_per_gpu={size}; as in verl, the last micro-batch holds {per_rank % size} "
+                     "(the loss uses the mini-batch's global token and sequence counts, so the gradient is unchanged)")
+    return notes
 
 
 def _role_plan(world: int, sp: int, mini_batch_size: int, n: int) -> RolePlan:
@@ -82,15 +182,20 @@ def _role_plan(world: int, sp: int, mini_batch_size: int, n: int) -> RolePlan:
     return RolePlan(dp_size=dp, sp_size=sp, rows_per_mini_batch=mini_batch_size * n // dp)
 
 
-def build_plan(config: PPOConfig) -> RunPlan:
-    """The plan of a validated config (see :func:`plan_problems` for the checks behind each number)."""
-    from npu_rl.config.rollout_correction import correction_spec, policy_loss_mode
-    from npu_rl.core import estimator_needs
-    from npu_rl.config.profiler_schema import uses_precision_debugger
-
+def build_plan(config: PPOConfig, needs: frozenset[str], bypass_correction: Any) -> RunPlan:
+    """The plan of a config (see :func:`plan_problems` for the checks behind each number). ``needs``: what the
+    advantage estimator reads (``npu_rl.core.estimator_needs``); ``bypass_correction``: the core's settings of
+    ``algorithm.rollout_correction`` in bypass mode, else None. ``npu_rl.trainer.preflight.plan_for`` passes both."""
     arr = config.actor_rollout_ref
     world, n = world_size(config), arr.rollout.n
-    use_critic = critic_enabled(config)
+    notes: list[str] = []
+    micro = _micro_batches(config, notes)
+    use_critic = critic_enabled(config, needs)
+    notes += _uneven_micro_batches(config, micro, use_critic)
+    rollout_logprobs = bool(arr.rollout.calculate_log_probs) or needs_rollout_logprobs(config)
+    if rollout_logprobs and not arr.rollout.calculate_log_probs:
+        notes.append("algorithm.rollout_correction needs the rollout's log-probs: they are returned as with "
+                     "actor_rollout_ref.rollout.calculate_log_probs=True")
     critic = None
     if use_critic:
         critic = _role_plan(world, config.critic.ulysses_sequence_parallel_size, config.critic.ppo_mini_batch_size, n)
@@ -106,19 +211,21 @@ def build_plan(config: PPOConfig) -> RunPlan:
         use_ref=ref_enabled(config),
         ref_in_actor=ref_enabled(config) and arr.model.lora_rank > 0,
         use_reward_model=bool(config.reward_model.enable),
-        use_greedy_baseline="reward_baselines" in estimator_needs(config.algorithm.adv_estimator),
+        use_greedy_baseline="reward_baselines" in needs,
         policy_model_path=arr.model.path,
         actor=_role_plan(world, arr.actor.ulysses_sequence_parallel_size, arr.actor.ppo_mini_batch_size, n),
         critic=critic,
+        micro_batches=micro,
+        rollout_logprobs=rollout_logprobs,
         chat_template_kwargs=dict(config.data.apply_chat_template_kwargs or {}),
         policy_loss_mode=policy_loss_mode(config),
-        bypass_correction=correction_spec(config.algorithm.rollout_correction)
-        if config.algorithm.rollout_correction.bypass_mode else None,
+        bypass_correction=bypass_correction if config.algorithm.rollout_correction.bypass_mode else None,
         allow_compile=not uses_precision_debugger(config),
+        notes=tuple(notes),
     )
 
 
-def plan_problems(config: PPOConfig) -> list[str]:
+def plan_problems(config: PPOConfig, plan: RunPlan) -> list[str]:
     """Every split of the step's rows must come out even: prompts -> mini-batches -> ranks -> micro-batches."""
     problems: list[str] = []
     arr = config.actor_rollout_ref
@@ -137,15 +244,15 @@ def plan_problems(config: PPOConfig) -> list[str]:
     if rows % dp:
         problems.append(f"data.train_batch_size x rollout.n = {rows} rows must divide evenly over {dp} data-parallel "
                         "ranks")
-    roles = [("actor_rollout_ref.actor", arr.actor)]
-    if critic_enabled(config):
-        roles.append(("critic", config.critic))
-    for key, role in roles:
-        problems += _role_problems(config, key, role, world)
+    roles = [("actor_rollout_ref.actor", arr.actor, plan.micro_batches.actor_update)]
+    if plan.use_critic:
+        roles.append(("critic", config.critic, plan.micro_batches.critic_update))
+    for key, role, micro in roles:
+        problems += _role_problems(config, key, role, micro, world)
     return problems
 
 
-def _role_problems(config: PPOConfig, key: str, role, world: int) -> list[str]:
+def _role_problems(config: PPOConfig, key: str, role, micro: int | None, world: int) -> list[str]:
     n = config.actor_rollout_ref.rollout.n
     role_sp = role.ulysses_sequence_parallel_size
     if role_sp < 1 or world % role_sp:
@@ -164,9 +271,6 @@ def _role_problems(config: PPOConfig, key: str, role, world: int) -> list[str]:
     per_rank = mini_rows // dp
     if role.ppo_micro_batch_size is not None and role.ppo_micro_batch_size_per_gpu is not None:
         problems.append(f"set only one of {key}.ppo_micro_batch_size (deprecated) and {key}.ppo_micro_batch_size_per_gpu")
-    micro = role.ppo_micro_batch_size_per_gpu
-    if micro is None and role.ppo_micro_batch_size is not None:
-        micro = role.ppo_micro_batch_size // dp
     if role.use_dynamic_bsz:
         # With Ulysses each rank holds 1/sp of a sequence, so the budget covers sp times more tokens.
         need = config.data.max_prompt_length + config.data.max_response_length
@@ -176,7 +280,7 @@ def _role_problems(config: PPOConfig, key: str, role, world: int) -> list[str]:
                             "data.max_prompt_length + data.max_response_length)")
     elif micro is not None and not micro > 0:
         # a per-rank mini-batch that is not a multiple of micro runs with a smaller last micro-batch, as in verl
-        # (the note comes from config.compat)
+        # (the plan's notes say so)
         problems.append(f"{key}.ppo_micro_batch_size_per_gpu={micro} must be > 0 (the {per_rank} rows per rank of a "
                         "mini-batch are split into micro-batches of this many rows)")
     return problems

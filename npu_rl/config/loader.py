@@ -108,15 +108,13 @@ def quote_query_value(override: str) -> str:
     return f"{key}='{value}'"
 
 
-def normalise_overrides(overrides: list[str], config_path: str | None = None,
-                        notes: list[str] | None = None) -> list[str]:
+def normalise_overrides(overrides: list[str], config_path: str | None = None) -> list[str]:
     """Check every override's key; turn ``+key=v`` for a key the schema already has into ``++key=v``.
 
     verl users write ``+actor_rollout_ref.actor.foo=...`` for keys their verl version lacked; here the key may
     exist, and Hydra would refuse to add it twice. A key inside a free-form dict (``ray_kwargs.ray_init.runtime_env
-    .py_executable``) needs no ``+``. Keys of verl's tree that are not ours go through the table of
-    :mod:`npu_rl.config.verl_keys`: aliases are rewritten to our name, keys without effect are dropped with a note
-    (appended to ``notes``), refused ones fail with the reason unless their value leaves the feature off.
+    .py_executable``) needs no ``+``. Keys of verl's tree that are not ours are translated before this
+    (:func:`npu_rl.compat.verl.translate.translate_overrides`, called by the entry points).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -143,10 +141,6 @@ def normalise_overrides(overrides: list[str], config_path: str | None = None,
         if key.startswith("hydra"):
             out.append(text)
             continue
-        text = _translate_verl_key(text, override, problems, notes)
-        if text is None:
-            continue
-        key = _override_key(text)
         try:
             typed = check_key(key)
         except ConfigError as exc:
@@ -160,39 +154,6 @@ def normalise_overrides(overrides: list[str], config_path: str | None = None,
     if problems:
         raise ConfigError(problems)
     return out
-
-
-def _override_key(text: str) -> str:
-    return text.lstrip("+~").split("=", 1)[0]
-
-
-def _translate_verl_key(text: str, override, problems: list[str], notes: list[str] | None) -> str | None:
-    """The override with an aliased key rewritten to ours, or None when it is dropped (or refused)."""
-    from npu_rl.config import verl_keys
-
-    key = override.key_or_group
-    status = verl_keys.classify(key)
-    if status.kind in ("implemented", "unknown"):
-        return text  # unknown: check_key reports it with a suggestion
-    value_text = text.split("=", 1)[1] if "=" in text else ""
-    prefix = text[: len(text) - len(text.lstrip("+~"))]
-    if status.kind == "alias":
-        if notes is not None:
-            notes.append(f"{key} is verl's name for {status.target}")
-        return f"{prefix}{status.target}={value_text}" if "=" in text else f"{prefix}{status.target}"
-    if override.is_delete():
-        return None
-    value = override.value()
-    if status.kind == "no_effect":
-        if notes is not None:
-            notes.append(f"{key}={value_text} has no effect in npu-rl: {status.why}")
-        return None
-    if verl_keys.is_off(key, value):
-        if notes is not None:
-            notes.append(f"{key}={value_text} accepted (the feature stays off): {status.why}")
-        return None
-    problems.append(f"{key}={value_text}: {status.why}; instead: {status.instead}")
-    return None
 
 
 def _register_schema() -> None:
@@ -212,7 +173,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "ppo_trainer"
     if not os.path.isdir(folder):
         raise ConfigError(f"--config-path {config_path!r}: {folder} is not a folder (give the folder holding "
                           f"{config_name}.yaml)")
-    overrides = normalise_overrides(list(overrides or []), folder, notes)
+    overrides = normalise_overrides(list(overrides or []), folder)
     if not os.path.isfile(os.path.join(folder, f"{config_name}.yaml")):
         raise ConfigError(
             f"no config named {config_name!r} in {folder}; available: {', '.join(available_config_names(folder))}"
@@ -249,26 +210,13 @@ def to_dataclass(cfg: DictConfig) -> PPOConfig:
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
-                config_path: str | None = None, validate: bool = True, notes: list[str] | None = None,
-                **validate_kwargs) -> PPOConfig:
-    """Compose, resolve, apply verl's derived settings and validate (see :func:`npu_rl.config.validate.validate`).
+                config_path: str | None = None, notes: list[str] | None = None) -> PPOConfig:
+    """Compose and resolve: the typed config, as written (nothing derived, nothing changed, nothing checked beyond
+    the keys and their types; ``npu_rl.trainer.preflight.load_checked`` adds the plan and every check).
 
-    ``notes`` (a list) receives one line per verl key that was renamed, dropped or reinterpreted.
+    ``notes`` (a list) receives one line per verl key that was renamed or dropped.
     """
-    from npu_rl.config.compat import apply_verl_semantics
-
-    config = to_dataclass(compose(overrides, config_name, config_path, notes))
-    compat_notes = apply_verl_semantics(config)
-    if notes is not None:
-        notes.extend(compat_notes)
-    from npu_rl.config.rollout_correction import enable_rollout_logprobs
-
-    enable_rollout_logprobs(config)  # algorithm.rollout_correction needs the rollout's log-probs
-    if validate:
-        from npu_rl.config.validate import validate as run_validation
-
-        run_validation(config, **validate_kwargs)
-    return config
+    return to_dataclass(compose(overrides, config_name, config_path, notes))
 
 
 def to_yaml(config: PPOConfig | DictConfig) -> str:

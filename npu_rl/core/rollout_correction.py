@@ -56,8 +56,8 @@ def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
     except ValueError:
         raise ValueError(f"rollout_is_threshold={spec!r}: expected a number or 'lower_upper', e.g. 2.0 or "
                          "'0.5_2.0'") from None
-    if not upper > 0 or (lower is not None and not 0 < lower <= upper):
-        raise ValueError(f"rollout_is_threshold={spec!r}: bounds must be positive with lower <= upper")
+    if not 0 < upper < math.inf or (lower is not None and not 0 < lower <= upper):
+        raise ValueError(f"rollout_is_threshold={spec!r}: bounds must be positive and finite with lower <= upper")
     return upper, lower
 
 
@@ -98,8 +98,9 @@ def parse_rs_thresholds(options: tuple[str, ...], spec: float | str | None) -> d
             raise ValueError(f"rollout_rs_threshold={spec!r}: {part!r} is not a number") from None
         if k1 and lower is None and upper > 0:
             lower = 1.0 / upper
-        if not upper > 0 or (lower is not None and not 0 < lower <= upper):
-            raise ValueError(f"rollout_rs_threshold={spec!r}: bounds for {option} must be positive, lower <= upper")
+        if not 0 < upper < math.inf or (lower is not None and not 0 < lower <= upper):
+            raise ValueError(f"rollout_rs_threshold={spec!r}: bounds for {option} must be positive and finite, "
+                             "lower <= upper")
         out[option] = (lower, upper)
     return out
 

@@ -1,5 +1,4 @@
-"""npu_rl.kernels: fused kernels for RL post-training (the top-level ``kernels/`` folder, installed under this name
-because the PyPI package ``kernels`` would clash).
+"""npu_rl.kernels: fused kernels for RL post-training.
 
 Public API:
 
@@ -12,14 +11,16 @@ Public API:
 - :mod:`npu_rl.commands.bench_kernels` ``main(argv)``: ``npu-rl bench kernels``.
 
 Each op has a torch implementation (the reference and the CPU / NPU fallback) and a Triton one (CUDA; Ascend
-through triton-ascend), chosen by ``backend="auto" | "torch" | "triton"`` through the device layer.
+through triton-ascend), chosen by ``backend`` (one of :data:`BACKENDS`: auto, torch, triton, triton_mm) through the device layer.
 """
 
+from npu_rl.kernels._device import BACKENDS
 from npu_rl.kernels.linear_ops import full_vocab_kl, linear_logprob_entropy
 from npu_rl.kernels.policy_kl import KL_TYPES, PolicyKLOutput, kl_estimate, policy_loss_and_kl
 from npu_rl.kernels.tiles import TileConfig, select_tiles
 
 __all__ = [
+    "BACKENDS",
     "KL_TYPES",
     "PolicyKLOutput",
     "TileConfig",

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from npu_rl.core import POLICY_LOSSES, PolicyLossInputs, masked_mean
 from npu_rl.core.aggregation import LossOutput
+from npu_rl.kernels import BACKENDS as KERNEL_BACKENDS  # model.fused_kernel_options.impl_backend
 
-KERNEL_BACKENDS = ("torch", "triton", "triton_mm", "auto")  # model.fused_kernel_options.impl_backend
 
 
 def implementation_name(backend: str) -> str:

@@ -49,7 +49,19 @@ def _gguf_source(name: str) -> tuple[str, str]:
 
 
 def _convert_gguf(name: str, out_dir: str) -> None:
-    """GGUF -> HF folder (bf16 safetensors, config, tokenizer, generation config), written atomically."""
+    """GGUF -> HF folder (bf16 safetensors, config, tokenizer, generation config), written atomically, once per
+    machine: ranks and processes that start together wait on one file lock, and those that find the folder
+    complete after the wait use it (two conversions racing to rename into place failed with "Directory not
+    empty")."""
+    import fcntl
+
+    with open(out_dir + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isfile(os.path.join(out_dir, "config.json")):
+            _convert_gguf_locked(name, out_dir)
+
+
+def _convert_gguf_locked(name: str, out_dir: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     folder, filename = _gguf_source(name)

@@ -40,6 +40,8 @@ from torch.distributed.tensor import DTensor
 
 from npu_rl.device import get_backend
 from npu_rl.parallel.mesh import ParallelMesh
+STRATEGIES = ("fsdp", "fsdp2")  # the roles' strategy: both mean FSDP2 (fully_shard) here
+
 
 def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
     from npu_rl.utils.dtypes import to_dtype

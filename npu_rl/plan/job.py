@@ -135,6 +135,18 @@ class JobInputs:
     ref_in_actor: bool = False
 
 
+def _fixed_kv_cache_bytes(device: DeviceSpec) -> float | None:
+    if device.fixed_kv_cache_gib is None:
+        return None
+    import os
+
+    value = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    try:
+        return float(value) * GIB if value else device.fixed_kv_cache_gib * GIB
+    except ValueError:
+        return device.fixed_kv_cache_gib * GIB
+
+
 def plan_inputs(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
     device_bytes = device.memory_gib * GIB
     actor = RoleMemory(inputs.actor_shape, inputs.actor, trainable=True)
@@ -142,7 +154,8 @@ def plan_inputs(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
     critic = RoleMemory(inputs.critic_shape, inputs.critic, trainable=True) if inputs.critic else None
     others = {"reference": ref.resident() if ref else 0.0, "critic": critic.resident() if critic else 0.0}
     engine_device, engine_host = rollout_asleep(inputs.actor_shape, inputs.rollout)
-    awake = rollout_awake(inputs.actor_shape, inputs.rollout, device_bytes, inputs.actor.shard > 1)
+    awake = rollout_awake(inputs.actor_shape, inputs.rollout, device_bytes, inputs.actor.shard > 1,
+                          _fixed_kv_cache_bytes(device))
     if engine_device < 0:  # free_cache_engine=False: the engine keeps its share while training runs
         engine_device = sum(awake.values())
     asleep = {"rollout engine (asleep)": engine_device}
@@ -252,17 +265,19 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
                        devices_per_node: int | None = None) -> JobInputs:
     """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`."""
     from npu_rl.config.derived import build_plan
+    from npu_rl.core import estimator_needs
 
-    run = build_plan(config)
+    # the memory plan reads no bypass-loss settings: None for them
+    run = build_plan(config, estimator_needs(config.algorithm.adv_estimator), None)
     arr, data = config.actor_rollout_ref, config.data
     model, actor_cfg, rollout_cfg, ref_cfg = arr.model, arr.actor, arr.rollout, arr.ref
     world = run.world_size
     sp = max(actor_cfg.ulysses_sequence_parallel_size, 1)
     seq, response = data.max_prompt_length + data.max_response_length, data.max_response_length
     rows_per_mini = run.actor.rows_per_mini_batch
-    micro, micro_resp = _tokens(actor_cfg.ppo_micro_batch_size_per_gpu, actor_cfg.use_dynamic_bsz,
+    micro, micro_resp = _tokens(run.micro_batches.actor_update, actor_cfg.use_dynamic_bsz,
                                 actor_cfg.ppo_max_token_len_per_gpu, sp, seq, response, rows_per_mini)
-    fwd, fwd_resp = _tokens(rollout_cfg.log_prob_micro_batch_size_per_gpu, rollout_cfg.log_prob_use_dynamic_bsz,
+    fwd, fwd_resp = _tokens(run.micro_batches.actor_logprob, rollout_cfg.log_prob_use_dynamic_bsz,
                             rollout_cfg.log_prob_max_token_len_per_gpu, sp, seq, response, rows_per_mini)
     fsdp = actor_cfg.fsdp_config
     shard = world if world > 1 and fsdp.fsdp_size in (-1, 0) else (fsdp.fsdp_size if world > 1 else 1)
@@ -279,7 +294,7 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
     ref = None
     if run.use_ref and not run.ref_in_actor:
         rfsdp = ref_cfg.fsdp_config
-        ref_fwd = _tokens(ref_cfg.log_prob_micro_batch_size_per_gpu, ref_cfg.log_prob_use_dynamic_bsz,
+        ref_fwd = _tokens(run.micro_batches.ref_logprob, ref_cfg.log_prob_use_dynamic_bsz,
                           ref_cfg.log_prob_max_token_len_per_gpu, sp, seq, response, rows_per_mini)
         ref = replace(actor, model_dtype=rfsdp.model_dtype, param_dtype=rfsdp.mixed_precision.param_dtype,
                       param_offload=bool(rfsdp.param_offload), optimizer_offload=False, lora_rank=0,
@@ -289,7 +304,7 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
         c = config.critic
         csp = max(c.ulysses_sequence_parallel_size, 1)
         cfsdp = c.model.fsdp_config
-        cmicro = _tokens(c.ppo_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, csp, seq,
+        cmicro = _tokens(run.micro_batches.critic_update, c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, csp, seq,
                          response, run.critic.rows_per_mini_batch if run.critic else rows_per_mini)
         critic_shape = replace(model_shape(c.model.path, critic_model_config, "critic.model.path"), tied=True)
         critic = TrainSettings(

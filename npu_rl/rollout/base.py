@@ -104,3 +104,7 @@ class RolloutEngine(Protocol):
 
     def wake_up(self) -> dict[str, float]:
         """Take the memory back before generating."""
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prompt prefixes (an engine without a prefix cache does nothing): after new weights, or
+        before a benchmark repeat that must not reuse the previous one's blocks."""

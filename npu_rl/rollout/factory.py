@@ -44,11 +44,11 @@ def vllm_available() -> bool:
 
 
 def sampling_params_from_config(rollout_config: RolloutConfig, validate: bool, max_new_tokens: int,
-                                stop_ids: Sequence[int]) -> SamplingParams:
+                                stop_ids: Sequence[int], *, logprobs: bool) -> SamplingParams:
     """Training settings (``rollout.{n,temperature,top_p,top_k,do_sample}``) or, for validation, ``val_kwargs``.
 
     ``rollout.ignore_eos=True`` drops the stop ids (every response runs to ``max_new_tokens``, for benchmarks).
-    Log-probs are returned when ``rollout.calculate_log_probs`` is set (training only).
+    ``logprobs``: return the log-probs of the sampled tokens (``RunPlan.rollout_logprobs``, training only).
     """
     source = rollout_config.val_kwargs if validate else rollout_config
     return SamplingParams(
@@ -59,7 +59,7 @@ def sampling_params_from_config(rollout_config: RolloutConfig, validate: bool, m
         do_sample=bool(source.do_sample),
         max_new_tokens=int(max_new_tokens),
         stop_token_ids=[] if rollout_config.ignore_eos else [int(i) for i in stop_ids],
-        return_logprobs=(not validate) and bool(rollout_config.calculate_log_probs),
+        return_logprobs=logprobs,
     )
 
 

@@ -309,3 +309,6 @@ class HFRolloutEngine:
         self._asleep = False
         return {"timing_s/rollout_wake": time.perf_counter() - start,
                 "rollout/wake_mem_used_after_gb": device_memory_used_gb()}
+
+    def reset_prefix_cache(self) -> None:
+        """Hugging Face ``generate`` keeps no prefix cache between calls."""

@@ -483,3 +483,6 @@ class VllmRolloutEngine:
         self._asleep_level = 0
         return {"timing_s/rollout_wake": time.perf_counter() - start,
                 "rollout/wake_mem_used_after_gb": device_memory_used_gb()}
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()

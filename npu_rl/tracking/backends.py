@@ -342,3 +342,7 @@ def make_backend(name: str, run_dir: str, project: str, experiment: str, config:
     classes = {"wandb": WandbBackend, "swanlab": SwanlabBackend, "mlflow": MlflowBackend,
                "trackio": TrackioBackend, "clearml": ClearmlBackend}
     return classes[name](run_dir, project, experiment, config)
+
+
+# trainer.logger: the names npu_rl.tracking.Tracker builds (console and the metrics file here, the rest above)
+LOGGERS: tuple[str, ...] = ("console", "file", "jsonl", *PACKAGES)

@@ -41,6 +41,8 @@ STATE_FILE = "trainer_state.pt"
 MARKER = "latest_checkpointed_iteration.txt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
+RESUME_MODES = ("auto", "disable", "resume_path")  # trainer.resume_mode (CheckpointManager.resume_dir)
+
 
 class DiskFullError(OSError):
     """A write failed because the file system is full (or over quota); the message names where."""

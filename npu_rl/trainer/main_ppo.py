@@ -12,6 +12,7 @@ import errno
 import sys
 
 from npu_rl.config.loader import ConfigError, load_config, to_yaml
+from npu_rl.trainer.preflight import check, load_checked, plan_for
 
 
 def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace, list[str]]:
@@ -29,15 +30,24 @@ def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace
     return parser.parse_known_args(argv)
 
 
+def load_verl_config(overrides: list[str], config_name: str, config_path: str | None, notes: list[str]):
+    """The config of a verl-style command line, unchecked: verl's keys translated (:mod:`npu_rl.compat.verl`), then
+    loaded (``--cfg job`` prints it before the checks; ``npu-rl migrate`` reads it). Training goes through
+    :func:`npu_rl.trainer.preflight.load_checked`, which translates the same way and checks everything."""
+    from npu_rl.compat.verl.translate import translate_overrides
+
+    return load_config(translate_overrides(overrides, notes), config_name, config_path, notes=notes)
+
+
 def _notes(config, args: argparse.Namespace) -> list[str]:
     """Notes on keys with no effect that the user set: a config file we ship is the baseline, so its own values
     (chosen by us, not the user) never produce one; a user's own config folder is compared with the schema."""
-    from npu_rl.config.validate import ignored_settings
+    from npu_rl.config.reference import ignored_settings
 
     baseline = None
     if args.config_path is None:
         try:
-            baseline = load_config([], args.config_name, None, validate=False)
+            baseline = load_config([], args.config_name, None)
         except ConfigError:
             baseline = None
     return ignored_settings(config, baseline)
@@ -69,23 +79,16 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
     try:
         notes: list[str] = []
         if args.cfg:
-            config = load_config(overrides, args.config_name, args.config_path, validate=False, notes=notes)
-            print(to_yaml(config))
-            from npu_rl.config.validate import validate
-
-            validate(config)
-            from npu_rl.trainer.preflight import check_run_folder
-
-            check_run_folder(config)
+            config = load_verl_config(overrides, args.config_name, args.config_path, notes)
+            print(to_yaml(config))  # printed before the checks, so a config with problems can still be read
+            check(config)
+            notes += plan_for(config).notes
             for note in notes + _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)
             print(f"# {memory_verdict(config)}", file=sys.stderr)
             return 0
-        config = load_config(overrides, args.config_name, args.config_path, notes=notes)
-        from npu_rl.trainer.preflight import check_run_folder
-
-        check_run_folder(config)
+        config = load_checked(overrides, args.config_name, args.config_path, notes=notes)
         for note in notes + _notes(config, args):
             print(f"npu-rl: note: {note}", file=sys.stderr)
     except ConfigError as exc:
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
 
     entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", module]
     try:
-        return run(config, entry + argv)  # the command is recorded in the run folder
+        return run(config, entry + argv, checked=True)  # the command is recorded in the run folder
     except NonFiniteLossError as exc:  # said in words (which term, which key), not as a traceback
         print(f"npu-rl: error: {exc}", file=sys.stderr)
         return 1

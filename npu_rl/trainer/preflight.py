@@ -1,13 +1,23 @@
-"""Checks on the file system that a run needs, done before anything heavy loads (``main_ppo`` and ``run``).
+"""The preflight: everything a config must pass before anything heavy loads. Every entry point (``main_ppo`` /
+``npu-rl train`` and its ``--cfg job``, :func:`npu_rl.trainer.run.run`, the commands that load a config) goes
+through :func:`load_checked` or :func:`check`; every problem is collected and reported at once, each naming the key
+and what to change.
 
-- ``trainer.default_local_dir`` must be a folder that can be made and written (not a file, not under a file, not
-  ``/proc/...`` or a read-only mount); so must ``trainer.rollout_data_dir`` / ``validation_data_dir`` when set.
-- ``trainer.project_name`` / ``experiment_name`` may not climb out of the run folder (``..``, an absolute path).
-- When the run saves, the disk under ``default_local_dir`` has at least the model's weights free (a full-weight
-  checkpoint is bigger still).
-- A ``default_local_dir`` that already holds checkpoints is never overwritten silently: with
-  ``trainer.resume_mode=disable`` the run is refused, naming the folder and the three ways on (resume, another
-  folder, or ``trainer.overwrite_checkpoints=True``, which removes the old steps and marker first).
+- :func:`load_checked`: translate verl's keys (``npu_rl.compat.verl``), load (``npu_rl.config.loader.load_config``:
+  compose and resolve, nothing else), build the plan, run every check; raises ``ConfigError`` listing every problem.
+- :func:`check`: the checks of a loaded config: each slice's own rules (``check(key)`` in the schema), the plan's
+  arithmetic (``npu_rl.config.derived.plan_problems``), the rules between keys, then what needs the rest of the
+  house (:mod:`npu_rl.trainer.checks`: names, files, the device) and the agent loops' settings.
+- :func:`plan_for`: the :class:`~npu_rl.config.derived.RunPlan`, with what it needs from the core (the estimator's
+  declared inputs, the rollout-correction settings) passed in.
+- The run folder: ``trainer.default_local_dir`` must be a folder that can be made and written (not a file, not
+  under a file, not ``/proc/...`` or a read-only mount); so must ``trainer.rollout_data_dir`` /
+  ``validation_data_dir`` when set. ``trainer.project_name`` / ``experiment_name`` may not climb out of the run
+  folder (``..``, an absolute path). When the run saves, the disk under ``default_local_dir`` has at least the
+  model's weights free (a full-weight checkpoint is bigger still). A ``default_local_dir`` that already holds
+  checkpoints is never overwritten silently: with ``trainer.resume_mode=disable`` the run is refused, naming the
+  folder and the three ways on (resume, another folder, or ``trainer.overwrite_checkpoints=True``, which removes the
+  old steps and marker first).
 """
 
 from __future__ import annotations
@@ -15,8 +25,76 @@ from __future__ import annotations
 import os
 import sys
 
+from npu_rl.config.derived import RunPlan, build_plan, plan_problems
+from npu_rl.config.errors import ConfigError
+from npu_rl.config.loader import load_config
+from npu_rl.config.rollout_correction import rollout_correction_problems
+from npu_rl.config.rules import slice_problems
+from npu_rl.config.schema import PPOConfig
 from npu_rl.trainer.checkpoint import MARKER, checkpoint_space_problem, remove_path, saved_steps, step_dir
 from npu_rl.utils.paths import check_name_component, check_output_dir
+
+
+def load_checked(overrides: list[str] | None = None, config_name: str = "ppo_trainer", config_path: str | None = None,
+                 notes: list[str] | None = None, check_paths: bool = True, check_device: bool = True) -> PPOConfig:
+    """Translate verl's keys (:func:`npu_rl.compat.verl.translate.translate_overrides`), load and check (see the
+    module docstring). ``notes`` (a list) receives one line per verl key that was renamed, dropped or reinterpreted,
+    and one per value the plan reads differently from the key as written."""
+    from npu_rl.compat.verl.translate import translate_overrides
+
+    config = load_config(translate_overrides(list(overrides or []), notes), config_name, config_path, notes)
+    plan = _plan(config, strict=False)
+    check(config, plan, check_paths=check_paths, check_device=check_device)
+    if notes is not None:
+        notes.extend(plan.notes)
+    return config
+
+
+def plan_for(config: PPOConfig) -> RunPlan:
+    """The run plan of a (checked) config."""
+    return _plan(config, strict=True)
+
+
+def _plan(config: PPOConfig, strict: bool) -> RunPlan:
+    """``strict=False``: for checking a config that may be wrong; what does not resolve (an unknown estimator, bad
+    rollout-correction settings) is left out of the plan, and the checks report it."""
+    from npu_rl.core import estimator_needs
+    from npu_rl.trainer.checks.names import estimator_resolves
+    from npu_rl.trainer.rollout_correction import correction_spec
+
+    needs = estimator_needs(config.algorithm.adv_estimator) if strict or estimator_resolves(config) else frozenset()
+    rc, bypass = config.algorithm.rollout_correction, None
+    if rc.bypass_mode:
+        try:
+            bypass = correction_spec(rc)
+        except ValueError:
+            if strict:
+                raise
+    return build_plan(config, needs, bypass)
+
+
+def check(config: PPOConfig, plan: RunPlan | None = None, check_paths: bool = True, check_device: bool = True) -> None:
+    """Raise ConfigError listing every problem of ``config`` (``plan``: its plan, built here when not given).
+    ``check_paths``: the files it reads and writes; ``check_device``: the device it asks for."""
+    from npu_rl.agent.validate import agent_config_problems
+    from npu_rl.trainer.checks.device import device_problems
+    from npu_rl.trainer.checks.files import file_problems
+    from npu_rl.trainer.checks.names import estimator_resolves, name_problems
+
+    plan = plan or _plan(config, strict=False)
+    problems = slice_problems(config)
+    if estimator_resolves(config):
+        problems += plan_problems(config, plan)
+    problems += rollout_correction_problems(config)
+    problems += name_problems(config, plan.use_critic)
+    problems += agent_config_problems(config, check_paths)
+    if check_paths:
+        problems += file_problems(config, plan.use_critic)
+        problems += run_folder_problems(config)
+    if check_device:
+        problems += device_problems(config)
+    if problems:
+        raise ConfigError(problems)
 
 
 def run_folder_problems(config) -> list[str]:
@@ -62,8 +140,6 @@ def run_folder_problems(config) -> list[str]:
 
 
 def check_run_folder(config) -> None:
-    from npu_rl.config.errors import ConfigError
-
     problems = run_folder_problems(config)
     if problems:
         raise ConfigError(problems)

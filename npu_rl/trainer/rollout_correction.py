@@ -16,11 +16,19 @@ from typing import Any
 
 import torch
 
-from npu_rl.config.rollout_correction import KEY, correction_spec
-from npu_rl.core.rollout_correction import rollout_correction
+from npu_rl.config.rollout_correction import KEY
+from npu_rl.core.rollout_correction import RolloutCorrectionSpec, rollout_correction
 from npu_rl.protocol import Batch
 
 PREFIX = "rollout_corr/"
+
+
+def correction_spec(rc: Any) -> RolloutCorrectionSpec:
+    """The core's settings from ``algorithm.rollout_correction`` (raises ValueError naming the key suffix)."""
+    return RolloutCorrectionSpec(
+        rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
+        rollout_is_batch_normalize=bool(rc.rollout_is_batch_normalize), rollout_rs=rc.rollout_rs,
+        rollout_rs_threshold=rc.rollout_rs_threshold, loss_type=rc.loss_type)
 
 
 def correct_batch(batch: Batch, config: Any) -> tuple[Batch, dict[str, torch.Tensor]]:

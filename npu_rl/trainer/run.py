@@ -8,16 +8,16 @@ import os
 import sys
 import time
 
-from npu_rl.config.derived import RunPlan, as_list, build_plan, world_size
+from npu_rl.config.derived import RunPlan, as_list, world_size
 from npu_rl.config.schema import PPOConfig
 
 logger = logging.getLogger(__name__)
 
 
 def use_ray(config: PPOConfig) -> bool:
-    if config.trainer.controller == "auto":
-        return world_size(config) > 1
-    return config.trainer.controller == "ray"
+    from npu_rl.controller.worker_group import use_ray as controller_uses_ray
+
+    return controller_uses_ray(config.trainer.controller, world_size(config))
 
 
 def build_worker_group(config: PPOConfig, plan: RunPlan):
@@ -120,10 +120,11 @@ class RunResult:
     checkpoint: str | None  # the newest saved step's folder (global_step_N), None when nothing was saved
 
 
-def run(config: PPOConfig, argv: list[str] | None = None) -> int:
-    """Train with ``config`` (already validated); returns the exit code. ``argv``: the command line to record in the
-    run folder (default ``sys.argv``)."""
-    return train(config, argv).exit_code
+def run(config: PPOConfig, argv: list[str] | None = None, checked: bool = False) -> int:
+    """Train with ``config``; returns the exit code. The preflight's checks run first unless ``checked`` says the
+    caller ran them (``load_checked``). ``argv``: the command line to record in the run folder (default
+    ``sys.argv``)."""
+    return train(config, argv, checked).exit_code
 
 
 def latest_checkpoint(config: PPOConfig) -> str | None:
@@ -138,17 +139,20 @@ def latest_checkpoint(config: PPOConfig) -> str | None:
     return step_dir(root, step) if step is not None else None
 
 
-def train(config: PPOConfig, argv: list[str] | None = None) -> RunResult:
-    """Train with ``config`` (already validated); what the run produced."""
+def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = False) -> RunResult:
+    """Train with ``config`` (checked first unless ``checked``); what the run produced."""
     from npu_rl.data.loader import build_dataloader
     from npu_rl.device import get_backend
     from npu_rl.models.loader import load_tokenizer
     from npu_rl.reward import build_reward_manager
     from npu_rl.tracking import Tracker
     from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
-    from npu_rl.trainer.preflight import prepare_run_folder
+    from npu_rl.trainer.preflight import check, plan_for, prepare_run_folder
     from npu_rl.trainer.sampling import PromptStream
 
+    if not checked:
+        check(config)
+    plan = plan_for(config)
     prepare_run_folder(config)  # before anything loads: a folder in the way or another run's checkpoints
     logging.basicConfig(level=os.environ.get("NPU_RL_LOG_LEVEL", "WARNING"), stream=sys.stderr)
     from npu_rl.utils.redact import install_log_redaction
@@ -165,7 +169,6 @@ def train(config: PPOConfig, argv: list[str] | None = None) -> RunResult:
     reward_fn = build_reward_manager(config, tokenizer)
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
 
-    plan = build_plan(config)
     group = build_worker_group(config, plan)
     total_steps = total_training_steps(config, prompts.batches_per_epoch)
     group.actor_rollout.init_model(total_steps)

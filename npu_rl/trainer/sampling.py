@@ -54,8 +54,13 @@ def score_batch(batch: Batch, reward_fn) -> tuple[Batch, dict[str, Any]]:
     return batch.union(scored), dict(result.metrics)
 
 
+# algorithm.filter_groups.metric: a row's summed token scores, or the scorer's accuracy field
+SUMMED_METRICS = ("seq_reward", "seq_final_reward", "score")
+FILTER_METRICS = ("acc", *SUMMED_METRICS)
+
+
 def _row_metric(batch: Batch, metric: str) -> np.ndarray:
-    if metric in ("seq_reward", "seq_final_reward", "score"):
+    if metric in SUMMED_METRICS:
         return batch["token_level_scores"].sum(-1).numpy()
     if metric not in batch:
         raise KeyError(f"algorithm.filter_groups.metric={metric!r}: the reward function returned no {metric!r} field; "

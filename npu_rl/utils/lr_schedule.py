@@ -7,6 +7,8 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+SCHEDULES = ("constant", "cosine")  # optim.lr_scheduler_type (or verl's older warmup_style)
+
 
 def warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int) -> int:
     """``lr_warmup_steps`` when > 0, else ``ratio x total``."""
@@ -26,7 +28,7 @@ def lr_factor(step: int, kind: str, num_warmup: int, total_steps: int, min_lr_ra
         progress = (step - num_warmup) / max(1, total_steps - num_warmup)
         cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * min(progress, 1.0)))
         return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
-    raise ValueError(f"unknown lr schedule {kind!r}; expected constant or cosine")
+    raise ValueError(f"unknown lr schedule {kind!r}; expected one of {', '.join(SCHEDULES)}")
 
 
 def build_scheduler(optimizer: Optimizer, optim_config, total_steps: int) -> LambdaLR:

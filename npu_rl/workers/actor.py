@@ -74,7 +74,8 @@ class ActorWorker:
         cfg = self.cfg
         update = UpdateSettings(
             rows_per_mini_batch=self.plan.actor.rows_per_mini_batch,
-            micro=MicroBatching(cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu),
+            micro=MicroBatching(self.plan.micro_batches.actor_update, cfg.use_dynamic_bsz,
+                                cfg.ppo_max_token_len_per_gpu),
             epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, grad_clip=cfg.grad_clip)
         self.engine = build_policy_engine(
             self.model_cfg, cfg.fsdp_config, role="actor", plan=self.plan, forward_micro=self.logprob_micro,

@@ -28,7 +28,7 @@ class ActorRolloutWorker(ReportsMemory):
         self.model_cfg = model_cfg
         self.rollout_cfg = rollout_cfg
         self.plan = plan
-        logprob_micro = MicroBatching(rollout_cfg.log_prob_micro_batch_size_per_gpu,
+        logprob_micro = MicroBatching(plan.micro_batches.actor_logprob,
                                       rollout_cfg.log_prob_use_dynamic_bsz, rollout_cfg.log_prob_max_token_len_per_gpu)
         self.actor = ActorWorker(model_cfg, actor_cfg, logprob_micro, plan)
         self.engine = None
@@ -66,7 +66,8 @@ class ActorRolloutWorker(ReportsMemory):
         """Responses for ``prompts`` (``rollout.n`` samples each; one greedy sample with ``greedy``, ReMax's
         baseline), and the phases' timings and memory figures."""
         rollout_cfg = self.rollout_cfg
-        sampling = sampling_params_from_config(rollout_cfg, validate, self.plan.max_response_length, self.stop_ids)
+        sampling = sampling_params_from_config(rollout_cfg, validate, self.plan.max_response_length, self.stop_ids,
+                                               logprobs=self.plan.rollout_logprobs and not validate)
         if greedy:
             sampling.n, sampling.do_sample, sampling.temperature, sampling.return_logprobs = 1, False, 0.0, False
         metrics: dict[str, float] = {}

@@ -32,9 +32,10 @@ class CriticWorker:
                                  device="meta" if weights_folder else None)
         update = UpdateSettings(
             rows_per_mini_batch=self.plan.critic.rows_per_mini_batch,
-            micro=MicroBatching(cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu),
+            micro=MicroBatching(self.plan.micro_batches.critic_update, cfg.use_dynamic_bsz,
+                                cfg.ppo_max_token_len_per_gpu),
             epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, grad_clip=cfg.grad_clip)
-        forward_micro = MicroBatching(cfg.forward_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+        forward_micro = MicroBatching(self.plan.micro_batches.critic_values, cfg.use_dynamic_bsz,
                                       cfg.forward_max_token_len_per_gpu)
         self.engine = TrainingEngine(
             model, cfg.model.fsdp_config, role="critic", response_length=self.plan.max_response_length,

@@ -70,9 +70,12 @@ class UpdateSettings:
 
     rows_per_mini_batch: int  # per rank
     micro: MicroBatching
-    epochs: int = 1
-    shuffle: bool = False
-    grad_clip: float = 1.0
+    epochs: int  # ppo_epochs
+    shuffle: bool
+    grad_clip: float
+
+
+OPTIMIZERS = ("adamw", "adam")  # optim.optimizer, any case: both build torch.optim.AdamW
 
 
 def build_optimizer(model: torch.nn.Module, optim_config) -> torch.optim.Optimizer:

@@ -122,7 +122,8 @@ def is_on_meta(model: torch.nn.Module) -> bool:
 
 
 class ModelRunner:
-    """A model on this rank's device with its precision settings; parallelism is applied afterwards.
+    """A model on this rank's device with its precision and parallel settings: with more than one rank it is sharded
+    here (FSDP2 per decoder layer over the mesh, ``apply_fsdp2_from_config``); alone, it is moved to the device.
 
     A model built on the meta device (``weights_folder`` given) is parallelised first and then filled with this
     rank's shards read from ``weights_folder`` (:func:`sharded_load_folder`); ``init_seed`` draws the parameters

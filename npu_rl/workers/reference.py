@@ -23,7 +23,7 @@ class ReferenceWorker:
     @register(Dispatch.ALL)
     def init_model(self) -> None:
         ref = self.cfg
-        micro = MicroBatching(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
+        micro = MicroBatching(self.plan.micro_batches.ref_logprob, ref.log_prob_use_dynamic_bsz,
                               ref.log_prob_max_token_len_per_gpu)
         self.engine = build_policy_engine(self.model_cfg, ref.fsdp_config, role="ref", plan=self.plan,
                                           forward_micro=micro, sp_size=ref.ulysses_sequence_parallel_size,

@@ -62,7 +62,8 @@ class RewardModelWorker:
         weights_folder = sharded_load_folder(rm.model.path)  # several ranks: built on meta, read shard by shard
         model = load_reward_model(rm.model.path, rm.model.fsdp_config.model_dtype, rm.model.trust_remote_code,
                                   device="meta" if weights_folder else None)
-        micro = MicroBatching(rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
+        micro = MicroBatching(self.plan.micro_batches.reward_model, rm.use_dynamic_bsz,
+                              rm.forward_max_token_len_per_gpu)
         self.engine = TrainingEngine(model, rm.model.fsdp_config, role="reward_model",
                                      response_length=self.plan.max_response_length, forward_micro=micro,
                                      seed=self.plan.seed, weights_folder=weights_folder)

@@ -68,7 +68,7 @@ class RolloutPoolWorker(ReportsMemory):
     def generate_sequences(self, prompts: Batch, validate: bool = False) -> WorkerOutput:
         """``rollout.n`` responses per prompt with the pool's weights, each row stamped with ``policy_version``."""
         sampling = sampling_params_from_config(self.rollout_cfg, validate, self.plan.max_response_length,
-                                               self.stop_ids)
+                                               self.stop_ids, logprobs=self.plan.rollout_logprobs and not validate)
         start = time.perf_counter()
         generated = (self.agent.generate(self.engine, prompts, sampling) if self.agent is not None
                      else self.engine.generate(prompts, sampling))

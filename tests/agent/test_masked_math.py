@@ -7,7 +7,8 @@ import torch
 
 from npu_rl.core.advantages import AdvantageInputs, compute_advantages
 from npu_rl.core.kl import kl_loss
-from npu_rl.core.policy_loss import PolicyLossInputs, compute_policy_loss
+from npu_rl.core.policy_loss import compute_policy_loss
+from tests.core.policy_inputs import policy_inputs
 
 # two conversations of 8 response positions: model(3) tool(2) model(2) pad(1) / model(5) pad(3)
 MASK = torch.tensor([[1, 1, 1, 0, 0, 1, 1, 0],
@@ -75,14 +76,14 @@ def test_policy_and_kl_losses_ignore_tool_tokens():
     advantages = torch.randn(2, 8) * MASK
     logprobs = (old + 0.1 * torch.randn(2, 8)).requires_grad_(True)
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-        loss = compute_policy_loss(loss_mode="vanilla", inputs=PolicyLossInputs(
+        loss = compute_policy_loss(loss_mode="vanilla", inputs=policy_inputs(
             old, logprobs, advantages, MASK, loss_agg_mode=mode)).loss
         loss = loss + kl_loss(logprobs=logprobs, ref_logprobs=ref, response_mask=MASK, kl_loss_coef=0.5,
                               loss_agg_mode=mode).loss
         grad, = torch.autograd.grad(loss, logprobs)
         assert (grad[~KEEP] == 0).all() and (grad[KEEP] != 0).all()
         compact_logprobs = compact(logprobs.detach()).requires_grad_(True)
-        plain = compute_policy_loss(loss_mode="vanilla", inputs=PolicyLossInputs(
+        plain = compute_policy_loss(loss_mode="vanilla", inputs=policy_inputs(
             compact(old), compact_logprobs, compact(advantages), COMPACT_MASK, loss_agg_mode=mode)).loss
         plain = plain + kl_loss(logprobs=compact_logprobs, ref_logprobs=compact(ref), response_mask=COMPACT_MASK,
                                 kl_loss_coef=0.5, loss_agg_mode=mode).loss

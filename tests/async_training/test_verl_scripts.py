@@ -7,9 +7,10 @@ import os
 
 import pytest
 
+from npu_rl.compat.verl.script import read_script
+from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.async_schema import async_problems
 from npu_rl.config.loader import load_config
-from npu_rl.config.shell_args import read_script
 from npu_rl.experimental import verl_flags
 from npu_rl.trainer.main_ppo import parse_args
 
@@ -24,11 +25,9 @@ def load_script(name: str):
     config_name, mode = ENTRY[reading.entry_point]
     args, unknown = parse_args(verl_flags(reading.overrides), config_name)  # as the entry point reads its flags
     assert args.config_path is None and args.config_name == config_name
-    # verl >= 0.9's DAPO reward tree (reward.reward_kwargs.*) is not this issue's: the verl-compat room maps it (until
-    # then it is the one unknown tree these scripts hit; the test says so rather than hide it)
-    overrides = [o for o in args.overrides + unknown if not o.lstrip("+").startswith("reward.reward_kwargs.")]
-    # what the entry point adds (npu_rl/experimental/...): the mode
-    return load_config(overrides + [f"async_training.mode={mode}"], config_name, validate=False)
+    # what the entry point adds (npu_rl/experimental/...): the mode; verl's keys translated as the entry point does
+    overrides = translate_overrides(args.overrides + unknown + [f"async_training.mode={mode}"], [])
+    return load_config(overrides, config_name)
 
 
 @pytest.mark.parametrize("name", ["one_step_off_grpo_0.6b_gsm8k_fsdp2_2_6.sh",
@@ -58,18 +57,19 @@ def test_fully_async_script_with_partial_rollout_off_is_built():
 
 def test_sync_trainer_notes_async_keys_and_streaming_is_fully_async_only():
     from npu_rl.config.errors import ConfigError
-    from npu_rl.config.validate import ignored_settings, validate
+    from npu_rl.config.reference import ignored_settings
+    from npu_rl.trainer.preflight import check as validate
 
-    config = load_config(["rollout.nnodes=2", "async_training.require_batches=3"], "quickstart", validate=False)
+    config = load_config(["rollout.nnodes=2", "async_training.require_batches=3"], "quickstart")
     notes = ignored_settings(config)
     assert any(n.startswith("rollout.nnodes=2 has no effect with npu_rl.trainer.main_ppo") for n in notes), notes
     assert any(n.startswith("async_training.require_batches=3") for n in notes)
-    streaming = load_config(["data.train_batch_size=0"], "quickstart", validate=False)
+    streaming = load_config(["data.train_batch_size=0"], "quickstart")
     with pytest.raises(ConfigError, match="0 streams: the fully asynchronous trainer only"):
         validate(streaming, check_paths=False, check_device=False)
 
 
 def test_one_step_off_refuses_a_colocated_run_with_the_reason():
     config = load_config(["async_training.mode=one_step_off", "actor_rollout_ref.hybrid_engine=True"],
-                         "one_step_off_ppo_trainer", validate=False)
+                         "one_step_off_ppo_trainer")
     assert any("set actor_rollout_ref.hybrid_engine=False" in p for p in async_problems(config))

@@ -9,13 +9,13 @@ from torch.testing import assert_close
 
 from npu_rl.core import (
     LOSS_AGG_MODES,
-    PolicyLossInputs,
     compute_policy_loss,
     entropy_bonus,
     kl_loss,
     loss_denominators,
     value_loss,
 )
+from tests.core.policy_inputs import policy_inputs
 
 BATCH, WIDTH = 8, 6
 # clip_cov and kl_cov pick tokens by statistics of the micro-batch (as verl does), so they are split-dependent.
@@ -50,7 +50,7 @@ def test_policy_loss_gradient_is_split_invariant(name, mode):
     old, new, adv, mask, _ = make_batch()
 
     def loss_fn(logprobs, rows, denominators):
-        inputs = PolicyLossInputs(
+        inputs = policy_inputs(
             old_logprobs=old[rows],
             logprobs=logprobs[rows],
             advantages=adv[rows],
@@ -106,7 +106,7 @@ def test_local_denominators_would_depend_on_the_split():
     old, new, adv, mask, _ = make_batch()
 
     def loss_fn(logprobs, rows, denominators):
-        inputs = PolicyLossInputs(
+        inputs = policy_inputs(
             old_logprobs=old[rows], logprobs=logprobs[rows], advantages=adv[rows], response_mask=mask[rows]
         )
         return compute_policy_loss(loss_mode="vanilla", inputs=inputs).loss
@@ -125,7 +125,7 @@ def test_uneven_micro_batches_give_the_same_gradient(mode):
     def total_grad(chunks):
         params = new.clone().requires_grad_(True)
         total = sum(
-            compute_policy_loss(loss_mode="vanilla", inputs=PolicyLossInputs(
+            compute_policy_loss(loss_mode="vanilla", inputs=policy_inputs(
                 old_logprobs=old[rows], logprobs=params[rows], advantages=adv[rows], response_mask=mask[rows],
                 loss_agg_mode=mode, loss_scale_factor=WIDTH, **denominators)).loss
             for rows in chunks)

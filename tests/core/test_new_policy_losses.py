@@ -9,14 +9,15 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from npu_rl.core import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
+from npu_rl.core import POLICY_LOSSES, compute_policy_loss
 from npu_rl.core.policy_loss import token_budget
+from tests.core.policy_inputs import policy_inputs
 
 
 def run(name, logprobs, old_logprobs, advantages, mask=None, **kwargs):
     logprobs = logprobs.clone().requires_grad_(True)
     mask = torch.ones_like(advantages) if mask is None else mask
-    inputs = PolicyLossInputs(
+    inputs = policy_inputs(
         old_logprobs=old_logprobs, logprobs=logprobs, advantages=advantages, response_mask=mask, **kwargs
     )
     out = compute_policy_loss(loss_mode=name, inputs=inputs)

@@ -12,12 +12,12 @@ from npu_rl.core import (
     ADV_ESTIMATORS,
     POLICY_LOSSES,
     AdvantageInputs,
-    PolicyLossInputs,
     check_kl_type,
     compute_advantages,
     compute_policy_loss,
     kl_penalty,
 )
+from tests.core.policy_inputs import policy_inputs
 
 PLUGIN = textwrap.dedent(
     """
@@ -71,7 +71,7 @@ def test_loss_from_a_dotted_path(tmp_path, monkeypatch):
     name = "user_losses_for_test:reinforce"
     POLICY_LOSSES.check(name)
     logp = torch.tensor([[-1.0, -2.0]])
-    inputs = PolicyLossInputs(
+    inputs = policy_inputs(
         old_logprobs=logp, logprobs=logp, advantages=torch.ones(1, 2), response_mask=torch.ones(1, 2)
     )
     assert_close(compute_policy_loss(loss_mode=name, inputs=inputs).loss, torch.tensor(1.5))

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from npu_rl.core import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
+from npu_rl.core import POLICY_LOSSES, compute_policy_loss
+from tests.core.policy_inputs import policy_inputs
 
 ALL = ("vanilla", "gspo", "clip_cov", "kl_cov", "gpg", "geo_mean", "cispo", "sapo", "dro", "dppo_tv", "dppo_kl")
 METRICS = {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}
@@ -19,7 +20,7 @@ def run(name, logprobs, old_logprobs, advantages, mask=None, **kwargs):
     mask = torch.ones_like(advantages) if mask is None else mask
     if name == "dro":
         kwargs.setdefault("dro_beta", 0.1)
-    inputs = PolicyLossInputs(
+    inputs = policy_inputs(
         old_logprobs=old_logprobs, logprobs=logprobs, advantages=advantages, response_mask=mask, **kwargs
     )
     out = compute_policy_loss(loss_mode=name, inputs=inputs)
@@ -223,7 +224,7 @@ def test_gradcheck(name):  # cispo and dppo: only the gradient is defined, not a
     kwargs = {"dro_beta": 0.3} if name == "dro" else kwargs
 
     def loss_of(logprobs):
-        inputs = PolicyLossInputs(
+        inputs = policy_inputs(
             old_logprobs=old,
             logprobs=logprobs,
             advantages=adv,

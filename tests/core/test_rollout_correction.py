@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from npu_rl.core import PolicyLossInputs, RolloutCorrectionSpec, compute_policy_loss, loss_denominators
+from npu_rl.core import RolloutCorrectionSpec, compute_policy_loss, loss_denominators
 from npu_rl.core.rollout_correction import offpolicy_metrics, parse_rs_thresholds, rollout_correction
+from tests.core.policy_inputs import policy_inputs
 
 # Two rows; pi_train / pi_rollout per token: row 0 = [3.0, 0.6, 1.0, pad], row 1 = [1.5, 4.0, pad, pad].
 RATIOS = torch.tensor([[3.0, 0.6, 1.0, 1.0], [1.5, 4.0, 1.0, 1.0]], dtype=torch.float64)
@@ -168,7 +169,7 @@ def test_k1_threshold_default_lower_is_reciprocal():
 
 def bypass(logprobs, spec, adv):
     # the denominators count the mask before rejection (the actor computes them on the batch's mask)
-    inputs = PolicyLossInputs(old_logprobs=ROLLOUT, logprobs=logprobs, advantages=adv, response_mask=MASK,
+    inputs = policy_inputs(old_logprobs=ROLLOUT, logprobs=logprobs, advantages=adv, response_mask=MASK,
                               rollout_correction=RolloutCorrectionSpec(**spec), **loss_denominators(MASK))
     return compute_policy_loss(loss_mode="bypass_mode", inputs=inputs)
 
@@ -176,7 +177,7 @@ def bypass(logprobs, spec, adv):
 def test_bypass_ppo_clip_is_vanilla_against_the_rollout():
     adv = t([[1.0, -1.0, 2.0, 0.0], [-0.5, 1.0, 0.0, 0.0]])
     out = bypass(OLD, {"rollout_is": "token"}, adv)
-    plain = compute_policy_loss(loss_mode="vanilla", inputs=PolicyLossInputs(
+    plain = compute_policy_loss(loss_mode="vanilla", inputs=policy_inputs(
         old_logprobs=ROLLOUT, logprobs=OLD, advantages=adv, response_mask=MASK))
     assert_close(out.loss, plain.loss)  # no extra weight: the ratio is the correction
     assert_close(out.metrics["rollout_corr/rollout_is_mean"], t(1.42))
@@ -202,7 +203,7 @@ def test_bypass_reinforce_uses_truncated_weights():
 
 def test_bypass_needs_its_settings():
     with pytest.raises(ValueError, match="rollout_correction"):
-        compute_policy_loss(loss_mode="bypass_mode", inputs=PolicyLossInputs(
+        compute_policy_loss(loss_mode="bypass_mode", inputs=policy_inputs(
             old_logprobs=ROLLOUT, logprobs=OLD, advantages=OLD, response_mask=MASK))
 
 
@@ -238,7 +239,7 @@ def test_bypass_gradient_is_split_invariant(spec, loss_type):
     settings = RolloutCorrectionSpec(**spec, loss_type=loss_type)
 
     def loss_fn(logprobs, rows, denominators):
-        inputs = PolicyLossInputs(old_logprobs=old[rows], logprobs=logprobs[rows], advantages=adv[rows],
+        inputs = policy_inputs(old_logprobs=old[rows], logprobs=logprobs[rows], advantages=adv[rows],
                                   response_mask=mask[rows], rollout_correction=settings, **denominators)
         return compute_policy_loss(loss_mode="bypass_mode", inputs=inputs).loss
 

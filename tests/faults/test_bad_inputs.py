@@ -10,7 +10,8 @@ import shutil
 
 import pytest
 
-from npu_rl.config.loader import ConfigError, load_config
+from npu_rl.config.loader import ConfigError
+from npu_rl.trainer.preflight import load_checked
 from tests.trainer.conftest import base_overrides
 
 
@@ -27,7 +28,7 @@ def _row(truth, source="arith"):
 
 
 def _config(model_dir, tmp_path, *extra):
-    return load_config(base_overrides(model_dir, str(tmp_path / "run")) + list(extra), "ppo_trainer")
+    return load_checked(base_overrides(model_dir, str(tmp_path / "run")) + list(extra), "ppo_trainer")
 
 
 @pytest.fixture

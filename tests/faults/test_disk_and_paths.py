@@ -35,7 +35,7 @@ def test_a_folder_that_cannot_be_made_is_refused_even_for_root():
 ])
 def test_run_paths_are_checked_at_validation(tmp_path, override, words):
     overrides = [f"trainer.default_local_dir={tmp_path}/ckpt", override]
-    problems = run_folder_problems(load_config(overrides, validate=False))
+    problems = run_folder_problems(load_config(overrides))
     assert any(words in p for p in problems), problems
 
 
@@ -114,10 +114,9 @@ def test_too_little_free_space_for_a_checkpoint_is_found_before_the_models_load(
 
     overrides = [f"trainer.default_local_dir={tmp_path}/ckpt", f"actor_rollout_ref.model.path={tiny_model_dir}",
                  "trainer.save_freq=10"]
-    assert run_folder_problems(load_config(overrides, validate=False)) == []
+    assert run_folder_problems(load_config(overrides)) == []
     monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 1024)
-    (problem,) = run_folder_problems(load_config(overrides, validate=False))
+    (problem,) = run_folder_problems(load_config(overrides))
     assert "0.00 GiB free, but one checkpoint of this model needs at least" in problem
-    assert run_folder_problems(load_config(overrides + ["actor_rollout_ref.model.lora_rank=4"], validate=False)) == []
-    assert run_folder_problems(load_config(overrides + ["trainer.save_freq=-1", "trainer.save_on_interrupt=False"],
-                                           validate=False)) == []
+    assert run_folder_problems(load_config(overrides + ["actor_rollout_ref.model.lora_rank=4"])) == []
+    assert run_folder_problems(load_config(overrides + ["trainer.save_freq=-1", "trainer.save_on_interrupt=False"])) == []

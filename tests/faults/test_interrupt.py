@@ -17,8 +17,9 @@ import textwrap
 import pytest
 import torch
 
-from npu_rl.config.loader import ConfigError, load_config
+from npu_rl.config.loader import ConfigError
 from npu_rl.trainer.checkpoint import latest_step, saved_steps, verify_step
+from npu_rl.trainer.preflight import load_checked
 from tests.conftest import REPO_ROOT
 from tests.trainer.conftest import base_overrides, final_weights, run_training, step_rows
 
@@ -155,12 +156,12 @@ def test_a_folder_with_another_runs_checkpoints_is_never_overwritten_silently(ti
     assert saved_steps(out) == [1]
     from npu_rl.trainer.preflight import prepare_run_folder
 
-    prepare_run_folder(load_config(overrides + ["trainer.overwrite_checkpoints=True"], "ppo_trainer"))
+    prepare_run_folder(load_checked(overrides + ["trainer.overwrite_checkpoints=True"], "ppo_trainer"))
     assert saved_steps(out) == [] and latest_step(out) is None
 
 
 def test_embedded_default_resumes_and_saves_on_interrupt():
-    config = load_config([], "quickstart")
+    config = load_checked([], "quickstart")
     assert config.trainer.resume_mode == "auto" and config.trainer.save_on_interrupt
 
 

@@ -34,24 +34,24 @@ def actor_config(model_dir: str, out_dir: str, *extra: str):
     return load_config(base_overrides(model_dir, out_dir) + [
         "preset=grpo", "data.max_response_length=6", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.optim.lr=1e-2", *extra], validate=False)
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.optim.lr=1e-2", *extra])
 
 
 def actor_worker(config):
     """An ActorWorker from a root config, as roles.py slices it (log-prob micro-batches from the rollout keys)."""
-    from npu_rl.config.derived import build_plan
+    from npu_rl.trainer.preflight import plan_for
     from npu_rl.workers.actor import ActorWorker
     from npu_rl.workers.model_runner import MicroBatching
 
     arr = config.actor_rollout_ref
     micro = MicroBatching(arr.rollout.log_prob_micro_batch_size_per_gpu, arr.rollout.log_prob_use_dynamic_bsz,
                           arr.rollout.log_prob_max_token_len_per_gpu)
-    return ActorWorker(arr.model, arr.actor, micro, build_plan(config))
+    return ActorWorker(arr.model, arr.actor, micro, plan_for(config))
 
 
 def actor_rollout_worker(config):
-    from npu_rl.config.derived import build_plan
+    from npu_rl.trainer.preflight import plan_for
     from npu_rl.workers.actor_rollout import ActorRolloutWorker
 
     arr = config.actor_rollout_ref
-    return ActorRolloutWorker(arr.model, arr.actor, arr.rollout, build_plan(config))
+    return ActorRolloutWorker(arr.model, arr.actor, arr.rollout, plan_for(config))

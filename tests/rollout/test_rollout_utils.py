@@ -80,15 +80,16 @@ def test_warp_logits_top_k_and_top_p_by_hand():
 
 
 def test_sampling_params_training_vs_validation():
-    config = RolloutConfig(n=4, temperature=0.9, top_p=0.95, top_k=0, calculate_log_probs=True,
+    config = RolloutConfig(n=4, temperature=0.9, top_p=0.95, top_k=0,
                            val_kwargs=ValKwargsConfig(n=2, temperature=0.0, do_sample=False))
-    train = sampling_params_from_config(config, validate=False, max_new_tokens=32, stop_ids=[2, 5])
+    train = sampling_params_from_config(config, validate=False, max_new_tokens=32, stop_ids=[2, 5], logprobs=True)
     assert (train.n, train.temperature, train.top_p, train.top_k, train.greedy) == (4, 0.9, 0.95, -1, False)
     assert train.stop_token_ids == [2, 5] and train.return_logprobs and train.max_new_tokens == 32
-    val = sampling_params_from_config(config, validate=True, max_new_tokens=16, stop_ids=[2])
+    val = sampling_params_from_config(config, validate=True, max_new_tokens=16, stop_ids=[2], logprobs=False)
     assert (val.n, val.greedy, val.return_logprobs) == (2, True, False)
     config.ignore_eos = True
-    assert sampling_params_from_config(config, validate=False, max_new_tokens=8, stop_ids=[2]).stop_token_ids == []
+    assert sampling_params_from_config(config, validate=False, max_new_tokens=8, stop_ids=[2],
+                                       logprobs=False).stop_token_ids == []
 
 
 def test_buckets_hold_about_the_configured_size_and_convert():

@@ -25,5 +25,5 @@ def test_step_lines_go_to_stdout(capsys):
 def test_console_keys_is_a_trainer_key():
     from npu_rl.config.loader import load_config
 
-    config = load_config(["trainer.console_keys=[critic/vf_loss,actor/kl_loss]"], "quickstart", validate=False)
+    config = load_config(["trainer.console_keys=[critic/vf_loss,actor/kl_loss]"], "quickstart")
     assert config.trainer.console_keys == ["critic/vf_loss", "actor/kl_loss"]

@@ -23,8 +23,8 @@ def test_a_run_keeps_its_config_and_command_and_draws_its_curves(tiny_model_dir,
     assert record["cwd"] == os.getcwd()
     with open(os.path.join(run_dir, "command.sh")) as f:
         assert "npu_rl.trainer.main_ppo" in f.read()
-    again = load_config([], "config", run_dir, validate=False)
-    assert again == load_config(overrides, "ppo_trainer", validate=False)
+    again = load_config([], "config", run_dir)
+    assert again == load_config(overrides, "ppo_trainer")
     assert again.trainer.total_training_steps == 2 and again.actor_rollout_ref.model.path == tiny_model_dir
     for name in ("metrics.jsonl", "curves.png", "curves.html"):
         assert os.path.getsize(os.path.join(run_dir, name)) > 0, name

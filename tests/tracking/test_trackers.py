@@ -211,9 +211,10 @@ def test_problems_are_found_at_validation_not_after_the_models_load(monkeypatch)
 def test_a_missing_package_is_a_config_error(monkeypatch):
     import importlib.util
 
-    from npu_rl.config.loader import ConfigError, load_config
+    from npu_rl.config.loader import ConfigError
+    from npu_rl.trainer.preflight import load_checked
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match=r"trainer.logger='wandb' needs the wandb package: pip install wandb"):
-        load_config(["trainer.logger=[console,wandb]"], "quickstart")
+        load_checked(["trainer.logger=[console,wandb]"], "quickstart")

@@ -64,7 +64,7 @@ def reward_file(tmp_path) -> str:
 def run_training(overrides: list[str]) -> int:
     from npu_rl.trainer.run import run
 
-    return run(load_config(overrides, "ppo_trainer"))
+    return run(load_config(overrides, "ppo_trainer"))  # run() checks it first
 
 
 def read_metrics(out_dir: str) -> list[dict]:

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from npu_rl.config.loader import ConfigError
-from npu_rl.config.loader import load_config
+from npu_rl.trainer.preflight import load_checked
 from tests.trainer.conftest import base_overrides, run_training
 
 
@@ -73,8 +73,8 @@ def test_msprobe_statistics_dump_of_chosen_stages(tiny_model_dir, tmp_path, rewa
      "npu-rl drives msprobe at L1"),
 ])
 def test_bad_profiler_keys_fail_at_validation(tiny_model_dir, tmp_path, overrides, expected):
-    with pytest.raises(ConfigError, match=re.escape(expected)):  # load_config validates
-        load_config(base_overrides(tiny_model_dir, str(tmp_path)) + ["preset=grpo"] + overrides, "ppo_trainer")
+    with pytest.raises(ConfigError, match=re.escape(expected)):  # load_checked validates
+        load_checked(base_overrides(tiny_model_dir, str(tmp_path)) + ["preset=grpo"] + overrides, "ppo_trainer")
 
 
 def test_msprobe_api_we_use_exists_in_the_installed_package():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from npu_rl.config.loader import ConfigError, load_config
-from npu_rl.config.validate import validate
+from npu_rl.trainer.preflight import check as validate, plan_for
 from npu_rl.protocol import Batch
 from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from tests.trainer.conftest import base_overrides, run_training, step_rows
@@ -17,17 +17,21 @@ KEY = "algorithm.rollout_correction"
 
 
 def test_keys_and_defaults_are_verls():
-    rc = load_config([], validate=False).algorithm.rollout_correction
+    rc = load_config([]).algorithm.rollout_correction
     assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold, rc.bypass_mode,
             rc.loss_type, rc.rollout_is_batch_normalize) == (None, 2.0, None, None, False, "ppo_clip", False)
-    assert load_config([], validate=False).actor_rollout_ref.rollout.calculate_log_probs is False
+    assert load_config([]).actor_rollout_ref.rollout.calculate_log_probs is False
 
 
 @pytest.mark.parametrize("extra", [[f"{KEY}.rollout_is=token"], [f"{KEY}.rollout_rs=token_k1",
                                                                    f"{KEY}.rollout_rs_threshold=2.0"],
                                    [f"{KEY}.bypass_mode=true"]])
 def test_the_correction_turns_rollout_logprobs_on(extra):
-    assert load_config(extra, validate=False).actor_rollout_ref.rollout.calculate_log_probs is True
+    """In the plan: the config stays as written (nothing changes it after loading)."""
+    config = load_config(extra)
+    assert config.actor_rollout_ref.rollout.calculate_log_probs is False
+    assert plan_for(config).rollout_logprobs
+    assert not plan_for(load_config([])).rollout_logprobs
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -44,7 +48,7 @@ def test_the_correction_turns_rollout_logprobs_on(extra):
 ])
 def test_bad_settings_are_refused_naming_the_key(extra, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
-        validate(load_config(extra, validate=False), check_paths=False, check_device=False)
+        validate(load_config(extra), check_paths=False, check_device=False)
 
 
 def test_verls_bypass_example_validates():
@@ -52,7 +56,7 @@ def test_verls_bypass_example_validates():
     validate(load_config(["preset=rloo", f"{KEY}.rollout_is=sequence", f"{KEY}.rollout_is_threshold=2.0",
                           f"{KEY}.rollout_is_batch_normalize=true", f"{KEY}.rollout_rs=null",
                           f"{KEY}.rollout_rs_threshold=null", f"{KEY}.bypass_mode=true",
-                          f"{KEY}.loss_type=reinforce"], validate=False), check_paths=False, check_device=False)
+                          f"{KEY}.loss_type=reinforce"]), check_paths=False, check_device=False)
 
 
 def _batch() -> Batch:
@@ -63,8 +67,7 @@ def _batch() -> Batch:
 
 
 def test_correct_batch_adds_weights_and_filters_the_mask_without_touching_its_input():
-    config = load_config([f"{KEY}.rollout_is=token", f"{KEY}.rollout_rs=token_k1", f"{KEY}.rollout_rs_threshold=2"],
-                         validate=False)
+    config = load_config([f"{KEY}.rollout_is=token", f"{KEY}.rollout_rs=token_k1", f"{KEY}.rollout_rs_threshold=2"])
     batch = _batch()
     out, metrics = correct_batch(batch, config)
     torch.testing.assert_close(out["rollout_is_weights"], torch.tensor([[2.0, 0.6, 1.0, 0], [1.5, 2.0, 0, 0]]))
@@ -75,12 +78,12 @@ def test_correct_batch_adds_weights_and_filters_the_mask_without_touching_its_in
 
 
 def test_metrics_only_without_correction_and_errors_without_logprobs():
-    out, metrics = correct_batch(_batch(), load_config([], validate=False))
+    out, metrics = correct_batch(_batch(), load_config([]))
     assert "rollout_is_weights" not in out and "rollout_corr/chi2_token" in metrics
     no_logprobs = Batch({"old_logprobs": torch.zeros(1, 2), "response_mask": torch.ones(1, 2)})
-    assert correct_batch(no_logprobs, load_config([], validate=False))[1] == {}
+    assert correct_batch(no_logprobs, load_config([]))[1] == {}
     with pytest.raises(RuntimeError, match="calculate_log_probs"):
-        correct_batch(no_logprobs, load_config([f"{KEY}.rollout_is=token"], validate=False))
+        correct_batch(no_logprobs, load_config([f"{KEY}.rollout_is=token"]))
     with pytest.raises(RuntimeError, match="calculate_log_probs"):
         bypass_old_logprobs(no_logprobs)
     assert torch.equal(bypass_old_logprobs(_batch())["old_logprobs"], _batch()["rollout_logprobs"])

@@ -84,10 +84,10 @@ def test_runner_compiles_the_compute_copy_only_when_asked_and_allowed(monkeypatc
 
 
 def test_precision_dumps_turn_compilation_off():
-    from npu_rl.config.derived import build_plan
+    from npu_rl.trainer.preflight import plan_for
     from tests.test_config import cfg
 
-    assert build_plan(cfg()).allow_compile
-    plan = build_plan(cfg("global_profiler.tool=precision_debugger", "global_profiler.steps=[1]",
-                          "actor_rollout_ref.actor.profiler.enable=True"))
+    assert plan_for(cfg()).allow_compile
+    plan = plan_for(cfg("global_profiler.tool=precision_debugger", "global_profiler.steps=[1]",
+                        "actor_rollout_ref.actor.profiler.enable=True"))
     assert not plan.allow_compile

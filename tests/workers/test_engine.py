@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from npu_rl.config.derived import build_plan
 from npu_rl.config.loader import load_config
+from npu_rl.trainer.preflight import plan_for
 from npu_rl.protocol import Batch
 from npu_rl.workers.actor import ActorWorker
 from npu_rl.workers.critic import CriticWorker
@@ -24,7 +24,7 @@ def _config(model_dir, out_dir, *extra):
         "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "critic.ppo_mini_batch_size=1", "critic.ppo_micro_batch_size_per_gpu=2",
         "critic.model.enable_gradient_checkpointing=False", "critic.optim.lr=1e-3",
-        "critic.model.fsdp_config.mixed_precision.param_dtype=fp32", *extra], validate=False)
+        "critic.model.fsdp_config.mixed_precision.param_dtype=fp32", *extra])
 
 
 def _training_batch() -> Batch:
@@ -37,7 +37,7 @@ def _training_batch() -> Batch:
 
 
 def _build(role: str, config):
-    plan = build_plan(config)
+    plan = plan_for(config)
     if role == "critic":
         return CriticWorker(config.critic, plan)
     arr = config.actor_rollout_ref

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from npu_rl.config.derived import build_plan
 from npu_rl.config.loader import load_config
+from npu_rl.trainer.preflight import plan_for
 from npu_rl.protocol import Batch
 from npu_rl.workers.actor import ActorWorker
 from npu_rl.workers.model_runner import MicroBatching
@@ -25,9 +25,9 @@ def _update(model_dir, tmp_path, fused: bool) -> tuple[dict, dict]:
         "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.clip_ratio_high=0.28",
         f"actor_rollout_ref.model.use_fused_kernels={fused}",
-        "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch"], validate=False)
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch"])
     arr = config.actor_rollout_ref
-    worker = ActorWorker(arr.model, arr.actor, MicroBatching(), build_plan(config))
+    worker = ActorWorker(arr.model, arr.actor, MicroBatching(), plan_for(config))
     worker.init_model(total_training_steps=1)
     metrics = worker.update_policy(_batch()).metrics
     return metrics, {k: v.detach().clone() for k, v in worker.model.state_dict().items()}

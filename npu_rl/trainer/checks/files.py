@@ -1,12 +1,14 @@
-"""Validation checks for inputs that used to fail late or silently (issue 19's probe): each problem names the key,
-the file and the row. Called from ``validate``; returns the problems, raises nothing. File-system checks only with
-``check_paths``.
+"""Checks on the files a run reads and writes (``check_paths``): data files and, when the default rule scorers score
+them, their rows; model folders; the output folder. Each problem names the key, the file and the row.
 
-- ``trainer.max_consecutive_nan_steps`` must be >= 1 (0 stopped a healthy run at step 1 claiming a NaN).
-- ``trainer.default_local_dir`` must be a folder that can be made and written.
-- model folders: tokenizer files present, weights present and not truncated (``npu_rl.models.check``).
-- data files, when the default rule scorers score them (no ``custom_reward_function.path``, no reward model): every
-  row's ``data_source`` has a scorer, and its ground truth is text or a number (a list / dict / bool compared as text
+- data files exist (or are a valid ``builtin://`` / ``hf://`` data set, a glob, a ``save_to_disk`` folder or a
+  ``DatasetDict`` root: ``npu_rl.data.sources``);
+- a run that cannot do what it asks is refused: a vision-language actor, image rows, a generative reward model;
+- model folders resolve; their tokenizer files are present, their weights present and not truncated
+  (``npu_rl.models.check``); a LoRA adapter fits the model;
+- (the output folder, ``trainer.default_local_dir``, is the preflight's run-folder check);
+- data rows scored by the default rule scorers (no ``custom_reward_function.path``, no reward model): every row's
+  ``data_source`` has a scorer, and its ground truth is text or a number (a list / dict / bool compared as text
   scores 0 for ever).
 """
 
@@ -15,33 +17,42 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from npu_rl.config.derived import as_list
+from npu_rl.trainer.checks.names import Problems
+
 MAX_LISTED = 3
 
 
-def check_faults(config, check_paths: bool = True) -> list[str]:
-    problems: list[str] = []
-    trainer = config.trainer
-    if int(trainer.max_consecutive_nan_steps) < 1:
-        problems.append(f"trainer.max_consecutive_nan_steps={trainer.max_consecutive_nan_steps} must be >= 1 (the "
-                        "number of non-finite steps in a row that stops the run)")
-    if not check_paths:
-        return problems
-    from npu_rl.utils.paths import check_output_dir
+def file_problems(config, use_critic: bool) -> list[str]:
+    from npu_rl.data.sources import data_files_problems
 
-    try:
-        check_output_dir(str(trainer.default_local_dir), "trainer.default_local_dir")
-    except (OSError, ValueError) as exc:
-        problems.append(str(exc))
-    problems += _model_problems(config)
-    problems += _data_problems(config)
-    problems += _capability_problems(config)
-    return problems
+    p = Problems()
+    for key in ("train_files", "val_files"):
+        p += data_files_problems(key, getattr(config.data, key))
+    p.attempt(lambda: _check_model_path(config.actor_rollout_ref.model.path), "actor_rollout_ref.model.path: ")
+    if config.actor_rollout_ref.model.lora_rank > 0:
+        from npu_rl.models.lora import check_against_model
+
+        p.attempt(lambda: check_against_model(config.actor_rollout_ref.model))
+    if use_critic:
+        p.attempt(lambda: _check_model_path(config.critic.model.path), "critic.model.path: ")
+    if config.reward_model.enable:
+        p.attempt(lambda: _check_model_path(config.reward_model.model.path), "reward_model.model.path: ")
+    p += _model_problems(config, use_critic)
+    p += _data_problems(config)
+    p += _capability_problems(config)
+    return p
+
+
+def _check_model_path(path: str) -> None:
+    from npu_rl.models.loader import check_model_path
+
+    check_model_path(path)  # a local folder, the embedded model or a Hub id (npu_rl.models.hub)
 
 
 def _resolved_data(config, files_key: str) -> list[str]:
     """The local files of ``data.<files_key>`` (globs, save_to_disk folders, DatasetDict roots, hf:// already
     fetched by the path check); built-in sets and entries the path check reports are left out."""
-    from npu_rl.config.derived import as_list
     from npu_rl.data.sources import resolve_data_path
 
     resolved = []
@@ -80,13 +91,12 @@ def _capability_problems(config) -> list[str]:
     return [p for p in problems if p]
 
 
-def _model_problems(config) -> list[str]:
-    from npu_rl.config.derived import critic_enabled
+def _model_problems(config, use_critic: bool) -> list[str]:
     from npu_rl.models.check import model_path_problems
     from npu_rl.models.loader import is_builtin, local_model_folder
 
     keys = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, True)]
-    if critic_enabled(config):
+    if use_critic:
         keys.append(("critic.model.path", config.critic.model.path, False))
     problems = []
     for key, path, need_tokenizer in keys:
@@ -100,7 +110,6 @@ def _model_problems(config) -> list[str]:
 def _data_problems(config) -> list[str]:
     if config.custom_reward_function.path or config.reward_model.enable:
         return []  # the user's function or a reward model decides what a data source or a ground truth may be
-    from npu_rl.config.derived import as_list
     from npu_rl.data.dataset import ground_truth_of
     from npu_rl.data.io import read_rows
     from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
@@ -108,8 +117,7 @@ def _data_problems(config) -> list[str]:
     key = str(config.data.reward_fn_key)
     problems = []
     for files_key in ("train_files", "val_files"):
-        resolved = _resolved_data(config, files_key)
-        for path in resolved:
+        for path in _resolved_data(config, files_key):
             try:
                 rows = read_rows(path)
             except (OSError, ValueError):

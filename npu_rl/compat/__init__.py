@@ -1,0 +1,1 @@
+"""Compatibility with other toolkits' configs and run scripts (one room per toolkit: ``compat.verl``)."""

@@ -1,0 +1,319 @@
+"""Read the overrides a verl run script passes to ``main_ppo``: bash itself expands the script, and runs nothing else.
+
+The script runs in a restricted bash (``set -r``) with recording stubs: no ``PATH`` (every command is "not found"
+and goes to ``command_not_found_handle``, which records its words and fails as a missing program would), no output
+redirection, no ``cd``, no command named by a path, ``kill`` / ``history`` / ``fc`` switched off, an empty working
+folder, ``/dev/null`` for input, and limits on time, memory and output. So variables, ``export``, arrays, ``case``,
+``if``, arithmetic, backticks and ``$(...)`` behave as bash has them, and the one command that matters (the trainer
+call) is recorded with its arguments fully expanded. ``set -e`` and ``set +u`` in the script are not applied, so
+that a missing program does not end the reading; ``set -u`` is on, so that a variable the script uses but never
+sets is named (then read as empty, as bash would).
+
+What the reading cannot know is said in ``warnings``: a variable the script uses but nobody set (empty; give it
+with ``env``), the commands that were not run (their output is empty). Secrets are never read
+from the environment: a variable whose name looks like a secret (``*_API_KEY``, ``*_TOKEN`` ...: the rule of
+:mod:`npu_rl.utils.redact`) is kept as ``$NAME``. A script that is not text, does not parse, runs too long or takes too much memory is refused
+(:class:`ScriptError`) naming the line where bash says.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+from npu_rl.utils.redact import is_secret_name
+
+ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "npu_rl.trainer.main_ppo", "main_ppo", "main_dapo",
+                # the asynchronous trainers (docs/async.md)
+                "verl.experimental.one_step_off_policy.main_ppo", "verl.experimental.fully_async_policy.fully_async_main",
+                "npu_rl.experimental.one_step_off_policy.main_ppo",
+                "npu_rl.experimental.fully_async_policy.fully_async_main")
+# other trainers of verl's recipes: recognised (and reported as what they are), not translated
+OTHER_TRAINERS = ("recipe.*main*", "verl.experimental.*main*")
+MAX_BYTES = 1 << 20  # a run script is a few kB; a larger file is not one
+TIME_LIMIT_S = 5.0  # for the whole reading (every pass)
+MEMORY_LIMIT = 512 << 20  # address space of the bash process
+OUTPUT_LIMIT = 8 << 20  # bytes bash may write (the record, stdout, stderr)
+MAX_PASSES = 40  # one more pass per variable the script uses without setting it
+# never handed to the script's bash: they change how bash starts or looks commands up
+_SHELL_VARIABLES = {"ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "IFS", "PS4", "PATH", "CDPATH", "GLOBIGNORE",
+                    "PROMPT_COMMAND", "POSIXLY_CORRECT", "EXECIGNORE", "HISTFILE", "BASH_XTRACEFD", "SHELL"}
+
+_ENTRY_CASE = "|".join([f"{ep}|*/{ep.rsplit('.', 1)[-1]}.py" for ep in ENTRY_POINTS] + list(OTHER_TRAINERS))
+# Defined before ``set -r`` (one line, so that the script's line N is line N + 1 of what bash reads). The handler
+# writes line, word count and words, NUL-separated, to file descriptor 3; the trainer call succeeds, others fail.
+_PREAMBLE = (
+    "command_not_found_handle() { builtin printf '%s\\0' \"${BASH_LINENO[0]}\" \"$#\" \"$@\" >&3; "
+    "local w; for w in \"$@\"; do case \"$w\" in " + _ENTRY_CASE + ") return 0;; esac; done; return 127; }; "
+    # set -e / set +u / set -x of the script are not applied (-u stays on: an unset variable is reported)
+    "set() { local a skip= out=(); for a in \"$@\"; do "
+    "if [[ -n $skip ]]; then skip=; case $a in errexit|nounset|xtrace) builtin unset 'out[-1]';; *) out+=(\"$a\");; "
+    "esac; continue; fi; "
+    "case $a in -o|+o) skip=1; out+=(\"$a\");; -*) a=${a//[ex]/}; [[ $a == - ]] || out+=(\"$a\");; "
+    "+*) a=${a//u/}; [[ $a == + ]] || out+=(\"$a\");; *) out+=(\"$a\");; esac; done; "
+    "(( ${#out[@]} )) && builtin set \"${out[@]}\"; return 0; }; "
+    "{move}enable -n kill history fc suspend disown; builtin set -u; {declares}builtin set -r"
+)
+_UNBOUND = re.compile(r"line (\d+): (?:\$)?([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(\[[@*]\])?: unbound variable")
+_LINE = re.compile(r"^.*?: line (\d+): ", re.MULTILINE)
+
+
+class ScriptError(ValueError):
+    """The script cannot be read (not text, not valid bash, too slow or too large); the message says where."""
+
+
+@dataclass
+class ScriptReading:
+    overrides: list[str] = field(default_factory=list)
+    entry_point: str | None = None
+    line: int | None = None  # the trainer call's line in the script
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_text(data: bytes, source: str) -> str:
+    """The script's text; ScriptError for a file that is not a text script (binary, NUL bytes, not UTF-8)."""
+    if len(data) > MAX_BYTES:
+        raise ScriptError(f"{source}: more than {MAX_BYTES // 1024} kB; not a run script")
+    if b"\0" in data:
+        line = data[: data.index(b"\0")].count(b"\n") + 1
+        raise ScriptError(f"{source}: line {line}: a NUL byte; not a text script")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ScriptError(f"{source}: line {line}: not UTF-8 text (byte {data[exc.start]:#04x}); not a text "
+                          "script") from None
+
+
+def read_file(path: str) -> bytes:
+    """At most ``MAX_BYTES + 1`` bytes of ``path`` (``/dev/zero`` ends too); OSError as open() raises it."""
+    if not os.path.isfile(path):
+        raise OSError(f"{path} is not a regular file")
+    with open(path, "rb") as f:
+        return f.read(MAX_BYTES + 1)
+
+
+def _environment(env: dict[str, str], placeholders: set[str]) -> dict[str, str]:
+    """What the script's bash sees: ``env`` without the shell's own switches; secrets and unset names as text."""
+    out = {}
+    for name, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _SHELL_VARIABLES or name.startswith("BASH"):
+            continue
+        out[name] = f"${name}" if is_secret_name(name) else value
+    out.update({name: "" for name in placeholders})  # unset: empty, as bash reads it (and ${X:-default} works)
+    return out
+
+
+def _limits() -> None:  # in the child, before bash starts
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_LIMIT, OUTPUT_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CPU, (int(TIME_LIMIT_S) + 1, int(TIME_LIMIT_S) + 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _bash() -> str:
+    found = shutil.which("bash")
+    if found is None:
+        raise ScriptError("reading a run script needs bash, and none is on PATH")
+    return found
+
+
+def _run_bash(program: str, environment: dict[str, str], timeout: float, *flags: str) -> tuple[bytes, str, int]:
+    """(the record, stderr, exit status) of bash running ``program`` under the limits. The record is a file the
+    program writes to as descriptor 3 (``{move}`` in the program moves it there)."""
+    with tempfile.TemporaryDirectory(prefix="npu_rl_migrate_") as folder:
+        work, empty = os.path.join(folder, "work"), os.path.join(folder, "no-programs")
+        os.mkdir(work)
+        os.mkdir(empty)
+        environment = {**environment, "PATH": empty}  # nothing can be found (and `set -r` keeps it so)
+        with open(os.path.join(folder, "record"), "w+b") as record, \
+                open(os.path.join(folder, "stderr"), "w+b") as stderr:
+            path = os.path.join(folder, "script.sh")
+            with open(path, "w", encoding="utf-8") as f:
+                fd = record.fileno()
+                f.write(program.replace("{move}", "" if fd == 3 else f"exec 3>&{fd} {fd}>&-; "))
+            process = subprocess.Popen(
+                [_bash(), "--noprofile", "--norc", *flags, path], cwd=work, env=environment,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, pass_fds=(record.fileno(),),
+                preexec_fn=_limits, start_new_session=True)
+            try:
+                status = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(process.pid)
+                process.wait()
+                raise ScriptError(f"the script did not finish within {TIME_LIMIT_S:.0f} s of reading (a loop that "
+                                  "never ends?)") from None
+            finally:
+                _kill_group(process.pid)
+            record.seek(0)
+            stderr.seek(0)
+            return record.read(OUTPUT_LIMIT), stderr.read(64 * 1024).decode("utf-8", "replace"), status
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # what the script left in the background (bash's own jobs)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _skip_quoted(text: str, i: int) -> int:
+    """The index after the quoted string or escaped character at ``text[i]``."""
+    if text[i] == "\\":
+        return i + 2
+    quote, i = text[i], i + 1
+    while i < len(text) and text[i] != quote:
+        i += 2 if quote == '"' and text[i] == "\\" else 1
+    return i + 1
+
+
+def _target_end(text: str, i: int) -> int:
+    """The index after the word (a redirection's target) that starts at or after ``text[i]``."""
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    while i < len(text) and not text[i].isspace() and text[i] not in ";|&<>()":
+        i = _skip_quoted(text, i) if text[i] in "'\"\\" else i + 1
+    return i
+
+
+def without_output_redirections(text: str) -> str:
+    """``text`` with every redirection that writes a file (``> f``, ``2>> f``, ``&> f``, ``>| f``, ``<> f``)
+    blanked out, line breaks kept; duplications (``2>&1``), ``>(...)``, ``(( a > b ))`` and ``[[ a > b ]]`` stay.
+    Restricted bash refuses a command that writes a file; the trainer call often has ``> log 2>&1``."""
+    out, i, word_start = list(text), 0, True
+    closers = {"((": "))", "[[": "]]"}
+    while i < len(text):
+        ch = text[i]
+        if ch in "'\"\\":
+            i, word_start = _skip_quoted(text, i), False
+            continue
+        if ch == "#" and word_start:
+            i = text.find("\n", i) if "\n" in text[i:] else len(text)
+            continue
+        if text[i:i + 2] in closers:
+            end = text.find(closers[text[i:i + 2]], i + 2)
+            i = len(text) if end < 0 else end + 2
+            continue
+        start = i
+        if word_start and ch.isdigit():
+            while i < len(text) and text[i].isdigit():
+                i += 1
+        operator = re.match(r"&>>|&>|>>|>\||<>|>(?![(&])|>&(?![0-9-])", text[i:])
+        if operator and (i == start or text[i] in "<>"):
+            end = _target_end(text, i + operator.end())
+            for j in range(start, end):
+                out[j] = " " if out[j] != "\n" else "\n"
+            i, word_start = end, False
+            continue
+        i = start + 1
+        word_start = ch.isspace() or ch in ";|&()"
+    return "".join(out)
+
+
+def _records(data: bytes) -> list[tuple[int, list[str]]]:
+    """(line, words) of each command the handler recorded."""
+    fields = data.decode("utf-8", "replace").split("\0")
+    out, i = [], 0
+    while i + 1 < len(fields):
+        try:
+            line, count = int(fields[i]), int(fields[i + 1])
+        except ValueError:
+            break
+        out.append((line - 1, fields[i + 2: i + 2 + count]))
+        i += 2 + count
+    return out
+
+
+def _entry_point(word: str) -> str | None:
+    """The trainer module ``word`` names (a module, or a file of one of ours), or None."""
+    for ep in ENTRY_POINTS:
+        if word == ep or word.endswith("/" + ep.rsplit(".", 1)[-1] + ".py"):
+            return ep
+    return word if any(fnmatch.fnmatchcase(word, pattern) for pattern in OTHER_TRAINERS) else None
+
+
+def _script_lines(message: str) -> str:
+    """bash's message with its line numbers turned into the script's (the preamble is line 1)."""
+    return _LINE.sub(lambda m: f"line {int(m.group(1)) - 1}: ", message.strip())
+
+
+def read_script(text: str, env: dict[str, str] | None = None) -> ScriptReading:
+    """The overrides of the script's trainer call (see the module docstring); ScriptError where it cannot be read."""
+    import time
+
+    deadline = time.monotonic() + TIME_LIMIT_S
+    placeholders: set[str] = set()
+    arrays: set[str] = set()
+    reading = ScriptReading()
+    syntax = _run_bash("\n" + text, {}, TIME_LIMIT_S, "-n")
+    if syntax[2] != 0:
+        raise ScriptError(f"not a valid bash script: {_script_lines(syntax[1]).splitlines()[0]}")
+    nounset = True
+    for _ in range(MAX_PASSES):
+        declares = "".join(f"declare -a {name}=(); " for name in sorted(arrays)) + ("" if nounset else "builtin set +u; ")
+        program = _PREAMBLE.replace("{declares}", declares) + "\n" + without_output_redirections(text)
+        record, stderr, status = _run_bash(program, _environment(env or {}, placeholders),
+                                           max(0.1, deadline - time.monotonic()))
+        if status < 0 or "cannot allocate" in stderr:
+            raise ScriptError(_limit_message(status, stderr))
+        unbound = _UNBOUND.search(stderr)
+        if unbound is None:
+            break
+        line, name, is_array = int(unbound.group(1)) - 1, unbound.group(2), unbound.group(3)
+        if name.isdigit():  # an argument of the script: none are given, so bash's own reading (empty) from here
+            reading.warnings.append(f"line {line}: ${name} (an argument of the script) is not set: read as empty, "
+                                    "and so is any other variable the script does not set")
+            nounset = False
+            continue
+        if is_array:
+            arrays.add(name)
+            reading.warnings.append(f"line {line}: the array {name} is not set in the script: read as empty")
+        else:
+            placeholders.add(name)
+            reading.warnings.append(f"line {line}: ${name} is not set: read as empty, as bash would (give it with "
+                                    f"--env {name}=...)")
+    else:
+        raise ScriptError(f"the script uses more than {MAX_PASSES} variables it never sets")
+    calls, skipped = [], []
+    for line, words in _records(record):
+        hit = next(((i, _entry_point(w)) for i, w in enumerate(words) if _entry_point(w)), None)
+        if hit:
+            calls.append((line, hit[1], words[hit[0] + 1:]))
+        elif words:
+            skipped.append(f"{words[0]} (line {line})")
+    if skipped:
+        reading.warnings.append("not run (migrate runs no command but the trainer call; each failed as a missing "
+                                "program would, with no output): " + ", ".join(dict.fromkeys(skipped)))
+    if not calls:
+        return reading
+    if len(calls) > 1:
+        reading.warnings.append(f"the script calls the trainer {len(calls)} times (lines "
+                                f"{', '.join(str(c[0]) for c in calls)}): the first call is read")
+    reading.line, reading.entry_point, reading.overrides = calls[0]
+    reading.warnings.extend(_secret_warnings(reading.overrides, env or {}))
+    return reading
+
+
+def _secret_warnings(overrides: list[str], env: dict[str, str]) -> list[str]:
+    names = sorted({m.group(1) for o in overrides for m in re.finditer(r"\$([A-Za-z_][A-Za-z0-9_]*)", o)
+                    if is_secret_name(m.group(1)) and m.group(1) in env})
+    return [f"${name} is a secret: kept as ${name} (never read from the environment)" for name in names]
+
+
+def _limit_message(status: int, stderr: str) -> str:
+    said = _script_lines(stderr).splitlines()
+    last = f" (bash: {said[-1]})" if said else ""
+    if status == -signal.SIGXCPU:
+        return f"the script used more than {TIME_LIMIT_S:.0f} s of processor time{last}"
+    if status == -signal.SIGXFSZ:
+        return f"the script wrote more than {OUTPUT_LIMIT >> 20} MiB{last}"
+    if "cannot allocate" in stderr or status in (-signal.SIGSEGV, -signal.SIGABRT):
+        return f"the script took more than {MEMORY_LIMIT >> 20} MiB of memory{last}"
+    return f"bash was stopped by signal {-status} while reading the script{last}"

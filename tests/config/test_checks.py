@@ -1,0 +1,128 @@
+"""The preflight's checks (npu_rl/trainer/preflight.py) and the config's own rules (each slice's ``check(key)``):
+degenerate numbers refused naming the key, the config never changed by loading or checking, one home for each list
+of allowed names."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import copy
+import dataclasses
+import pathlib
+
+import pytest
+
+import npu_rl
+from npu_rl.config.errors import ConfigError
+from npu_rl.config.loader import load_config
+from npu_rl.config.rules import slice_problems
+from npu_rl.config.schema import PPOConfig
+from npu_rl.trainer.preflight import check, plan_for
+
+SMALL = ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=grpo"]
+RC = "algorithm.rollout_correction"
+
+
+def problems(*overrides) -> list[str]:
+    try:
+        check(load_config(SMALL + list(overrides)), check_paths=False, check_device=False)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def test_the_small_config_passes():
+    assert problems() == []
+
+
+# issue 29: settings that ran and reported success (or died steps later inside a library) are refused up front
+@pytest.mark.parametrize("override, key", [
+    ("actor_rollout_ref.actor.optim.lr=inf", "actor_rollout_ref.actor.optim.lr=inf"),
+    ("actor_rollout_ref.actor.optim.lr=nan", "actor_rollout_ref.actor.optim.lr=nan"),
+    ("critic.optim.lr=inf", "critic.optim.lr=inf"),
+    ("actor_rollout_ref.actor.entropy_coeff=inf", "actor_rollout_ref.actor.entropy_coeff=inf"),
+    ("actor_rollout_ref.actor.kl_loss_coef=inf", "actor_rollout_ref.actor.kl_loss_coef=inf"),
+    ("algorithm.kl_ctrl.kl_coef=nan", "algorithm.kl_ctrl.kl_coef=nan"),
+    ("actor_rollout_ref.actor.grad_clip=0", "actor_rollout_ref.actor.grad_clip=0"),
+    ("actor_rollout_ref.actor.grad_clip=inf", "actor_rollout_ref.actor.grad_clip=inf"),
+    ("critic.grad_clip=0", "critic.grad_clip=0"),
+    ("actor_rollout_ref.actor.clip_ratio_c=inf", "actor_rollout_ref.actor.clip_ratio_c=inf"),
+    ("actor_rollout_ref.rollout.temperature=inf", "actor_rollout_ref.rollout.temperature=inf"),
+])
+def test_non_finite_or_degenerate_numbers_are_refused_naming_the_key(override, key):
+    found = problems(override)
+    assert len(found) == 1 and found[0].startswith(key), found
+
+
+@pytest.mark.parametrize("overrides", [
+    [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=inf"],
+    [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold='0.5_inf'"],
+    [f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=inf"],
+    [f"{RC}.rollout_rs=seq_max_k2", f"{RC}.rollout_rs_threshold=inf"],
+])
+def test_infinite_rollout_correction_thresholds_are_refused(overrides):
+    found = problems(*overrides)
+    assert len(found) == 1 and found[0].startswith(f"{RC}.rollout_") and "finite" in found[0], found
+
+
+def test_every_slice_rule_is_reached_with_its_full_key():
+    """The walk asks every slice in the tree: each check() method of the schema reports under its full key."""
+    config = PPOConfig()
+    config.critic.optim.lr = float("inf")
+    config.actor_rollout_ref.rollout.val_kwargs.n = 0
+    config.algorithm.filter_groups.enable, config.algorithm.filter_groups.max_num_gen_batches = True, -1
+    found = slice_problems(config)
+    for key in ("critic.optim.lr=inf", "actor_rollout_ref.rollout.val_kwargs.n", "algorithm.filter_groups."
+                "max_num_gen_batches"):
+        assert any(p.startswith(key) for p in found), (key, found)
+
+
+def test_loading_and_checking_never_change_the_config():
+    """What verl's workers rewrite (global micro-batch sizes, the rollout log-probs rollout correction needs) is
+    in the plan; the config stays as written."""
+    config = load_config(SMALL + ["actor_rollout_ref.actor.ppo_micro_batch_size=4", f"{RC}.rollout_is=token"])
+    before = copy.deepcopy(config)
+    check(config, check_paths=False, check_device=False)
+    plan = plan_for(config)
+    assert config == before
+    assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
+    assert plan.micro_batches.actor_update == 4 and plan.rollout_logprobs
+
+
+def test_the_config_room_checks_nothing_it_cannot_see():
+    """load_config composes and resolves only: a config the preflight refuses still loads."""
+    config = load_config(SMALL + ["actor_rollout_ref.actor.optim.lr=inf", "actor_rollout_ref.rollout.name=nope"])
+    assert config.actor_rollout_ref.rollout.name == "nope"
+    found = problems("actor_rollout_ref.actor.optim.lr=inf", "actor_rollout_ref.rollout.name=nope")
+    assert any(p.startswith("actor_rollout_ref.rollout.name='nope' is not one of vllm, hf") for p in found), found
+
+
+def test_no_list_of_names_is_written_twice():
+    """One home for each allowed-value list: no two module-level tuples / lists / sets of strings in npu_rl/ hold
+    the same names (the list lives with the code that implements the names; validation reads it there)."""
+    seen = collections.defaultdict(list)
+    for path in pathlib.Path(npu_rl.__file__).parent.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, (ast.Tuple, ast.List, ast.Set)) and len(value.elts) >= 2 and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts):
+                seen[frozenset(e.value for e in value.elts)].append(f"{path.name}:{node.lineno}")
+    twice = {tuple(sorted(names)): where for names, where in seen.items() if len(where) > 1}
+    assert not twice, twice
+
+
+def test_each_slice_check_returns_problems_not_raises():
+    for cls in _schema_classes():
+        if hasattr(cls, "check"):
+            assert cls().check("x") == [], cls.__name__  # the defaults keep every rule
+
+
+def _schema_classes():
+    out, todo = [], [PPOConfig]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo += [f.default_factory().__class__ for f in dataclasses.fields(cls)
+                 if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory())]
+    return out
