@@ -8,13 +8,14 @@ import shutil
 
 import pytest
 
-from npu_rl.config.loader import ConfigError, load_config
+from npu_rl.config.errors import ConfigError
+from npu_rl.trainer.preflight import load_checked
 from npu_rl.data.io import write_parquet
 from tests.trainer.conftest import base_overrides
 
 
 def _config(model_dir, tmp_path, *extra):
-    return load_config(base_overrides(model_dir, str(tmp_path / "run")) + ["algorithm.adv_estimator=grpo"] + list(extra),
+    return load_checked(base_overrides(model_dir, str(tmp_path / "run")) + ["algorithm.adv_estimator=grpo"] + list(extra),
                        "ppo_trainer")
 
 
