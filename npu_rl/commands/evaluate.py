@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as exc:
         print(f"npu-rl eval: {exc}", file=sys.stderr)
         return 2
-    if results["samples"]:
-        print(format_samples(results["samples"]))
+    if results["samples"]:  # for the reader, on stderr: stdout stays one JSON document (`npu-rl eval ... > r.json`)
+        print(format_samples(results["samples"]), file=sys.stderr)
     print(json.dumps({k: v for k, v in results.items() if k != "samples"}, indent=2))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -30,9 +30,9 @@ def test_eval_on_the_arith_task(tiny_model_dir, tmp_path, capsys):
     results = json.loads(out.read_text())
     assert results["num_problems"] == 6 and results["n"] == 2 and results["temperature"] == 1.0
     assert 0.0 <= results["accuracy"] <= results["pass@2"] <= 1.0
-    printed = capsys.readouterr().out
-    assert json.loads(printed[printed.index("{"):])["task"] == "arith"
-    assert len(results["samples"]) == 3 and "--- sample 1 (score" in printed  # --samples 3 by default
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["task"] == "arith"  # stdout is one JSON document; the samples go to stderr
+    assert len(results["samples"]) == 3 and "--- sample 1 (score" in printed.err  # --samples 3 by default
 
 
 def test_eval_gsm8k_scores_strict_and_flexible_and_shows_samples(tiny_model_dir, tmp_path, capsys):
@@ -46,7 +46,7 @@ def test_eval_gsm8k_scores_strict_and_flexible_and_shows_samples(tiny_model_dir,
                                                      "flexible"}] * 2
     for sample in results["samples"]:  # the prompt part only (an H200 run showed the response there too)
         assert sample["response"] == "" or not sample["prompt_tail"].endswith(sample["response"])
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err
     assert printed.count("--- sample ") == 2 and ">>> " + results["samples"][0]["response"] in printed
 
 
