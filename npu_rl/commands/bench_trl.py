@@ -87,6 +87,8 @@ def run_trl(args) -> dict:
 
     step_ends: list[float] = []
 
+    from npu_rl.device import get_backend
+
     class Clock(TrainerCallback):
         def on_step_end(self, *_, **__):
             step_ends.append(time.perf_counter())
@@ -95,7 +97,7 @@ def run_trl(args) -> dict:
         output_dir=os.path.join(tmp, "out"), per_device_train_batch_size=args.prompts * args.n,
         num_generations=args.n, max_completion_length=args.response_length, max_steps=args.steps,
         learning_rate=args.lr, temperature=1.0, beta=0.0, num_iterations=1, gradient_accumulation_steps=1,
-        bf16=torch.cuda.is_available(), logging_steps=1, report_to="none", save_strategy="no", seed=0,
+        bf16=get_backend().is_accelerator, logging_steps=1, report_to="none", save_strategy="no", seed=0,
         dataloader_num_workers=0, lr_scheduler_type="constant", warmup_steps=0)
     if args.ignore_eos:
         config.generation_kwargs = {"min_new_tokens": args.response_length}
