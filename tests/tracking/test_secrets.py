@@ -47,9 +47,9 @@ def test_a_run_writes_and_prints_no_secret(tiny_model_dir, tmp_path, reward_file
 
     original = run_module.run
 
-    def spy(config, argv=None):
+    def spy(config, argv=None, checked=False):
         seen["env_vars"] = dict(config.ray_kwargs.ray_init.runtime_env["env_vars"])
-        return original(config, argv)
+        return original(config, argv, checked)
 
     monkeypatch.setattr(run_module, "run", spy)
     assert main_ppo.main(overrides, default_config="ppo_trainer") == 0
