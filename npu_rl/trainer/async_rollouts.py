@@ -77,7 +77,8 @@ class RolloutPool:
         sent = self.actor_rollout.send_weights()[0]
         received = receiving.get()
         self.pushed_version = version
-        self.pushed.append(version)
+        if not self.pushed or self.pushed[-1] != version:  # a resume re-sends the saved version: not a new one
+            self.pushed.append(version)
         return sent | {"weight_sync/version": float(version), "timing_s/weight_sync": time.perf_counter() - start,
                        "timing_s/rollout_receive_weights": max(m["timing_s/rollout_receive_weights"]
                                                                for m in received)}
@@ -112,7 +113,7 @@ class OneStepOffRollouts:
         self.pool, self.prompts = pool, prompts
         self.updates = 0  # trainer updates so far: the version of the trainer's weights
         self.pending: tuple[Batch, Any] | None = None
-        self.dropped_on_resume = 0
+        self.dropped_on_resume: int | None = None  # set by a resume, logged with the first step after it
 
     @property
     def validator(self):
@@ -141,9 +142,9 @@ class OneStepOffRollouts:
             "async/trainer_wait_s": waited,
             "async/overlap_ratio": max(0.0, 1.0 - waited / generate_s) if generate_s > 0 else 0.0,
         }
-        if self.dropped_on_resume:
+        if self.dropped_on_resume is not None:
             metrics["async/resume_dropped_samples"] = float(self.dropped_on_resume)
-            self.dropped_on_resume = 0
+            self.dropped_on_resume = None
         self._step_start, self._waited = start, waited
         return prompts, WorkerOutput(out.batch, out.metrics | metrics)
 
@@ -239,13 +240,14 @@ class StreamingRollouts:
         self.budget = self.per_version  # prompts the rollouter may still start under the current version
         self.pausing = False
         self.in_flight = 0
+        self.unqueued = 0  # prompts taken from the stream and not in the queue yet (generating, or being put)
         self.cond = threading.Condition()
         self.stop = False
         self.error: BaseException | None = None
         self.counts = collections.Counter()
         self.rollout_idle_s = 0.0
         self.clock = time.perf_counter()
-        self.dropped_on_resume = 0
+        self.dropped_on_resume: int | None = None  # set by a resume, logged with the first step after it
         self.thread: threading.Thread | None = None
 
     @property
@@ -254,11 +256,14 @@ class StreamingRollouts:
 
     # ------------------------------------------------------------------------------------ the rollouter thread
     def _start(self) -> None:
-        if self.pool.pushed_version != self.updates:  # the first rollout, or after a resume
+        """The first rollout (or the first after a resume): the pool takes the trainer's weights, then the rollouter
+        starts. Later pushes are ``_push``'s, every trigger_parameter_sync_step updates."""
+        if self.thread is not None:
+            return
+        if self.pool.pushed_version != self.updates:
             self._first_push = self.pool.push(self.updates)
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._rollouter, name="npu_rl-rollouter", daemon=True)
-            self.thread.start()
+        self.thread = threading.Thread(target=self._rollouter, name="npu_rl-rollouter", daemon=True)
+        self.thread.start()
 
     def _gen_prompts(self) -> Batch:
         """The next generation batch: whole loader batches until the pool's ranks each get the same count."""
@@ -281,7 +286,7 @@ class StreamingRollouts:
                         prompts = prompts.index(slice(0, min(len(prompts), self.prompts_left)))
                         self.prompts_left -= len(prompts)
                     self.budget -= len(prompts)
-                    self.in_flight = len(prompts)
+                    self.in_flight = self.unqueued = len(prompts)
                 self.rollout_idle_s += time.perf_counter() - idle_from
                 out = self.pool.group.rollout.generate_sequences(prompts)
                 batch = out.batch
@@ -290,6 +295,8 @@ class StreamingRollouts:
                     self.counts["generated_prompts"] += len(prompts)
                     self.cond.notify_all()
                 self.queue.put(batch)
+                with self.cond:
+                    self.unqueued = 0
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread, which raises it
             self.error = exc
             self.queue.close()
@@ -329,9 +336,9 @@ class StreamingRollouts:
             "fully_async/count/stale_trajectory_processed": float(self.counts["stale_trajectories"]),
             "fully_async/count/stale_samples_processed": float(self.counts["stale_trajectories"] // self.n),
         }
-        if self.dropped_on_resume:
+        if self.dropped_on_resume is not None:
             metrics["async/resume_dropped_samples"] = float(self.dropped_on_resume)
-            self.dropped_on_resume = 0
+            self.dropped_on_resume = None
         prompts = batch.index(slice(0, len(batch), self.n))
         return prompts, WorkerOutput(batch, metrics)
 
@@ -366,15 +373,21 @@ class StreamingRollouts:
         return metrics | {"async/push_wait_in_flight_s": paused_s}
 
     def state_dict(self) -> dict[str, Any]:
+        # one snapshot under the rollouter's lock: the prompt stream's position and what was taken from it but not
+        # trained on (queued, generating) agree, so a resume skips exactly the prompts it counts as dropped
         with self.cond:
             return {"updates": self.updates, "pushed": list(self.pool.pushed),
-                    "queued_prompts": self.queue.num_prompts + self.in_flight, "prompts_left": self.prompts_left}
+                    "queued_prompts": self.queue.num_prompts + self.unqueued, "prompts_left": self.prompts_left,
+                    "prompts": self.prompts.state_dict(), "counts": dict(self.counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The queue is not saved: its prompts are dropped, counted, and the pool takes the loaded weights."""
         self.updates = int(state.get("updates", 0))
         self.dropped_on_resume = int(state.get("queued_prompts", 0))
         self.prompts_left = state.get("prompts_left", self.prompts_left)
+        if "prompts" in state:  # the position taken with the queue's count (the trainer's own may be a batch off)
+            self.prompts.load_state_dict(state["prompts"])
+        self.counts = collections.Counter({k: int(v) for k, v in state.get("counts", {}).items()})
         self.pool.pushed = [int(v) for v in state.get("pushed", [])]
         self.pool.pushed_version = -1  # the pool holds the initial weights: _start pushes the loaded ones
 
