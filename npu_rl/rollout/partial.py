@@ -160,3 +160,13 @@ def scatter_rows(rows: Batch, index: torch.Tensor, updated: Batch) -> Batch:
         merged[index.cpu().numpy()] = updated[key]
         out[key] = merged
     return out
+
+
+def split_complete_groups(rows: Batch, n: int) -> tuple[Batch, Batch]:
+    """Rows in groups of ``n`` (a prompt's samples, consecutive) -> (groups with no ``unfinished`` row, the other
+    groups whole), both in their order."""
+    if len(rows) % n:
+        raise ValueError(f"split_complete_groups: {len(rows)} rows are not groups of n={n}")
+    complete = ~rows["unfinished"].bool().view(-1, n).any(dim=1)  # [groups]
+    per_row = complete.repeat_interleave(n)
+    return rows.index(torch.nonzero(per_row).squeeze(1)), rows.index(torch.nonzero(~per_row).squeeze(1))
