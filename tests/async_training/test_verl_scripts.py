@@ -40,18 +40,24 @@ def test_one_step_off_scripts_load_and_are_built(name):
 
 
 @pytest.mark.parametrize("name", ["fully_async_dapo_7b_math_fsdp2_4_12.sh", "fully_async_dapo_7b_async_retool.sh"])
-def test_fully_async_scripts_load_and_partial_rollout_is_refused_with_the_reason(name):
+def test_fully_async_scripts_load_and_partial_rollout_with_agent_loops_is_refused_with_the_reason(name):
     config = load_script(name)
     assert config.async_training.mode == "fully_async" and config.async_training.partial_rollout
+    assert config.actor_rollout_ref.rollout.mode == "async"  # verl's scripts run agent loops
     problems = async_problems(config)
-    assert any("partial_rollout=True is not built" in p and "partial_rollout=False" in p for p in problems), problems
+    assert any("partial_rollout=True with agent-loop rollouts" in p and "rollout.mode=sync" in p
+               and "partial_rollout=False" in p for p in problems), problems
 
 
-def test_fully_async_script_with_partial_rollout_off_is_built():
+def test_fully_async_script_with_partial_rollouts_on_single_turn_generation_is_built():
     config = load_script("fully_async_dapo_7b_math_fsdp2_4_12.sh")
-    config.async_training.partial_rollout = False
+    config.actor_rollout_ref.rollout.mode = "sync"  # single-turn: the generation partial rollouts interrupt
     config.data.train_batch_size = 0
     config.algorithm.filter_groups.enable = False
+    assert config.async_training.partial_rollout
+    assert async_problems(config) == []
+    config.async_training.partial_rollout = False  # and without: agent loops finish in-flight turns, then the push
+    config.actor_rollout_ref.rollout.mode = "async"
     assert async_problems(config) == []
 
 
