@@ -66,6 +66,7 @@ class AgentSettings:
     max_tool_response_length: int = 256
     tool_response_truncate_side: str = "middle"
     format: str = "hermes"
+    sample_timeout_s: float = 3600.0
 
 
 @dataclass
