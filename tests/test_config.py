@@ -263,3 +263,39 @@ def test_keys_without_effect_get_a_note_only_when_set():
     assert len(notes) == 2 and "entropy_checkpointing=True has no effect in npu-rl" in notes[0]
     # use_torch_compile has an effect now (compiled blocks where the device layer allows them): no note
     assert ignored_settings(cfg("actor_rollout_ref.actor.use_torch_compile=False")) == []
+
+
+@pytest.fixture
+def emulated_bf16(monkeypatch):
+    from npu_rl.device.backend import Backend
+
+    monkeypatch.setattr(Backend, "computes_bf16_natively", lambda self: False)
+
+
+def _dtypes(config):
+    a = config.actor_rollout_ref
+    return (a.actor.fsdp_config.mixed_precision.param_dtype, a.ref.fsdp_config.mixed_precision.param_dtype,
+            a.rollout.dtype)
+
+
+def test_embedded_default_computes_in_fp32_where_bf16_is_emulated(emulated_bf16):
+    from npu_rl.trainer.preflight import load_checked
+
+    notes: list[str] = []
+    assert _dtypes(load_checked([], "quickstart", notes=notes, check_paths=False)) == ("fp32", "fp32", "float32")
+    assert any("computes in fp32" in n and "AVX512-BF16" in n for n in notes), notes
+    # what the user sets wins, key by key
+    config = load_checked(["actor_rollout_ref.rollout.dtype=bfloat16"], "quickstart", check_paths=False)
+    assert _dtypes(config) == ("fp32", "fp32", "bfloat16")
+    # verl's defaults and a config of the user's own are never changed
+    assert _dtypes(load_checked([], "ppo_trainer", check_paths=False)) == ("bf16", "bf16", "bfloat16")
+
+
+def test_embedded_default_keeps_bf16_where_it_is_native(monkeypatch):
+    from npu_rl.device.backend import Backend
+    from npu_rl.trainer.preflight import load_checked
+
+    monkeypatch.setattr(Backend, "computes_bf16_natively", lambda self: True)
+    notes: list[str] = []
+    assert _dtypes(load_checked([], "quickstart", notes=notes, check_paths=False)) == ("bf16", "bf16", "bfloat16")
+    assert not any("computes in fp32" in n for n in notes)

@@ -323,3 +323,21 @@ def test_swiglu_patch_matches_the_mlp_and_keeps_other_activations(fake_npu, monk
         assert len(calls) == 1  # undone inside the toggle
     mlp(x)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("avx2, avx512_bf16, amx, native", [
+    (True, False, False, False),  # AVX2 only (this machine's AMD EPYC): bf16 is emulated through fp32
+    (True, True, False, True),
+    (True, False, True, True),
+    (False, False, False, True),  # not x86 (or no AVX2): taken at its word
+])
+def test_cpu_native_bf16_probe(monkeypatch, avx2, avx512_bf16, amx, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx2_supported", lambda: avx2, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert select_backend("cpu").computes_bf16_natively() is native
+
+
+def test_cpu_native_bf16_probe_without_torch_probes(monkeypatch):
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported", raising=False)
+    assert select_backend("cpu").computes_bf16_natively() is True

@@ -35,8 +35,9 @@ def load_verl_config(overrides: list[str], config_name: str, config_path: str | 
     loaded (``--cfg job`` prints it before the checks; ``npu-rl migrate`` reads it). Training goes through
     :func:`npu_rl.trainer.preflight.load_checked`, which translates the same way and checks everything."""
     from npu_rl.compat.verl.translate import translate_overrides
+    from npu_rl.trainer.preflight import load_embedded_aware
 
-    return load_config(translate_overrides(overrides, notes), config_name, config_path, notes=notes)
+    return load_embedded_aware(translate_overrides(overrides, notes), config_name, config_path, notes)
 
 
 def _notes(config, args: argparse.Namespace) -> list[str]:

@@ -42,12 +42,58 @@ def load_checked(overrides: list[str] | None = None, config_name: str = "ppo_tra
     and one per value the plan reads differently from the key as written."""
     from npu_rl.compat.verl.translate import translate_overrides
 
-    config = load_config(translate_overrides(list(overrides or []), notes), config_name, config_path, notes)
+    config = load_embedded_aware(translate_overrides(list(overrides or []), notes), config_name, config_path, notes)
     plan = _plan(config, strict=False)
     check(config, plan, check_paths=check_paths, check_device=check_device)
     if notes is not None:
         notes.extend(plan.notes)
     return config
+
+
+# The embedded defaults we ship compute in bf16, except on a CPU without native bf16 (no AVX512-BF16 / AMX), where
+# bf16 is ~8x slower than fp32 (npu_rl.device.Backend.computes_bf16_natively): there they compute in fp32. A value
+# the user sets for one of these keys, or a config of their own (--config-path), is never changed.
+EMBEDDED_DEFAULTS = ("quickstart", "tool_quickstart")
+HOST_DTYPE_KEYS = {
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "fp32",
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype": "fp32",
+    "actor_rollout_ref.rollout.dtype": "float32",
+}
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def host_dtype_overrides(config: PPOConfig, config_name: str, config_path: str | None,
+                         overrides: list[str]) -> list[str]:
+    """The overrides that make one of our embedded defaults compute in fp32 on a CPU without native bf16, or []."""
+    if config_name not in EMBEDDED_DEFAULTS or config_path is not None:
+        return []
+    from npu_rl.device import DeviceUnavailableError, select_backend
+
+    try:
+        backend = select_backend(config.trainer.device if config.trainer.device != "auto" else None)
+    except (DeviceUnavailableError, RuntimeError, ValueError):
+        return []  # the device check reports it
+    if backend.computes_bf16_natively():
+        return []
+    given = {_override_key(o) for o in overrides}
+    return [f"{key}={value}" for key, value in HOST_DTYPE_KEYS.items() if key not in given]
+
+
+def load_embedded_aware(overrides: list[str], config_name: str, config_path: str | None,
+                        notes: list[str] | None) -> PPOConfig:
+    """``load_config``, plus :func:`host_dtype_overrides` (said in a note) for an embedded default on such a CPU."""
+    config = load_config(overrides, config_name, config_path, notes)
+    extra = host_dtype_overrides(config, config_name, config_path, overrides)
+    if not extra:
+        return config
+    if notes is not None:
+        notes.append(f"this CPU computes bf16 without native support (no AVX512-BF16 or AMX: ~8x slower than fp32), "
+                     f"so the embedded default {config_name!r} computes in fp32: {' '.join(extra)} (set them to bf16 "
+                     "to keep bf16)")
+    return load_config(extra + overrides, config_name, config_path)
 
 
 def plan_for(config: PPOConfig) -> RunPlan:
