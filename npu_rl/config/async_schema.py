@@ -33,7 +33,9 @@ class AsyncTrainingConfig:
     require_batches: int = 1
     """fully async: ppo_mini_batch_size-prompt mini-batches the trainer takes per update"""
     partial_rollout: bool = True
-    """fully async: resume interrupted generations after a push; not built (set False)"""
+    """fully async: at a weight push, in-flight generations stop (hf: at the next decode step; vllm: at the next
+    segment boundary) and continue from their tokens on the new weights, instead of finishing on the old ones first
+    (docs/async.md)"""
     use_trainer_do_validate: bool = False
     """validate on the trainer pool; not built (the rollout pool validates)"""
     use_dynamic_resource_scheduling: bool = False
@@ -121,10 +123,19 @@ def async_problems(config: Any) -> list[str]:
 def _fully_async_problems(config: Any) -> list[str]:
     at, arr = config.async_training, config.actor_rollout_ref
     problems: list[str] = []
-    if at.partial_rollout:
-        problems.append("async_training.partial_rollout=True is not built: the hf and offline vllm engines cannot "
-                        "pause a request at a weight push and resume it. Set async_training.partial_rollout=False "
-                        "(in-flight generations finish on the old weights, then the push)")
+    rollout = arr.rollout
+    # rollout.mode=async alone (verl's fully-async scripts) with single-turn rows: the pool runs them as a plain
+    # generation, which a push interrupts; rows naming another loop are refused with the data (agent_row_problems)
+    multi_turn_loops = (rollout.multi_turn.enable or rollout.agent.agent_loop_config_path
+                        or rollout.agent.default_agent_loop != "single_turn_agent")
+    if at.partial_rollout and (rollout.mode == "async" or rollout.multi_turn.enable) and multi_turn_loops:
+        problems.append("async_training.partial_rollout=True with multi-turn agent loops (actor_rollout_ref.rollout."
+                        f"multi_turn.enable={rollout.multi_turn.enable}, agent.default_agent_loop="
+                        f"{rollout.agent.default_agent_loop!r}, agent.agent_loop_config_path="
+                        f"{rollout.agent.agent_loop_config_path!r}) is not built: interrupting a conversation's turn "
+                        "at a weight push is not. Set async_training.partial_rollout=False (in-flight generations "
+                        "finish on the old weights, then the push); single-turn rows (rollout.mode=async with the "
+                        "single_turn_agent loop, or rollout.mode=sync) are interrupted")
     if at.use_dynamic_resource_scheduling:
         problems.append("async_training.use_dynamic_resource_scheduling=True (trainer devices lent to rollout "
                         "replicas) is not built: leave it False")
@@ -142,7 +153,6 @@ def _fully_async_problems(config: Any) -> list[str]:
         problems.append(f"data.train_batch_size={config.data.train_batch_size}: the fully asynchronous trainer "
                         f"streams require_batches x actor.ppo_mini_batch_size = {streaming_batch_size(config)} prompts "
                         "per update; set data.train_batch_size=0 (verl's setting) or to that number")
-    del arr
     return problems
 
 

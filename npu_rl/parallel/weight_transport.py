@@ -116,3 +116,29 @@ def receive_weights(wg: WeightGroup) -> Iterator[tuple[str, torch.Tensor]]:
         _broadcast(wg, payload)
         for name, dtype, shape, offset, nbytes in json.loads(bytes(text.cpu().tolist()).decode()):
             yield name, payload[offset: offset + nbytes].view(getattr(torch, dtype)).view(shape)
+
+
+class PushSignal:
+    """"A weight push is waiting": a counter in a TCP store hosted by the trainer's side, which the rollout ranks read
+    between decode steps to stop their in-flight generation early (partial rollouts). One read is one round trip
+    (~27 us on one host, measured on the development machine), so it is checked at every step.
+
+    The trainer raises it (:meth:`raise_signal`) while the pool is generating; a call that was started when the
+    counter read ``seen`` stops once :meth:`raised_since` ``(seen)`` is true, so a raise is never missed nor left over
+    for a later call."""
+
+    KEY = "npu_rl/push_requests"
+
+    def __init__(self, host: str, port: int = 0, *, is_master: bool, timeout_s: float = 600.0):
+        self.store = dist.TCPStore(host, int(port), None, is_master, timedelta(seconds=timeout_s),
+                                   wait_for_workers=False)
+        self.host, self.port = host, self.store.port
+
+    def raise_signal(self) -> int:
+        return int(self.store.add(self.KEY, 1))
+
+    def count(self) -> int:
+        return int(self.store.add(self.KEY, 0))
+
+    def raised_since(self, seen: int) -> bool:
+        return self.count() > seen

@@ -20,7 +20,7 @@ caller to read afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -82,8 +82,13 @@ class RolloutEngine(Protocol):
 
     needs_weight_sync: bool
 
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Generation:
-        """Sample ``sampling.n`` responses per prompt; see the module docstring for the fields."""
+    def generate(self, prompts: Batch, sampling: SamplingParams,
+                 should_stop: Callable[[], bool] | None = None) -> Generation:
+        """Sample ``sampling.n`` responses per prompt; see the module docstring for the fields.
+
+        ``should_stop`` (partial rollouts): once it returns True the call returns early with the tokens so far; the
+        rows that had not ended are unfinished and continue later (:mod:`npu_rl.rollout.partial`, which says how
+        often each engine checks it)."""
 
     def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
                              sampling: SamplingParams) -> TokenGeneration:

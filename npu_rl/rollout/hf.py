@@ -42,10 +42,10 @@ import logging
 import time
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from npu_rl.device import get_backend
 from npu_rl.parallel.dist import world_size
@@ -105,6 +105,17 @@ class SamplingProcessor(LogitsProcessor):
         logprobs = torch.stack(self._chosen, dim=1)
         self._previous, self._chosen = None, []
         return logprobs
+
+
+class StopWhenAsked(StoppingCriteria):
+    """Ends every row after the current decode step once ``should_stop()`` is true (an interrupt at a weight push:
+    the rows keep the tokens so far, :mod:`npu_rl.rollout.partial`)."""
+
+    def __init__(self, should_stop: Callable[[], bool]):
+        self.should_stop = should_stop
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), bool(self.should_stop()), dtype=torch.bool, device=input_ids.device)
 
 
 class HFRolloutEngine:
@@ -170,7 +181,8 @@ class HFRolloutEngine:
         return config
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Generation:
+    def generate(self, prompts: Batch, sampling: SamplingParams,
+                 should_stop: Callable[[], bool] | None = None) -> Generation:
         if self._asleep:
             raise RuntimeError("the hf rollout engine is asleep: call wake_up() before generate()")
         n, response_length = sampling.n, sampling.max_new_tokens
@@ -199,6 +211,7 @@ class HFRolloutEngine:
                         input_ids=input_ids, attention_mask=attention_mask,
                         generation_config=self._generation_config(sampling, compiled),
                         logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
+                        stopping_criteria=StoppingCriteriaList([StopWhenAsked(should_stop)] if should_stop else []),
                     )
                     decode_s = time.perf_counter() - decode_start  # generate returns tokens: synchronised
                 finally:

@@ -50,7 +50,7 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -261,7 +261,21 @@ class VllmRolloutEngine:
             raise RuntimeError("the vllm rollout engine holds no valid weights (load_format=dummy, or sleep level 2 "
                                f"discarded them): call update_weights() before {method}()")
 
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Generation:
+    def generate(self, prompts: Batch, sampling: SamplingParams,
+                 should_stop: Callable[[], bool] | None = None) -> Generation:
+        """``should_stop``: the offline ``LLM`` cannot stop inside a call, so the response is generated in segments
+        and ``should_stop`` checked between them (:func:`npu_rl.rollout.partial.generate_in_segments`)."""
+        if should_stop is not None:
+            from npu_rl.rollout.partial import generate_in_segments
+
+            if self.tp_size > 1:  # the ranks of a TP group must submit the same requests: one decision for all
+                raise NotImplementedError("interruptible generation (partial rollouts) with "
+                                          "tensor_model_parallel_size > 1 is not built")
+
+            start = time.perf_counter()
+            rows = generate_in_segments(lambda p, s: self.generate(p, s).batch, prompts, sampling, self.pad_token_id,
+                                        should_stop)
+            return Generation(rows, {"timing_s/rollout_decode": time.perf_counter() - start})
         self._check_ready("generate")
         start = time.perf_counter()
         input_ids, attention_mask = prompts["input_ids"].cpu(), prompts["attention_mask"].cpu().bool()

@@ -8,11 +8,14 @@ when the policy changed; everything asynchronous lives behind those two calls::
                   trainer pool:     [train k          ]push[train k+1        ]push
     fully_async   rollout pool:     gen gen gen gen | push | gen gen gen ...   -> bounded queue ->
                   trainer pool:     take require_batches mini-batches, update; every trigger_parameter_sync_step
-                                    updates: push the weights (the rollouter pauses, its in-flight batch finishes)
+                                    updates: push the weights (the rollouter pauses; its in-flight batch finishes,
+                                    or with partial_rollout stops at the next decode step and continues after)
 
 Versions: a policy version is the number of trainer updates its weights include; the rollout pool stamps every row
-with the version it generated under (``policy_version``). A row's staleness is the number of weight pushes made
-since its version; fully async drops rows staler than ``ceil(staleness_threshold)`` pushes (counted).
+with the version its first token was sampled under (``policy_version``) and that of its last
+(``policy_version_end``: later only for a partial rollout continued after a push). A row's staleness is the number
+of weight pushes made since its first token's version; fully async drops rows staler than
+``ceil(staleness_threshold)`` pushes (counted).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 from npu_rl.config.async_schema import staleness_versions, streaming_batch_size
 from npu_rl.protocol import Batch, WorkerOutput
+from npu_rl.rollout.partial import response_lengths, scatter_rows, split_complete_groups
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +72,16 @@ class RolloutPool:
         # first rollout starts with a push and the pool holds exactly the trainer's weights
         self.pushed_version = -1
         self.pushed: list[int] = []  # every version pushed, in order (staleness counts pushes)
+        self.signal = None  # partial rollouts: the push signal the rollout ranks read (enable_interrupts)
+
+    def enable_interrupts(self) -> None:
+        """Partial rollouts: host the push signal in this process and connect every rollout rank to it."""
+        import ray
+
+        from npu_rl.parallel.weight_transport import PushSignal
+
+        self.signal = PushSignal(ray.util.get_node_ip_address(), 0, is_master=True)
+        self.group.rollout.connect_push_signal(self.signal.host, self.signal.port)
 
     def push(self, version: int) -> dict[str, float]:
         """The trainer's current weights (``version``) into every rollout rank; the pool must be idle or finish
@@ -247,13 +261,24 @@ class StreamingRollouts:
         self.clock = time.perf_counter()
         self.dropped_on_resume = 0
         self.thread: threading.Thread | None = None
+        # partial rollouts: the groups of rows an interrupt left unfinished (continued first after the push), and
+        # the push signal's count as this side last raised it
+        self.partial_rollout = bool(at.partial_rollout)
+        self.held: Batch | None = None
+        self.signals = 0
 
     @property
     def validator(self):
         return _PausedValidator(self)
 
+    @property
+    def held_prompts(self) -> int:
+        return len(self.held) // self.n if self.held is not None else 0
+
     # ------------------------------------------------------------------------------------ the rollouter thread
     def _start(self) -> None:
+        if self.partial_rollout and self.pool.signal is None:
+            self.pool.enable_interrupts()
         if self.pool.pushed_version != self.updates:  # the first rollout, or after a resume
             self._first_push = self.pool.push(self.updates)
         if self.thread is None:
@@ -272,27 +297,57 @@ class StreamingRollouts:
             while True:
                 idle_from = time.perf_counter()
                 with self.cond:
-                    while not self.stop and (self.pausing or self.budget <= 0 or self.prompts_left == 0):
+                    while not self.stop and (self.pausing or (self.held is None and (
+                            self.budget <= 0 or self.prompts_left == 0))):
                         self.cond.wait()
                     if self.stop:
                         return
-                    prompts = self._gen_prompts()
-                    if self.prompts_left is not None:
-                        prompts = prompts.index(slice(0, min(len(prompts), self.prompts_left)))
-                        self.prompts_left -= len(prompts)
-                    self.budget -= len(prompts)
-                    self.in_flight = len(prompts)
+                    held, self.held = self.held, None  # partial rollouts: finish what was interrupted first
+                    if held is None:
+                        prompts = self._gen_prompts()
+                        if self.prompts_left is not None:
+                            prompts = prompts.index(slice(0, min(len(prompts), self.prompts_left)))
+                            self.prompts_left -= len(prompts)
+                        self.budget -= len(prompts)
+                        self.in_flight = len(prompts)
+                    else:
+                        self.in_flight = len(held) // self.n
+                    signals = self.signals
                 self.rollout_idle_s += time.perf_counter() - idle_from
-                out = self.pool.group.rollout.generate_sequences(prompts)
-                batch = out.batch
+                if held is not None:
+                    batch = self._continue(held, signals)
+                elif self.partial_rollout:
+                    batch = self.pool.group.rollout.generate_sequences(prompts, interrupt_after=signals).batch
+                else:
+                    batch = self.pool.group.rollout.generate_sequences(prompts).batch
+                if self.partial_rollout:
+                    batch, unfinished = split_complete_groups(batch, self.n)
+                    batch.pop("unfinished")
                 with self.cond:
                     self.in_flight = 0
-                    self.counts["generated_prompts"] += len(prompts)
+                    if self.partial_rollout and len(unfinished):
+                        self.held = unfinished
+                    self.counts["generated_prompts"] += len(batch) // self.n
                     self.cond.notify_all()
-                self.queue.put(batch)
+                if len(batch):
+                    self.queue.put(batch)
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread, which raises it
             self.error = exc
             self.queue.close()
+
+    def _continue(self, held: Batch, signals: int) -> Batch:
+        """Partial rollouts: continue the unfinished rows of the held groups on the pool's current weights (split over
+        its ranks: padded to a multiple of them with copies of the last row, which are then dropped)."""
+        index = torch.nonzero(held["unfinished"].bool()).squeeze(1)
+        rows = held.index(index)
+        pad = -len(rows) % self.pool_ranks
+        padded = Batch.concat([rows] + [rows.index([len(rows) - 1])] * pad) if pad else rows
+        continued = self.pool.group.rollout.continue_sequences(padded, interrupt_after=signals).batch
+        continued = continued.index(slice(0, len(rows)))
+        with self.cond:
+            self.counts["resumed_rows"] += len(rows)
+            self.counts["kept_tokens"] += int(response_lengths(rows).sum())
+        return scatter_rows(held, index, continued)
 
     # ------------------------------------------------------------------------------------ the trainer's side
     def next_rollout(self) -> tuple[Batch, WorkerOutput]:
@@ -309,7 +364,7 @@ class StreamingRollouts:
                 raise self.error if self.error is not None else RuntimeError(
                     "fully async: the rollout pool has no prompts left (rollout.total_rollout_steps reached before "
                     "trainer.total_training_steps)")
-            lags = self.pool.pushes_since(batch["policy_version"])
+            lags = self.pool.pushes_since(batch["policy_version"])  # the age of a row's oldest token
             fresh = lags <= self.max_lag
             if not bool(fresh.all()):
                 self.counts["dropped_samples"] += int((~fresh).sum())
@@ -320,6 +375,7 @@ class StreamingRollouts:
                 self.counts["stale_trajectories"] += int((lags > 0).sum())
                 metrics |= staleness_metrics(lags)
         batch = Batch.concat(kept)
+        metrics |= self._partial_metrics(batch)
         self._waited = waited
         self._step_start = time.perf_counter() - waited
         metrics |= {
@@ -335,6 +391,23 @@ class StreamingRollouts:
         prompts = batch.index(slice(0, len(batch), self.n))
         return prompts, WorkerOutput(batch, metrics)
 
+    def _partial_metrics(self, batch: Batch) -> dict[str, float]:
+        """verl's ``fully_async/partial/*`` over the step's rows (a row generated across pushes is partial; its span
+        is the number of pushes between its first and last token) and the rollouter's partial counts so far."""
+        if not self.partial_rollout or not len(batch):
+            return {}
+        since_start = self.pool.pushes_since(batch["policy_version"])
+        since_end = self.pool.pushes_since(batch["policy_version_end"])
+        span = since_start - since_end
+        return staleness_metrics(since_end, "async/staleness_end") | {
+            "fully_async/partial/total_partial_num": float((span > 0).sum()),
+            "fully_async/partial/partial_ratio": float((span > 0).float().mean()),
+            "fully_async/partial/max_partial_span": float(span.max()),
+            "async/partial/resumed_samples": float(self.counts["resumed_rows"]),
+            "async/partial/kept_tokens": float(self.counts["kept_tokens"]),
+            "async/partial/interrupted_pushes": float(self.counts["interrupted_pushes"]),
+        }
+
     def after_update(self) -> dict[str, float]:
         self.updates += 1
         now = time.perf_counter()
@@ -347,20 +420,29 @@ class StreamingRollouts:
         self.rollout_idle_s, self.clock = 0.0, now
         return metrics
 
-    def _push(self) -> dict[str, float]:
-        """Pause the rollouter, let its in-flight batch finish (no partial rollouts), push, then a new budget."""
+    def _pause(self) -> float:
+        """Hold the rollouter and wait until the pool is idle: its in-flight call finishes, or with partial rollouts
+        stops at the next decode step (the push signal). Returns the seconds waited."""
         start = time.perf_counter()
         with self.cond:
             self.pausing = True
+            if self.partial_rollout and self.in_flight:
+                self.signals = self.pool.signal.raise_signal()
+                self.counts["interrupted_pushes"] += 1
             while self.in_flight and self.error is None:
                 self.cond.wait()
-        paused_s = time.perf_counter() - start
+        return time.perf_counter() - start
+
+    def _push(self) -> dict[str, float]:
+        """Pause the rollouter (:meth:`_pause`), push, then a new budget."""
+        paused_s = self._pause()
         try:
             metrics = self.pool.push(self.updates)
         finally:
             with self.cond:
-                # what the queue still holds was generated under the old version: it counts against the new budget
-                self.budget = self.per_version - self.queue.num_prompts
+                # what the queue holds, and the interrupted prompts continued next, were started under the old
+                # version: they count against the new budget (verl: staleness_samples = active tasks + queue)
+                self.budget = self.per_version - self.queue.num_prompts - self.held_prompts
                 self.pausing = False
                 self.cond.notify_all()
         return metrics | {"async/push_wait_in_flight_s": paused_s}
@@ -368,7 +450,8 @@ class StreamingRollouts:
     def state_dict(self) -> dict[str, Any]:
         with self.cond:
             return {"updates": self.updates, "pushed": list(self.pool.pushed),
-                    "queued_prompts": self.queue.num_prompts + self.in_flight, "prompts_left": self.prompts_left}
+                    "queued_prompts": self.queue.num_prompts + self.in_flight + self.held_prompts,
+                    "prompts_left": self.prompts_left}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The queue is not saved: its prompts are dropped, counted, and the pool takes the loaded weights."""
@@ -386,7 +469,7 @@ class StreamingRollouts:
         self.queue.close()
         if self.thread is not None:
             self.thread.join()
-        left = self.queue.num_prompts
+        left = self.queue.num_prompts + self.held_prompts
         self.pool.shutdown()
         return {"async/dropped_samples_at_exit": float(left)}
 
@@ -399,10 +482,7 @@ class _PausedValidator:
 
     def generate_sequences(self, prompts: Batch, validate: bool = False) -> WorkerOutput:
         r = self.rollouts
-        with r.cond:
-            r.pausing = True
-            while r.in_flight and r.error is None:
-                r.cond.wait()
+        r._pause()
         try:
             return r.pool.group.rollout.generate_sequences(prompts, validate=validate)
         finally:

