@@ -34,6 +34,8 @@ from npu_rl.agent.tools.base import BaseTool, ToolResponse
 from npu_rl.agent.user_code import UserCodeTimeout, call_user_code
 from npu_rl.utils.registry import Registry
 
+SINGLE_TURN_LOOP = "single_turn_agent"  # one generation from the prompt: what a plain (sync-mode) rollout does
+
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +61,14 @@ class AgentSettings:
     """``rollout.multi_turn`` / ``rollout.agent`` (verl's names) plus the response budget."""
 
     response_length: int
-    default_agent_loop: str = "single_turn_agent"
+    default_agent_loop: str = SINGLE_TURN_LOOP
     max_assistant_turns: Optional[int] = None
     max_user_turns: Optional[int] = None
     max_parallel_calls: int = 1
     max_tool_response_length: int = 256
     tool_response_truncate_side: str = "middle"
     format: str = "hermes"
+    sample_timeout_s: float = 3600.0
 
 
 @dataclass
@@ -178,7 +181,7 @@ def register_agent_loops_file(path: str) -> list[str]:
     return names
 
 
-@AGENT_LOOPS.register("single_turn_agent")
+@AGENT_LOOPS.register(SINGLE_TURN_LOOP)
 class SingleTurnAgentLoop(AgentLoopBase):
     async def run(self, sample: AgentSample) -> AgentOutput:
         conv = Conversation(self.ctx.tokenizer, list(sample.messages or []), stop_texts=self.ctx.stop_texts,

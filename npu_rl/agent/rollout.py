@@ -30,6 +30,7 @@ def settings_from_config(rollout_cfg: Any, response_length: int) -> AgentSetting
         max_tool_response_length=int(mt.max_tool_response_length),
         tool_response_truncate_side=str(mt.tool_response_truncate_side),
         format=str(mt.format),
+        sample_timeout_s=float(agent.sample_timeout_s),
     )
 
 

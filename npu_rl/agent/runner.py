@@ -19,12 +19,20 @@ A loop that raises (``SystemExit`` included), or returns something else than an 
 sample: logged naming the row and the loop, counted in ``agent_loop/failed_samples``, kept in the batch with an
 empty response (mask 0: nothing is trained on it). A batch in which every sample failed raises, naming the first
 failure, so a run never ends "finished" with nothing trained. An engine error fails the whole rollout.
+
+A loop that awaits something of its own that never completes would hold every other sample (the server waits for
+all live loops): each sample's own time -- wall time minus the time it waits on the model, which is shared with the
+whole batch -- is bounded by ``rollout.agent.sample_timeout_s``. Past it the sample's task is cancelled and it fails
+as above ("did not finish within ..."); a task that swallows its cancellation is abandoned, never waited for, and
+threads a loop started with ``asyncio.to_thread`` are daemon threads (``user_code.run_agents_loop``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import time
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
@@ -33,6 +41,7 @@ import torch
 
 from npu_rl.agent.loops import (AgentContext, AgentOutput, AgentSample, AgentSampleError, TokenOutput,
                                 row_agent_loop)
+from npu_rl.agent.user_code import run_agents_loop
 from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import Generation, SamplingParams
@@ -50,6 +59,35 @@ class EngineError(RuntimeError):
         self.original = original
 
 
+class SampleClock:
+    """One sample's own time: wall time since it started, less the time it spent waiting on the model (generation
+    serves the whole batch, so it is nobody's own time). Waits may nest (a loop generating twice at once)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self._waiting = 0
+        self._wait_start = 0.0
+        self._waited = 0.0
+
+    def wait_begins(self) -> None:
+        if self._waiting == 0:
+            self._wait_start = time.monotonic()
+        self._waiting += 1
+
+    def wait_ends(self) -> None:
+        self._waiting -= 1
+        if self._waiting == 0:
+            self._waited += time.monotonic() - self._wait_start
+
+    def own_s(self) -> float:
+        now = time.monotonic()
+        return now - self.start - self._waited - (now - self._wait_start if self._waiting else 0.0)
+
+
+_sample_clock: contextvars.ContextVar[Optional[SampleClock]] = contextvars.ContextVar("npu_rl_sample_clock",
+                                                                                       default=None)
+
+
 class TurnBatchingServer:
     """Collects generation requests until all live loops wait, then serves them with one ``batch_generate`` call."""
 
@@ -63,8 +101,15 @@ class TurnBatchingServer:
     async def generate(self, prompt_ids: list[int], max_tokens: int) -> TokenOutput:
         future = asyncio.get_running_loop().create_future()
         self._pending.append((list(prompt_ids), int(max_tokens), future))
-        self.maybe_flush()
-        return await future
+        clock = _sample_clock.get()  # the calling sample's (tasks inherit it)
+        if clock is not None:
+            clock.wait_begins()
+        try:
+            self.maybe_flush()
+            return await future
+        finally:
+            if clock is not None:
+                clock.wait_ends()
 
     def loop_finished(self) -> None:
         self.live -= 1
@@ -115,8 +160,8 @@ def failed_output(sample: AgentSample, name: str, exc: BaseException) -> AgentOu
 async def _run_one(loop: Any, name: str, sample: AgentSample) -> AgentOutput:
     try:
         out = await loop.run(sample)
-    except (KeyboardInterrupt, asyncio.CancelledError, EngineError):
-        raise  # the user's interrupt, a cancelled run, or the engine down: not one sample's failure
+    except (KeyboardInterrupt, asyncio.CancelledError, GeneratorExit, EngineError):
+        raise  # the user's interrupt, a cancelled run or sample, an abandoned one collected, or the engine down
     except BaseException as exc:  # noqa: BLE001 - SystemExit in a user's loop included: a failed sample, counted
         return failed_output(sample, name, exc)
     if not isinstance(out, AgentOutput):
@@ -137,16 +182,51 @@ async def _run_all(context: AgentContext, server: TurnBatchingServer, names: Seq
             raise
         except Exception as exc:  # noqa: BLE001 - refused at start-up already; here each of its rows fails
             problems[name] = exc
+    finished: set[int] = set()
 
-    async def one(name: str, sample: AgentSample) -> AgentOutput:
+    def finish(i: int) -> None:  # once per sample: when its task ends, or when it is given up
+        if i not in finished:
+            finished.add(i)
+            server.loop_finished()
+
+    async def one(i: int, name: str, sample: AgentSample, clock: SampleClock) -> AgentOutput:
+        _sample_clock.set(clock)
         try:
             if name in problems:
                 return failed_output(sample, name, problems[name])
             return await _run_one(loops[name], name, sample)
         finally:
-            server.loop_finished()
+            finish(i)
 
-    return list(await asyncio.gather(*(one(n, s) for n, s in zip(names, samples))))
+    timeout_s = context.settings.sample_timeout_s
+    clocks = [SampleClock() for _ in samples]
+    tasks = {asyncio.create_task(one(i, n, s, clocks[i]), name=f"row {s.row} ({n})"): i
+             for i, (n, s) in enumerate(zip(names, samples))}
+    outputs: list[Optional[AgentOutput]] = [None] * len(samples)
+    pending = set(tasks)
+    try:
+        while pending:
+            left = min(timeout_s - clocks[tasks[t]].own_s() for t in pending)
+            done, pending = await asyncio.wait(pending, timeout=max(0.01, min(left, 1.0)),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = tasks[task]
+                outputs[i] = failed_output(samples[i], names[i], AgentSampleError(
+                    f"row {samples[i].row}: agent loop {names[i]!r} was cancelled (not by npu-rl)")) \
+                    if task.cancelled() else task.result()  # an engine error or an interrupt ends the rollout here
+            for task in [t for t in pending if clocks[tasks[t]].own_s() >= timeout_s]:
+                i = tasks[task]
+                task.cancel()  # run_agents_loop gives it a moment to end and abandons it if it will not
+                pending.discard(task)
+                outputs[i] = failed_output(samples[i], names[i], AgentSampleError(
+                    f"row {samples[i].row}: agent loop {names[i]!r} did not finish within "
+                    f"rollout.agent.sample_timeout_s={timeout_s:g} s of its own time (time waiting on the model "
+                    f"not counted); cancelled"))
+                finish(i)
+    finally:
+        for task in pending:
+            task.cancel()
+    return outputs  # type: ignore[return-value]
 
 
 def run_agent_loops(prompts: Batch, context: AgentContext, batch_generate: BatchGenerate, n: int,
@@ -157,7 +237,7 @@ def run_agent_loops(prompts: Batch, context: AgentContext, batch_generate: Batch
     server = TurnBatchingServer(batch_generate)
     context = replace(context, server=server)
     try:
-        outputs = asyncio.run(_run_all(context, server, names, samples_of(rows)))
+        outputs = run_agents_loop(_run_all(context, server, names, samples_of(rows)))
     except EngineError as exc:
         raise exc.original from None
     failed = [o.failed for o in outputs if o.failed is not None]

@@ -19,10 +19,15 @@ the calls still on it, then ends).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
+import logging
 import math
 import threading
 from typing import Any, Callable, Optional
+
+
+logger = logging.getLogger(__name__)
 
 
 class UserCodeTimeout(Exception):
@@ -130,3 +135,57 @@ async def call_user_code(fn: Callable[..., Any], *args: Any, timeout_s: float, *
         if tool_loop is not None:
             _give_up(tool_loop)
         raise UserCodeTimeout(f"did not answer within {timeout_s:g} s") from None
+
+
+class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):
+    """The agents' loop's default executor (``asyncio.to_thread``, ``run_in_executor(None, ...)`` in a user's loop):
+    one daemon thread per call, never joined, so a call that never returns holds neither the loop's shutdown nor the
+    interpreter's exit (a ThreadPoolExecutor's threads are joined at both). asyncio insists on this base class."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work():
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits it
+                future.set_exception(exc)
+
+        threading.Thread(target=work, name=f"npu-rl-user-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False)
+
+
+def run_agents_loop(main: Any, grace_s: float = 1.0) -> Any:
+    """``asyncio.run(main)``, except that what user code left behind is not waited for: tasks still pending when
+    ``main`` returns are cancelled and given ``grace_s`` to end (one that swallows its cancellation is abandoned, and
+    said), and threads started through the loop's executor are daemon threads nobody joins."""
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(_DaemonThreads())
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=grace_s))
+                stuck = [t for t in left if not t.done()]
+                if stuck:
+                    logger.warning("%d agent task(s) ignored their cancellation; abandoned: %s", len(stuck),
+                                   ", ".join(t.get_name() for t in stuck))
+                    for task in stuck:  # no "Task was destroyed but it is pending!" when they are collected
+                        task._log_destroy_pending = False  # noqa: SLF001 - asyncio's own switch for this
+            loop.run_until_complete(asyncio.wait([loop.create_task(loop.shutdown_asyncgens())], timeout=grace_s))
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()

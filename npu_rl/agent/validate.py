@@ -70,7 +70,9 @@ def agent_row_problems(config: Any, rows: Iterable[tuple[Any, dict[str, Any]]]) 
 
     if not agent_rollout_enabled(rollout):
         return []
-    from npu_rl.agent.loops import register_agent_loops_file, resolve_agent_loop, row_agent_loop
+    from npu_rl.agent.loops import SINGLE_TURN_LOOP, register_agent_loops_file, resolve_agent_loop, row_agent_loop
+
+    partial = config.async_training.mode == "fully_async" and bool(config.async_training.partial_rollout)
 
     if rollout.agent.agent_loop_config_path:  # what the config registers (again: idempotent)
         register_agent_loops_file(rollout.agent.agent_loop_config_path)
@@ -87,6 +89,11 @@ def agent_row_problems(config: Any, rows: Iterable[tuple[Any, dict[str, Any]]]) 
                 row_agent_loop(name, str(where))
             except ValueError as exc:
                 problems.append(str(exc))
+            else:
+                if partial and name != SINGLE_TURN_LOOP:
+                    problems.append(f"{where}: agent_name={name!r} with async_training.partial_rollout=True: only "
+                                    f"single-turn rows ({SINGLE_TURN_LOOP}) can be interrupted at a weight push; set "
+                                    "async_training.partial_rollout=False")
         extra = row.get("extra_info")
         kwargs = extra.get("interaction_kwargs") if isinstance(extra, dict) else None
         if not kwargs:

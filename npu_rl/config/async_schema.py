@@ -124,13 +124,18 @@ def _fully_async_problems(config: Any) -> list[str]:
     at, arr = config.async_training, config.actor_rollout_ref
     problems: list[str] = []
     rollout = arr.rollout
-    if at.partial_rollout and (rollout.mode == "async" or rollout.multi_turn.enable):
-        problems.append("async_training.partial_rollout=True with agent-loop rollouts (actor_rollout_ref.rollout."
-                        f"mode={rollout.mode!r}, multi_turn.enable={rollout.multi_turn.enable}) is not built: "
-                        "interrupting a conversation's turn at a weight push is not. For single-turn tasks set "
-                        "actor_rollout_ref.rollout.mode=sync (the same generation, without agent loops; partial "
-                        "rollouts interrupt it), or set async_training.partial_rollout=False (in-flight generations "
-                        "finish on the old weights, then the push)")
+    # rollout.mode=async alone (verl's fully-async scripts) with single-turn rows: the pool runs them as a plain
+    # generation, which a push interrupts; rows naming another loop are refused with the data (agent_row_problems)
+    multi_turn_loops = (rollout.multi_turn.enable or rollout.agent.agent_loop_config_path
+                        or rollout.agent.default_agent_loop != "single_turn_agent")
+    if at.partial_rollout and (rollout.mode == "async" or rollout.multi_turn.enable) and multi_turn_loops:
+        problems.append("async_training.partial_rollout=True with multi-turn agent loops (actor_rollout_ref.rollout."
+                        f"multi_turn.enable={rollout.multi_turn.enable}, agent.default_agent_loop="
+                        f"{rollout.agent.default_agent_loop!r}, agent.agent_loop_config_path="
+                        f"{rollout.agent.agent_loop_config_path!r}) is not built: interrupting a conversation's turn "
+                        "at a weight push is not. Set async_training.partial_rollout=False (in-flight generations "
+                        "finish on the old weights, then the push); single-turn rows (rollout.mode=async with the "
+                        "single_turn_agent loop, or rollout.mode=sync) are interrupted")
     if at.use_dynamic_resource_scheduling:
         problems.append("async_training.use_dynamic_resource_scheduling=True (trainer devices lent to rollout "
                         "replicas) is not built: leave it False")

@@ -368,6 +368,14 @@ class AgentLoopConfig:
     """a row's ``agent_name`` wins; a name or path/to/file.py:Class"""
     agent_loop_config_path: Optional[str] = None
     """YAML list of {name, _target_}"""
+    sample_timeout_s: float = 3600.0
+    """npu-rl (verl has no per-sample deadline): one sample's own time in its agent loop -- wall time less the time
+    spent waiting on the model -- after which its task is cancelled and it is a failed sample (counted in
+    agent_loop/failed_samples, logged naming row and loop); tools and interactions keep their own deadlines"""
+
+    def check(self, key: str) -> list[str]:
+        return broken((finite(self.sample_timeout_s) and self.sample_timeout_s > 0,
+                       f"{key}.sample_timeout_s={self.sample_timeout_s} must be a finite number of seconds > 0"))
 
 
 @dataclass

@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional
 from npu_rl.reward.math_utils import outer_alarm_active
 from npu_rl.reward.score_fn import ScoreFnSpec, run_score_fn
 from npu_rl.utils.deadline import AlarmTimeout, Deadline, alarm, can_alarm
+from npu_rl.utils.exit_guard import ExitAttempt, guard_exits
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +53,25 @@ class Outcome:
 
 
 def execute(fn: Callable[..., Any], spec: ScoreFnSpec, payload: dict[str, Any]) -> Outcome:
-    try:
-        return Outcome("ok", run_score_fn(fn, spec, payload))
-    except Exception as exc:  # the user's function may raise anything; the manager reports it with the row
-        return Outcome("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-    except SystemExit as exc:  # sys.exit() in a reward function is a failure of that row, not the end of the run
-        return Outcome("error", error=f"the reward function called sys.exit({exc.code!r})",
-                       traceback=traceback.format_exc())
+    """One call, never the end of the process: ``sys.exit``, ``os._exit`` and a ``KeyboardInterrupt`` the function
+    raises itself are errors of that row (the manager names the function and the row); the user's own Ctrl-C still
+    interrupts (``utils/exit_guard.py``)."""
+    with guard_exits() as signals:
+        try:
+            return Outcome("ok", run_score_fn(fn, spec, payload))
+        except Exception as exc:  # the user's function may raise anything; the manager reports it with the row
+            return Outcome("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        except SystemExit as exc:  # sys.exit() in a reward function is a failure of that row, not the end of the run
+            return Outcome("error", error=f"the reward function called sys.exit({exc.code!r})",
+                           traceback=traceback.format_exc())
+        except ExitAttempt as exc:  # os._exit() would have ended the trainer without a word
+            return Outcome("error", error=f"the reward function called {exc}, which would have ended the trainer",
+                           traceback=traceback.format_exc())
+        except KeyboardInterrupt:
+            if signals.received:
+                raise  # the user's Ctrl-C (or a second one): the trainer's interrupt handling decides
+            return Outcome("error", error="the reward function raised KeyboardInterrupt itself (no Ctrl-C arrived)",
+                           traceback=traceback.format_exc())
 
 
 def _timed_out(per_call_s: float, cut_by_deadline: bool, deadline: Deadline) -> Outcome:

@@ -131,7 +131,7 @@ class OneStepOffRollouts:
 
     @property
     def validator(self):
-        return self.pool.group.rollout
+        return _OneStepOffValidator(self)
 
     def _launch(self) -> None:
         prompts = self.prompts.next_batch()
@@ -489,6 +489,22 @@ class StreamingRollouts:
         return {"async/dropped_samples_at_exit": float(left)}
 
 
+class _OneStepOffValidator:
+    """Validation on the rollout pool. Before the first push (and after a resume) the pool holds the model folder's
+    weights, or none (vLLM's ``load_format=dummy``): the trainer's weights are pushed first. During training the
+    pool's weights are one update behind the trainer's, as its rollouts are, and validation waits for the batch it
+    is generating."""
+
+    def __init__(self, rollouts: OneStepOffRollouts):
+        self.rollouts = rollouts
+
+    def generate_sequences(self, prompts: Batch, validate: bool = False) -> WorkerOutput:
+        r = self.rollouts
+        if r.pending is None and r.pool.pushed_version != r.updates:
+            r.pool.push(r.updates)
+        return r.pool.group.rollout.generate_sequences(prompts, validate=validate)
+
+
 class _PausedValidator:
     """Validation on the rollout pool (with the last pushed weights) while the rollouter is paused."""
 
@@ -499,6 +515,8 @@ class _PausedValidator:
         r = self.rollouts
         r._pause()
         try:
+            if r.pool.pushed_version < 0:  # before the first push (or after a resume): the trainer's weights first
+                r.pool.push(r.updates)
             return r.pool.group.rollout.generate_sequences(prompts, validate=validate)
         finally:
             with r.cond:

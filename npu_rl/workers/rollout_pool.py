@@ -20,6 +20,8 @@ import time
 import torch
 
 from npu_rl.agent.rollout import AgentRollout, agent_rollout_enabled
+from npu_rl.agent.loops import SINGLE_TURN_LOOP
+from npu_rl.agent.runner import row_agent_names
 from npu_rl.config.derived import RunPlan
 from npu_rl.config.schema import ModelConfig, RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
@@ -84,10 +86,21 @@ class RolloutPoolWorker(ReportsMemory):
             return None
         if self.push_signal is None:
             raise RuntimeError("generate_sequences(interrupt_after=...) before connect_push_signal")
-        if self.agent is not None:
-            raise NotImplementedError("partial rollouts with agent loops (rollout.multi_turn / mode=async) are not "
-                                      "built")
         return lambda: self.push_signal.raised_since(interrupt_after)
+
+    def _runs_agent_loops(self, prompts: Batch, partial: bool) -> bool:
+        """Whether this call goes through the agent loops. With partial rollouts, single-turn rows (verl's fully-async
+        scripts set rollout.mode=async for them) are a plain generation, the same tokens as the single-turn loop's,
+        so that a push can interrupt them; validation refuses partial rollouts with any other loop."""
+        if self.agent is None:
+            return False
+        if not partial:
+            return True
+        loops = set(row_agent_names(prompts, str(self.rollout_cfg.agent.default_agent_loop)))
+        if self.rollout_cfg.multi_turn.enable or loops != {SINGLE_TURN_LOOP}:
+            raise NotImplementedError(f"partial rollouts with the agent loop(s) {', '.join(sorted(loops))} are not "
+                                      "built (only single-turn rows can be interrupted at a push)")
+        return False
 
     def _training_sampling(self, validate: bool = False):
         return sampling_params_from_config(self.rollout_cfg, validate, self.plan.max_response_length,
@@ -102,7 +115,7 @@ class RolloutPoolWorker(ReportsMemory):
         sampling = self._training_sampling(validate)
         should_stop = self._should_stop(interrupt_after)
         start = time.perf_counter()
-        if self.agent is not None:
+        if self._runs_agent_loops(prompts, partial=should_stop is not None):
             generated = self.agent.generate(self.engine, prompts, sampling)
         elif should_stop is not None:
             generated = self.engine.generate(prompts, sampling, should_stop=should_stop)

@@ -219,3 +219,73 @@ def test_system_exit_in_a_loop_is_a_failed_sample_and_an_all_failed_batch_raises
     assert "row 1: agent loop 'garbage' returned str, not an AgentOutput" in caplog.text
     with pytest.raises(RuntimeError, match="every agent conversation of this batch failed.*'quitter' raised"):
         run_agent_loops(prompt_batch(tok, ["a"], ["quitter"]), context(tok, None), generate, 1, 0, 50, False)
+
+
+HANGING_LOOPS = '''
+import asyncio, threading, time
+from npu_rl.agent.loops import AgentLoopBase, SingleTurnAgentLoop
+
+class Forever(AgentLoopBase):  # awaits an event nobody sets
+    async def run(self, sample):
+        await asyncio.Event().wait()
+
+class Stubborn(AgentLoopBase):  # swallows its cancellation
+    async def run(self, sample):
+        while True:
+            try:
+                await asyncio.sleep(100)
+            except asyncio.CancelledError:
+                pass
+
+class InThread(AgentLoopBase):  # a thread of its own that never returns
+    async def run(self, sample):
+        await asyncio.to_thread(threading.Event().wait)
+
+class SlowModel(SingleTurnAgentLoop):  # waits on the model longer than the deadline: not its own time
+    pass
+'''
+
+
+def test_a_loop_awaiting_its_own_thing_forever_is_a_failed_sample_at_its_deadline(tiny_tokenizer, tmp_path,
+                                                                                   caplog, monkeypatch):
+    import threading
+
+    from npu_rl.agent.loops import AGENT_LOOPS, register_agent_loops_file
+
+    monkeypatch.setattr(AGENT_LOOPS, "_entries", dict(AGENT_LOOPS._entries))  # these names leave with the test
+
+    (tmp_path / "hang.py").write_text(HANGING_LOOPS)
+    (tmp_path / "loops.yaml").write_text("".join(f"- {{name: {n}, _target_: {tmp_path}/hang.py:{c}}}\n" for n, c in
+                                                 [("forever", "Forever"), ("stubborn", "Stubborn"),
+                                                  ("in_thread", "InThread"), ("slow_model", "SlowModel")]))
+    register_agent_loops_file(str(tmp_path / "loops.yaml"))
+    tok = tiny_tokenizer
+    scripted, _ = scripted_batch_generate(tok, {q: ["ok"] for q in "abcde"})
+
+    def slow_generate(token_lists, budgets):
+        time.sleep(0.6)  # longer than the deadline: waiting on the model is not the sample's own time
+        return scripted(token_lists, budgets)
+
+    result = {}
+
+    def rollout():
+        result["gen"] = run_agent_loops(
+            prompt_batch(tok, list("abcde"), ["forever", "stubborn", "in_thread", "slow_model", None]),
+            context(tok, None, sample_timeout_s=0.4), slow_generate, 1, 0, 50, False)
+
+    start = time.perf_counter()
+    worker = threading.Thread(target=rollout, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "the rollout hung on a loop awaiting something that never completes"
+    assert time.perf_counter() - start < 6  # deadline 0.4 s + 1 s grace for the stubborn task + two model calls
+    gen = result["gen"]
+    assert gen.metrics["agent_loop/failed_samples"] == 3
+    for row, name in enumerate(["forever", "stubborn", "in_thread"]):
+        assert (f"row {row}: agent loop {name!r} did not finish within rollout.agent.sample_timeout_s=0.4 s"
+                in caplog.text)
+    assert "ignored their cancellation; abandoned: row 1 (stubborn)" in caplog.text
+    responses = gen.batch["response_mask"].sum(-1).tolist()
+    assert responses[:3] == [0, 0, 0] and min(responses[3:]) > 0  # the others answered, the slow model's row too
+    assert [t.name for t in threading.enumerate() if t.name.startswith("npu-rl-user-")]  # stuck, not joined
+

@@ -39,26 +39,50 @@ def test_one_step_off_scripts_load_and_are_built(name):
     assert async_problems(config) == []
 
 
-@pytest.mark.parametrize("name", ["fully_async_dapo_7b_math_fsdp2_4_12.sh", "fully_async_dapo_7b_async_retool.sh"])
-def test_fully_async_scripts_load_and_partial_rollout_with_agent_loops_is_refused_with_the_reason(name):
-    config = load_script(name)
-    assert config.async_training.mode == "fully_async" and config.async_training.partial_rollout
-    assert config.actor_rollout_ref.rollout.mode == "async"  # verl's scripts run agent loops
-    problems = async_problems(config)
-    assert any("partial_rollout=True with agent-loop rollouts" in p and "rollout.mode=sync" in p
-               and "partial_rollout=False" in p for p in problems), problems
-
-
-def test_fully_async_script_with_partial_rollouts_on_single_turn_generation_is_built():
+def test_fully_async_single_turn_script_is_built_with_partial_rollouts():
     config = load_script("fully_async_dapo_7b_math_fsdp2_4_12.sh")
-    config.actor_rollout_ref.rollout.mode = "sync"  # single-turn: the generation partial rollouts interrupt
-    config.data.train_batch_size = 0
-    config.algorithm.filter_groups.enable = False
-    assert config.async_training.partial_rollout
+    assert config.async_training.mode == "fully_async" and config.async_training.partial_rollout
+    # verl's fully-async scripts run single-turn rows through its agent loop server (rollout.mode=async); the rollout
+    # pool runs them as the plain generation a push interrupts
+    assert config.actor_rollout_ref.rollout.mode == "async" and not config.actor_rollout_ref.rollout.multi_turn.enable
     assert async_problems(config) == []
-    config.async_training.partial_rollout = False  # and without: agent loops finish in-flight turns, then the push
-    config.actor_rollout_ref.rollout.mode = "async"
-    assert async_problems(config) == []
+
+
+def test_fully_async_multi_turn_script_with_partial_rollouts_is_refused_with_the_reason():
+    config = load_script("fully_async_dapo_7b_async_retool.sh")
+    assert config.async_training.partial_rollout and config.actor_rollout_ref.rollout.multi_turn.enable
+    problems = async_problems(config)
+    assert any("partial_rollout=True with multi-turn agent loops" in p and "partial_rollout=False" in p
+               for p in problems), problems
+    config.async_training.partial_rollout = False  # without: agent loops finish in-flight turns, then the push
+    assert not any("partial_rollout" in p for p in async_problems(config))
+
+
+def test_partial_rollouts_take_single_turn_rows_only():
+    """Rows naming another loop are refused with the data (row named); the pool runs single-turn rows plainly."""
+    from types import SimpleNamespace
+
+    from npu_rl.agent.validate import agent_row_problems
+    from npu_rl.protocol import Batch
+    from npu_rl.workers.rollout_pool import RolloutPoolWorker
+
+    config = load_script("fully_async_dapo_7b_math_fsdp2_4_12.sh")
+    rows = [("train.parquet row 0", {"agent_name": "single_turn_agent"}), ("train.parquet row 1", {}),
+            ("train.parquet row 2", {"agent_name": "tool_agent"})]
+    problems = agent_row_problems(config, rows)
+    assert len(problems) == 1 and problems[0].startswith("train.parquet row 2: agent_name='tool_agent'"), problems
+    config.async_training.partial_rollout = False
+    assert agent_row_problems(config, rows) == []
+
+    import torch
+
+    worker = SimpleNamespace(agent=object(), rollout_cfg=config.actor_rollout_ref.rollout)
+    runs = lambda names, partial: RolloutPoolWorker._runs_agent_loops(  # noqa: E731
+        worker, Batch({"input_ids": torch.zeros(len(names), 2)}, {"agent_name": names}), partial)
+    assert runs([None, "single_turn_agent"], partial=True) is False  # plain generation, interruptible
+    assert runs([None, "single_turn_agent"], partial=False) is True  # the agent loops, as configured
+    with pytest.raises(NotImplementedError, match="tool_agent"):
+        runs(["tool_agent", None], partial=True)
 
 
 def test_sync_trainer_notes_async_keys_and_streaming_is_fully_async_only():

@@ -49,6 +49,10 @@ def test_the_small_config_passes():
     ("critic.grad_clip=0", "critic.grad_clip=0"),
     ("actor_rollout_ref.actor.clip_ratio_c=inf", "actor_rollout_ref.actor.clip_ratio_c=inf"),
     ("actor_rollout_ref.rollout.temperature=inf", "actor_rollout_ref.rollout.temperature=inf"),
+    ("actor_rollout_ref.rollout.agent.sample_timeout_s=0", "actor_rollout_ref.rollout.agent.sample_timeout_s=0"),
+    ("actor_rollout_ref.rollout.agent.sample_timeout_s=-1", "actor_rollout_ref.rollout.agent.sample_timeout_s=-1"),
+    ("actor_rollout_ref.rollout.agent.sample_timeout_s=inf", "actor_rollout_ref.rollout.agent.sample_timeout_s=inf"),
+    ("actor_rollout_ref.rollout.agent.sample_timeout_s=nan", "actor_rollout_ref.rollout.agent.sample_timeout_s=nan"),
 ])
 def test_non_finite_or_degenerate_numbers_are_refused_naming_the_key(override, key):
     found = problems(override)

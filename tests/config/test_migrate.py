@@ -259,6 +259,87 @@ def test_bombs_and_endless_loops_are_stopped(body, short_limits):
     assert time.monotonic() - start < 10
 
 
+def _live_processes_under(folder) -> int:
+    """Live processes whose command line names ``folder`` (the reader's bash and every fork of it do)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        count += str(folder).encode() in cmdline and stat[stat.rindex(b")") + 2:][:1] != b"Z"
+    return count
+
+
+def _none_left_under(folder, within_s: float = 3.0) -> bool:
+    import time
+
+    end = time.monotonic() + within_s  # a process killed on a loaded machine takes a moment to go
+    while _live_processes_under(folder):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+LIMIT = f"the script started more than {script_module.MAX_PROCESSES} processes at once"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="counts processes through /proc")
+@pytest.mark.parametrize("body, said", [
+    (":(){ :|:& };:\nwhile :; do :; done", LIMIT),  # the classic fork bomb, the script still running
+    ("while :; do ( coproc { read -t 3 x; }; wait ) & done", LIMIT),  # a loop of '( ... ) &' that wait
+    ("set -m; while :; do ( coproc { read -t 3 x; }; wait ) & done", LIMIT),  # job control: dropped
+    # job control on all the same: each job in a group of its own, all in bash's session (a loop, not a bomb:
+    # this machine is shared, and the exponential form under job control is not run here)
+    ("builtin set -m; while :; do ( coproc { read x; }; wait ) & done", LIMIT),
+    ("f() { x=$(f); }; f", LIMIT),  # command substitutions nested without end (each waits for the next)
+    # subshells that spin: on a loaded machine the loop may reach the time limit before the process limit
+    ("while :; do ( while :; do :; done ) & done", f"{LIMIT}|did not finish within"),
+])
+def test_fork_bombs_are_stopped_at_the_process_limit_and_leave_nothing_behind(body, said, tmp_path, monkeypatch):
+    import tempfile
+    import time
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the reader's folder, so its processes can be found
+    start = time.monotonic()
+    with pytest.raises(ScriptError, match=said):
+        read_script(body)
+    assert time.monotonic() - start < script_module.TIME_LIMIT_S + 3  # the limits hold (a kill takes a moment)
+    assert _none_left_under(tmp_path)
+
+
+def test_jobs_the_script_leaves_behind_in_groups_of_their_own_are_killed(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    reading = read_script("builtin set -m; ( coproc { read x; }; wait ) & ( coproc { read x; }; wait ) &\n"
+                          "python3 -m verl.trainer.main_ppo trainer.total_epochs=1")  # each job would wait forever
+    assert reading.overrides == ["trainer.total_epochs=1"]
+    assert _none_left_under(tmp_path)
+
+
+def test_kill_cannot_be_switched_back_on():
+    reading = read_script("enable kill; kill -0 1 && python3 -m verl.trainer.main_ppo a=killed\n"
+                          "python3 -m verl.trainer.main_ppo trainer.total_epochs=1")
+    assert reading.overrides == ["trainer.total_epochs=1"]
+    assert "enable (line 1), kill (line 1)" in " ".join(reading.warnings)
+
+
+def test_a_bomb_the_script_leaves_behind_is_killed_with_it(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    try:
+        read_script(":(){ :|:& };:")  # bash ends at once; what it started is killed with its group
+    except ScriptError as exc:  # or it grew past the limit first
+        assert "processes at once" in str(exc)
+    assert _none_left_under(tmp_path)
+
+
 def test_non_text_input_is_refused(tmp_path, capsys):
     (tmp_path / "nul.sh").write_bytes(b"a=1\nb=\0x\n")
     (tmp_path / "bin.sh").write_bytes(b"a=1\n\xff\xfe\x00\x01")

@@ -71,8 +71,8 @@ CUSTOM_FUNCTIONS = textwrap.dedent('''
 
 
     def crashes(data_source, solution_str, ground_truth, extra_info=None):
-        import os
-        os._exit(3)
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
     def batch_exact(data_sources, solution_strs, ground_truths, extra_infos, bonus=0.0):

@@ -20,6 +20,7 @@ VAL = "builtin://arith/test?num_train=8&num_test=4&seed=5"
 # samples of a group differ from the start). `acc` is 1 when there is any '7'.
 REWARD_FN = textwrap.dedent("""\
     import os
+    import signal
 
     def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
         crash_after = int(os.environ.get("NPU_RL_TEST_CRASH_AFTER", "0"))
@@ -29,7 +30,7 @@ REWARD_FN = textwrap.dedent("""\
             with open(counter, "w") as f:
                 f.write(str(calls))
             if calls > crash_after:
-                os._exit(17)  # a kill in the middle of a step (during its reward phase)
+                os.kill(os.getpid(), signal.SIGKILL)  # a kill -9 in the middle of a step (its reward phase)
         sevens = solution_str.count("7")
         return {"score": sevens / max(len(solution_str), 1), "acc": float(sevens > 0)}
     """)

@@ -2,8 +2,9 @@
 
 The script runs in a restricted bash (``set -r``) with recording stubs: no ``PATH`` (every command is "not found"
 and goes to ``command_not_found_handle``, which records its words and fails as a missing program would), no output
-redirection, no ``cd``, no command named by a path, ``kill`` / ``history`` / ``fc`` switched off, an empty working
-folder, ``/dev/null`` for input, and limits on time, memory and output. So variables, ``export``, arrays, ``case``,
+redirection, no ``cd``, no command named by a path, ``kill`` / ``history`` / ``fc`` switched off (and ``enable``, so
+that they stay off), an empty working
+folder, ``/dev/null`` for input, and limits on time, memory, output and processes. So variables, ``export``, arrays, ``case``,
 ``if``, arithmetic, backticks and ``$(...)`` behave as bash has them, and the one command that matters (the trainer
 call) is recorded with its arguments fully expanded. ``set -e`` and ``set +u`` in the script are not applied, so
 that a missing program does not end the reading; ``set -u`` is on, so that a variable the script uses but never
@@ -14,6 +15,15 @@ with ``env``), the commands that were not run (their output is empty). Secrets a
 from the environment: a variable whose name looks like a secret (``*_API_KEY``, ``*_TOKEN`` ...: the rule of
 :mod:`npu_rl.utils.redact`) is kept as ``$NAME``. A script that is not text, does not parse, runs too long or takes too much memory is refused
 (:class:`ScriptError`) naming the line where bash says.
+
+Processes: with no program to run, the only processes a script can make are bash's own forks (subshells, pipelines,
+``&``, ``$(...)``), all in bash's own session (``set -m`` / ``set -o monitor`` are dropped like ``set -e``; ``builtin
+set -m`` still gives jobs groups of their own, but not a session). ``RLIMIT_NPROC`` would not bound them where it
+matters (it does not bind root, and counts every process of the user, not ours), so while bash runs the reader
+counts the processes of that session (``/proc``; only when the machine's thread total, checked every 10 ms, has
+grown by more than the limit) and kills them all once there are more than ``MAX_PROCESSES``: a fork bomb
+is refused in a few tens of milliseconds, at most a few dozen processes past the limit (more on a loaded machine:
+counting takes ~0.5 ms a process there), and they are killed until none is left, as they are when bash ends.
 """
 
 from __future__ import annotations
@@ -41,6 +51,8 @@ MAX_BYTES = 1 << 20  # a run script is a few kB; a larger file is not one
 TIME_LIMIT_S = 5.0  # for the whole reading (every pass)
 MEMORY_LIMIT = 512 << 20  # address space of the bash process
 OUTPUT_LIMIT = 8 << 20  # bytes bash may write (the record, stdout, stderr)
+MAX_PROCESSES = 64  # bash's forks alive at once (a run script needs a handful: $(...), pipelines)
+PROCESS_POLL_S = 0.01
 MAX_PASSES = 40  # one more pass per variable the script uses without setting it
 # never handed to the script's bash: they change how bash starts or looks commands up
 _SHELL_VARIABLES = {"ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "IFS", "PS4", "PATH", "CDPATH", "GLOBIGNORE",
@@ -52,14 +64,16 @@ _ENTRY_CASE = "|".join([f"{ep}|*/{ep.rsplit('.', 1)[-1]}.py" for ep in ENTRY_POI
 _PREAMBLE = (
     "command_not_found_handle() { builtin printf '%s\\0' \"${BASH_LINENO[0]}\" \"$#\" \"$@\" >&3; "
     "local w; for w in \"$@\"; do case \"$w\" in " + _ENTRY_CASE + ") return 0;; esac; done; return 127; }; "
-    # set -e / set +u / set -x of the script are not applied (-u stays on: an unset variable is reported)
+    # set -e / set +u / set -x / set -m of the script are not applied (-u stays on: an unset variable is reported;
+    # no job control: every process the script makes stays in bash's process group)
     "set() { local a skip= out=(); for a in \"$@\"; do "
-    "if [[ -n $skip ]]; then skip=; case $a in errexit|nounset|xtrace) builtin unset 'out[-1]';; *) out+=(\"$a\");; "
+    "if [[ -n $skip ]]; then skip=; case $a in errexit|nounset|xtrace|monitor) builtin unset 'out[-1]';; "
+    "*) out+=(\"$a\");; "
     "esac; continue; fi; "
-    "case $a in -o|+o) skip=1; out+=(\"$a\");; -*) a=${a//[ex]/}; [[ $a == - ]] || out+=(\"$a\");; "
+    "case $a in -o|+o) skip=1; out+=(\"$a\");; -*) a=${a//[exm]/}; [[ $a == - ]] || out+=(\"$a\");; "
     "+*) a=${a//u/}; [[ $a == + ]] || out+=(\"$a\");; *) out+=(\"$a\");; esac; done; "
     "(( ${#out[@]} )) && builtin set \"${out[@]}\"; return 0; }; "
-    "{move}enable -n kill history fc suspend disown; builtin set -u; {declares}builtin set -r"
+    "{move}enable -n kill history fc suspend disown enable; builtin set -u; {declares}builtin set -r"
 )
 _UNBOUND = re.compile(r"line (\d+): (?:\$)?([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(\[[@*]\])?: unbound variable")
 _LINE = re.compile(r"^.*?: line (\d+): ", re.MULTILINE)
@@ -139,29 +153,112 @@ def _run_bash(program: str, environment: dict[str, str], timeout: float, *flags:
             with open(path, "w", encoding="utf-8") as f:
                 fd = record.fileno()
                 f.write(program.replace("{move}", "" if fd == 3 else f"exec 3>&{fd} {fd}>&-; "))
+            start_total = _threads_total()
             process = subprocess.Popen(
                 [_bash(), "--noprofile", "--norc", *flags, path], cwd=work, env=environment,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, pass_fds=(record.fileno(),),
                 preexec_fn=_limits, start_new_session=True)
             try:
-                status = process.wait(timeout=timeout)
+                status = _wait_bounded(process, timeout)
             except subprocess.TimeoutExpired:
-                _kill_group(process.pid)
-                process.wait()
                 raise ScriptError(f"the script did not finish within {TIME_LIMIT_S:.0f} s of reading (a loop that "
                                   "never ends?)") from None
             finally:
-                _kill_group(process.pid)
+                _kill_all(process, start_total)
             record.seek(0)
             stderr.seek(0)
             return record.read(OUTPUT_LIMIT), stderr.read(64 * 1024).decode("utf-8", "replace"), status
 
 
-def _kill_group(pid: int) -> None:
+class TooManyProcesses(ScriptError):
+    """The script's bash had more than ``MAX_PROCESSES`` processes at once (a fork bomb, a loop of ``( ... ) &``)."""
+
+
+def _session_groups(sid: int) -> dict[int, int]:
+    """{process group: live processes} of session ``sid`` now (zombies are dead: their parent or init reaps them).
+    bash leads its own session and a script cannot leave it (no program runs, ``setsid`` is not a builtin), while
+    ``builtin set -m`` could still give its top-level jobs groups of their own: so the session is what is bounded."""
+    groups: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:  # gone meanwhile
+                continue
+            state, _, group, session = stat[stat.rindex(b")") + 2:].split()[:4]  # the fields after "(comm)"
+            if state != b"Z" and int(session) == sid:
+                groups[int(group)] = groups.get(int(group), 0) + 1
+    return groups
+
+
+def _threads_total() -> int:
+    """Every thread of the machine (the 4th field of /proc/loadavg, "running/total"): one cheap read; 0 without it."""
     try:
-        os.killpg(pid, signal.SIGKILL)  # what the script left in the background (bash's own jobs)
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[3].split(b"/")[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _wait_bounded(process: subprocess.Popen, timeout: float) -> int:
+    """``process.wait(timeout)``, bounding the processes of its session meanwhile (module docstring). Counting reads
+    every process's /proc entry (~0.5 ms each here), so it is done only when the machine's thread total has grown
+    by more than ``MAX_PROCESSES`` since the last count."""
+    import time
+
+    end = time.monotonic() + timeout
+    baseline = _threads_total()
+    while True:
+        try:
+            status = process.wait(timeout=min(PROCESS_POLL_S, max(0.0, end - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= end:
+                raise
+            status = None
+        if baseline and _threads_total() - baseline > MAX_PROCESSES:
+            count = sum(_session_groups(process.pid).values())
+            if count > MAX_PROCESSES:
+                _kill_all(process, baseline)
+                raise TooManyProcesses(f"the script started more than {MAX_PROCESSES} processes at once ({count} "
+                                       "seen; a fork bomb, or a loop of subshells or '&' jobs?); reading stopped")
+            baseline = _threads_total() - count  # the rest of the growth is somebody else's
+        if status is not None:
+            return status
+
+
+def _killpg(group: int) -> bool:
+    """SIGKILL to a whole process group (Linux fails a fork that races it); False when the group is empty."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+        return True
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+
+
+def _kill_all(process: subprocess.Popen, start_total: int) -> None:
+    """bash's group first (bash, its subshells and jobs; bash reaped), so no new group can be made; then every
+    other group of its session (top-level jobs under ``builtin set -m``; looked for only when the machine has more
+    threads than when bash started: a scan of /proc is not free), a group at a time, never a process at a time (a
+    forking member would outrun that). Each until it is empty, at most ~2 s in all."""
+    import time
+
+    if _killpg(process.pid):
+        process.wait()  # a zombie bash would keep its group "non-empty"
+        for _ in range(100):
+            time.sleep(0.005)
+            if not _killpg(process.pid):
+                break
+    process.wait()
+    if not (start_total and _threads_total() > start_total):
+        return
+    for _ in range(10):
+        groups = _session_groups(process.pid)
+        if not groups:
+            return
+        for group in groups:
+            _killpg(group)
+        time.sleep(0.02)
 
 
 def _skip_quoted(text: str, i: int) -> int:
