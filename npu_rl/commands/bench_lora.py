@@ -29,9 +29,11 @@ from types import SimpleNamespace
 import torch
 
 
-def _fsdp_config(model_dtype: str, param_dtype: str = "bf16") -> SimpleNamespace:
-    mp = SimpleNamespace(param_dtype=param_dtype, reduce_dtype="fp32")
-    return SimpleNamespace(model_dtype=model_dtype, mixed_precision=mp, param_offload=False, optimizer_offload=False)
+def _fsdp_config(model_dtype: str, param_dtype: str = "bf16"):
+    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+
+    return FSDPConfig(model_dtype=model_dtype, mixed_precision=MixedPrecisionConfig(param_dtype=param_dtype,
+                                                                                     reduce_dtype="fp32"))
 
 
 def _build(shape: str, dtype: torch.dtype, device: torch.device, checkpointing: bool):

@@ -288,12 +288,21 @@ class ActorConfig:
 
 @dataclass
 class RefFSDPConfig:
+    """The FSDP settings of a model that is not trained: the reference, the reward model."""
+
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     param_offload: bool = False
+    optimizer_offload: bool = False
+    """no effect in npu-rl (kept for verl scripts): a model that is not trained has no optimizer"""
+    offload_policy: bool = False
+    """no effect in npu-rl (kept for verl scripts): the parameters are offloaded with param_offload"""
     reshard_after_forward: bool = True
     forward_prefetch: bool = False
     model_dtype: str = "fp32"
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    fsdp_size: int = -1
+    """no effect in npu-rl (kept for verl scripts): the model shards over all the trainer's ranks, as -1 does
+    (verl's engine workers give the reference a hybrid-sharded mesh of this size)"""
 
 
 @dataclass

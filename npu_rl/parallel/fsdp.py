@@ -38,6 +38,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from npu_rl.config.schema import RefFSDPConfig
 from npu_rl.device import get_backend
 from npu_rl.parallel.mesh import ParallelMesh
 STRATEGIES = ("fsdp", "fsdp2")  # the roles' strategy: both mean FSDP2 (fully_shard) here
@@ -60,17 +61,23 @@ class FSDPSettings:
 
     @classmethod
     def from_config(cls, fsdp_config: Any) -> FSDPSettings:
-        """From an ``fsdp_config`` node (actor, critic or ref: missing keys take the defaults)."""
-        mp = getattr(fsdp_config, "mixed_precision", None)
+        """From an ``fsdp_config`` node (actor, critic or ref: the schema's FSDPConfig / RefFSDPConfig). The
+        reference's ``optimizer_offload`` / ``offload_policy`` are verl keys with no effect here (docstrings)."""
+        mp = fsdp_config.mixed_precision
+        ref = isinstance(fsdp_config, RefFSDPConfig)
         return cls(
-            param_dtype=_dtype(getattr(mp, "param_dtype", None)),
-            reduce_dtype=_dtype(getattr(mp, "reduce_dtype", None)),
-            reshard_after_forward=bool(getattr(fsdp_config, "reshard_after_forward", True)),
-            forward_prefetch=bool(getattr(fsdp_config, "forward_prefetch", False)),
-            param_offload=bool(getattr(fsdp_config, "param_offload", False) or
-                               getattr(fsdp_config, "offload_policy", False)),
-            optimizer_offload=bool(getattr(fsdp_config, "optimizer_offload", False)),
+            param_dtype=_dtype(mp.param_dtype),
+            reduce_dtype=_dtype(mp.reduce_dtype),
+            reshard_after_forward=bool(fsdp_config.reshard_after_forward),
+            forward_prefetch=bool(fsdp_config.forward_prefetch),
+            param_offload=bool(fsdp_config.param_offload or (fsdp_config.offload_policy and not ref)),
+            optimizer_offload=bool(fsdp_config.optimizer_offload and not ref),
         )
+
+
+def mesh_fsdp_size(fsdp_config: Any) -> int:
+    """The FSDP group size of a role's mesh: ``fsdp_size`` (-1: all ranks); the reference always shards over all."""
+    return -1 if isinstance(fsdp_config, RefFSDPConfig) else int(fsdp_config.fsdp_size)
 
 
 def decoder_layers(model: nn.Module, layer_classes: list[str] | None = None) -> list[nn.Module]:
@@ -119,7 +126,7 @@ def apply_fsdp2_from_config(model: nn.Module, fsdp_config: Any, *, sp_size: int 
     built from its ``fsdp_size`` and ``sp_size`` (the role's ``ulysses_sequence_parallel_size``). Collective."""
     from npu_rl.parallel.mesh import build_mesh
 
-    mesh = mesh or build_mesh(sp_size=sp_size, fsdp_size=getattr(fsdp_config, "fsdp_size", -1))
+    mesh = mesh or build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config))
     return apply_fsdp2(model, mesh, FSDPSettings.from_config(fsdp_config), layer_classes=layer_classes)
 
 

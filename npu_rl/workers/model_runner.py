@@ -147,7 +147,7 @@ class ModelRunner:
         self.device = self.backend.device()
         self.param_dtype = to_dtype(fsdp_config.mixed_precision.param_dtype)
         self.world_size = dist.world_size()
-        from npu_rl.parallel.fsdp import FSDPSettings
+        from npu_rl.parallel.fsdp import FSDPSettings, mesh_fsdp_size
 
         self.fsdp_settings = FSDPSettings.from_config(fsdp_config)
         # Ulysses needs the packed (varlen) forward too: the sequence is split after padding is removed.
@@ -164,7 +164,7 @@ class ModelRunner:
             from npu_rl.parallel import apply_fsdp2_from_config, build_mesh
             from npu_rl.parallel.sharded_load import load_sharded_weights, real_tensors
 
-            self.mesh = build_mesh(sp_size=sp_size, fsdp_size=getattr(fsdp_config, "fsdp_size", -1))
+            self.mesh = build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config))
             kept = real_tensors(model) if weights_folder is not None else None  # buffers, adapters: full values
             self.model = apply_fsdp2_from_config(model, fsdp_config, sp_size=sp_size, mesh=self.mesh)
             if weights_folder is not None:

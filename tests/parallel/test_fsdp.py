@@ -143,7 +143,14 @@ def test_settings_from_config():
     settings = FSDPSettings.from_config(cfg)
     assert settings.param_dtype == torch.bfloat16 and settings.reduce_dtype == torch.float32
     assert settings.param_offload and settings.forward_prefetch and not settings.optimizer_offload
-    assert not FSDPSettings.from_config(RefFSDPConfig(param_offload=True)).optimizer_offload  # key absent in ref
+    # the reference's optimizer_offload / offload_policy / fsdp_size are verl keys with no effect here
+    ref = RefFSDPConfig(optimizer_offload=True, offload_policy=True, fsdp_size=2)
+    ref_settings = FSDPSettings.from_config(ref)
+    assert not ref_settings.optimizer_offload and not ref_settings.param_offload
+    from npu_rl.parallel.fsdp import mesh_fsdp_size
+
+    assert mesh_fsdp_size(ref) == -1 and mesh_fsdp_size(FSDPConfig(fsdp_size=2)) == 2
+    assert FSDPSettings.from_config(FSDPConfig(offload_policy=True)).param_offload
     with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
         FSDPSettings.from_config(FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="fp8")))
 

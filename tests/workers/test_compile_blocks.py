@@ -63,12 +63,11 @@ def test_device_layer_decides(monkeypatch, name, expected):
 
 
 def test_runner_compiles_the_compute_copy_only_when_asked_and_allowed(monkeypatch):
-    from types import SimpleNamespace
-
+    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
     from npu_rl.device import reset_backend_for_tests
     from npu_rl.workers.model_runner import ModelRunner
 
-    config = SimpleNamespace(mixed_precision=SimpleNamespace(param_dtype="bf16", reduce_dtype="fp32"), fsdp_size=-1)
+    config = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bf16", reduce_dtype="fp32"))
     monkeypatch.setenv("NPU_RL_COMPILE_BLOCKS", "1")
     reset_backend_for_tests()
     try:

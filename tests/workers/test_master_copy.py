@@ -3,16 +3,17 @@ updated master weights reach the bf16 compute copy."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import torch
+
+from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
 
 from npu_rl.workers.model_runner import ModelRunner
 from tests.parallel.common import make_batch, mean_nll, tiny_model
 
 
 def _fsdp_config():
-    return SimpleNamespace(mixed_precision=SimpleNamespace(param_dtype="bf16", reduce_dtype="fp32"), fsdp_size=-1)
+    return FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bf16", reduce_dtype="fp32"))
 
 
 def test_grads_accumulate_in_fp32_and_weights_flow_back():
