@@ -66,7 +66,7 @@ def guard_exits() -> Iterator[_Signals]:
         _active += 1
     _local.depth = getattr(_local, "depth", 0) + 1
     seen = _Signals()
-    wrapped: dict[int, object] = {}
+    wrapped: dict[int, tuple[object, object]] = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous = signal.getsignal(signum)
@@ -75,13 +75,16 @@ def guard_exits() -> Iterator[_Signals]:
                     seen.received = True
                     previous(number, frame)
 
-                wrapped[signum] = previous
+                wrapped[signum] = (previous, on_signal)
                 signal.signal(signum, on_signal)
     try:
         yield seen
     finally:
-        for signum, previous in wrapped.items():
-            signal.signal(signum, previous)
+        for signum, (previous, ours) in wrapped.items():
+            # only if still ours: a handler that ran meanwhile may have put another in place (the trainer's
+            # second Ctrl-C gives the default one back before raising KeyboardInterrupt)
+            if signal.getsignal(signum) is ours:
+                signal.signal(signum, previous)
         _local.depth -= 1
         with _lock:
             _active -= 1
