@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
+
+# A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler; the
+# Ctrl-C tests (tests/faults) test what a user at a terminal gets, so the suite starts from Python's usual handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
