@@ -27,11 +27,13 @@ ASYNC = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n
          "actor_rollout_ref.rollout.free_cache_engine=False", "async_training.mode=one_step_off"]
 
 
-def run(overrides: list[str], out: str) -> list[dict]:
+def run(overrides: list[str], out: str, config_name: str = "quickstart") -> list[dict]:
+    """Train with ``overrides`` into ``out``; the step rows of its metrics, in step order (also used by
+    scripts/bench_partial_rollout.py)."""
     from npu_rl.config.loader import load_config
     from npu_rl.trainer.run import run as train
 
-    assert train(load_config(overrides + [f"trainer.default_local_dir={out}"], "quickstart")) == 0
+    assert train(load_config(overrides + [f"trainer.default_local_dir={out}"], config_name)) == 0
     rows = []
     for path in glob.glob(os.path.join(out, "logs", "*", "metrics.jsonl")):
         with open(path) as f:

@@ -13,11 +13,12 @@ weights) and once with ``true`` (it stops at the next decode step and continues 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
 import tempfile
+
+from bench_async_overlap import run  # scripts/ is on sys.path when a script runs
 
 COMMON = ["preset=grpo", "data.train_files=builtin://arith/train", "data.val_files=builtin://arith/test",
           "data.max_prompt_length=128", "data.dataloader_num_workers=0", "actor_rollout_ref.actor.optim.lr=2e-5",
@@ -30,18 +31,6 @@ COMMON = ["preset=grpo", "data.train_files=builtin://arith/train", "data.val_fil
           "trainer.resume_mode=disable", "ray_kwargs.ray_init.num_cpus=2"]
 
 
-def run(overrides: list[str], out: str) -> list[dict]:
-    from npu_rl.config.loader import load_config
-    from npu_rl.trainer.run import run as train
-
-    assert train(load_config(overrides + [f"trainer.default_local_dir={out}"], "fully_async_ppo_trainer")) == 0
-    rows = []
-    for path in glob.glob(os.path.join(out, "logs", "*", "metrics.jsonl")):
-        with open(path) as f:
-            rows += [json.loads(line) for line in f]
-    return sorted((r for r in rows if "timing_s/step" in r), key=lambda r: r["step"])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
@@ -51,7 +40,8 @@ def main() -> None:
     common = COMMON + [f"trainer.total_training_steps={args.steps}", f"actor_rollout_ref.model.path={args.model}",
                        f"data.max_response_length={args.response_length}"]
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {partial: run(common + [f"async_training.partial_rollout={partial}"], os.path.join(tmp, partial))
+        runs = {partial: run(common + [f"async_training.partial_rollout={partial}"], os.path.join(tmp, partial),
+                         "fully_async_ppo_trainer")
                 for partial in ("False", "True")}
     wait = lambda rows: statistics.median(r["async/push_wait_in_flight_s"] for r in rows)  # noqa: E731
     last = runs["True"][-1]
