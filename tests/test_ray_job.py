@@ -87,7 +87,7 @@ def test_a_job_runs_from_the_uploaded_folder(ray_head, tmp_path):
     address, env = ray_head
     clone = str(tmp_path / "clone")
     _clone(clone)
-    quickstart = os.path.join(clone, "npu_rl", "configs", "quickstart.yaml")
+    quickstart = os.path.join(clone, "configs", "quickstart.yaml")
     text = open(quickstart).read().replace("experiment_name: quickstart_arith_grpo", "experiment_name: uploaded_copy")
     open(quickstart, "w").write(text)  # an edit made in the uploaded folder only
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")

@@ -177,7 +177,7 @@ def test_triton_ascend_front_end_files_and_api(triton_ascend):
 
 def test_every_triton_language_name_our_kernels_use_exists(triton_ascend):
     used = set()
-    for path in glob.glob(os.path.join(REPO_ROOT, "npu_rl", "kernels", "*.py")):
+    for path in glob.glob(os.path.join(REPO_ROOT, "kernels", "*.py")):
         used |= set(re.findall(r"\btl\.([a-z_][a-z0-9_]*)\b", open(path, encoding="utf-8").read()))
     assert used and used <= set(triton_ascend["language_all"]), used - set(triton_ascend["language_all"])
 
