@@ -84,7 +84,7 @@ def test_runner_compiles_the_compute_copy_only_when_asked_and_allowed(monkeypatc
 
 def test_precision_dumps_turn_compilation_off():
     from npu_rl.trainer.preflight import plan_for
-    from tests.test_config import cfg
+    from tests.config.test_config import cfg
 
     assert plan_for(cfg()).allow_compile
     plan = plan_for(cfg("global_profiler.tool=precision_debugger", "global_profiler.steps=[1]",

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.lora.common import LORA
+from tests.models.lora.common import LORA
 from tests.trainer.conftest import base_overrides, step_rows
 from tests.trainer.test_resume import ROWS_PER_STEP, _train_subprocess
 

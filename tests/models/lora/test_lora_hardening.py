@@ -14,7 +14,7 @@ import torch
 from npu_rl.cli import main as cli
 from npu_rl.models.lora import LoraConfigError, check_adapter_values, read_adapter_config
 from npu_rl.trainer.main_ppo import main as train
-from tests.lora.common import LORA
+from tests.models.lora.common import LORA
 from tests.trainer.conftest import base_overrides
 
 

@@ -7,7 +7,7 @@ import json
 import os
 
 from npu_rl.cli import main as cli
-from tests.lora.common import LORA
+from tests.models.lora.common import LORA
 from tests.trainer.conftest import base_overrides, run_training, step_rows
 
 

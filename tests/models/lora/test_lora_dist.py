@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.lora.common import LORA, actor_batch, actor_config, actor_worker
+from tests.models.lora.common import LORA, actor_batch, actor_config, actor_worker
 
 pytestmark = pytest.mark.dist
 TOL = {"rtol": 1e-5, "atol": 1e-5}

@@ -21,7 +21,7 @@ from npu_rl.models.lora import (
     save_adapter,
 )
 from npu_rl.models.synthetic import random_causal_lm
-from tests.lora.common import LORA, actor_batch, actor_config, actor_worker
+from tests.models.lora.common import LORA, actor_batch, actor_config, actor_worker
 
 
 def _randomize_b(model, seed: int = 1) -> None:

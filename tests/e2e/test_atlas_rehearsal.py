@@ -30,7 +30,7 @@ import time
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.test_ray_job import _clone
+from tests.e2e.test_ray_job import _clone
 
 pytestmark = pytest.mark.ray
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from npu_rl.rollout import vllm_available
-from tests.lora.common import LORA, actor_batch, actor_config, actor_rollout_worker
+from tests.models.lora.common import LORA, actor_batch, actor_config, actor_rollout_worker
 from tests.rollout.conftest import make_prompts
 
 VLLM = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32",
