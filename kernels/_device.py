@@ -17,20 +17,18 @@ import os
 
 import torch
 
+from npu_rl.device import get_backend
+
 BACKENDS = ("auto", "torch", "triton", "triton_mm")
 
 
 def accelerator_name() -> str:
     """The torch device type the device layer chose for this process."""
-    from npu_rl.device import get_backend
-
     return get_backend().name
 
 
 def device_kind() -> str:
     """``"<type>:<device name>"`` of the current accelerator (``"cpu:CPU"`` without one), for the tile budget table."""
-    from npu_rl.device import get_backend
-
     backend = get_backend()
     return f"{backend.name}:{backend.device_name()}"
 
@@ -45,8 +43,6 @@ def default_dot_precision() -> str | None:
     triton-ascend's options have no default (``tl.dot(..., input_precision=None)`` fails with "'NPUOptions' object
     has no attribute 'default_dot_input_precision'", found by lowering the kernels through its front end) and allow
     only "ieee" and "hf32"."""
-    from npu_rl.device import get_backend
-
     return get_backend().triton_dot_precision()
 
 

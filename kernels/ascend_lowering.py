@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import traceback
+from npu_rl.kernels.tiles import select_row_tiles, select_tiles
 
 # Pointer element types of each kernel argument (the rest: i32 scalars; floats named below).
 _BF16_PTRS = {"h_ptr", "w_ptr", "rh_ptr", "rw_ptr"}
@@ -50,7 +51,6 @@ def _signature(fn, constants: dict, from_logits: bool = False) -> dict[str, str]
 def variants(arch: str):
     """(name, jit function, constants, from_logits) for every kernel and the variants the launchers use."""
     from npu_rl.kernels import policy_triton, triton_linear
-    from npu_rl.kernels.tiles import select_row_tiles, select_tiles
 
     kind = f"npu:{arch}"
     fused, row = select_tiles(kind, 2), select_row_tiles(kind)

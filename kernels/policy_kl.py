@@ -21,7 +21,6 @@ each input once and writes each output once, forward and backward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 

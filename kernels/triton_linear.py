@@ -38,6 +38,8 @@ import triton
 import triton.language as tl
 
 from npu_rl.kernels.tiles import TileConfig
+from npu_rl.kernels._device import addmm_fp32_, default_dot_precision
+from npu_rl.kernels.chunked_torch import combine_partials
 
 NUM_STATS = {False: 4, True: 5}  # per-row statistics written by the forward kernel: (m, s, t, x) | (m, s, t, mq, sq)
 
@@ -196,8 +198,6 @@ def _bwd_kernel(h_ptr, w_ptr, rh_ptr, rw_ptr, tgt_ptr, temp_ptr, lse_ptr, aux_pt
 
 # --------------------------------------------------------------------------- launchers
 def _compile_flags(h: torch.Tensor, interpreted: bool) -> dict:
-    from npu_rl.kernels._device import default_dot_precision
-
     upcast = interpreted and h.dtype != torch.float32
     return {"UPCAST": upcast,
             "PRECISION": "ieee" if (h.dtype == torch.float32 or upcast) else default_dot_precision()}
@@ -290,7 +290,6 @@ def forward(hidden, weight, targets, temperature, inv_temp, *, mode, tile, num_c
                 ref_logits = torch.mm(ref_hidden, ref_weight[v0:v1].t(), out=_view(rbuf, num_tokens, v1 - v0))
             launch_forward(part=part, logits=logits, ref_logits=ref_logits, v_base=v0, v_limit=v1, split_offset=c,
                            **common)
-    from npu_rl.kernels.chunked_torch import combine_partials
 
     return combine_partials(part, kl)
 
@@ -299,8 +298,6 @@ def backward(hidden, weight, targets, temperature, inv_temp, lse, aux, g0, g1, *
              vocab_chunk_size, interpreted, ref_hidden=None, ref_weight=None):
     """(dhidden, dweight): per vocabulary chunk, ``dl = dL/dlogits`` [N, chunk] from the kernel, then
     ``dW[chunk] = dl^T h`` (one matmul, no accumulation) and ``dh += dl W[chunk]`` (float32 accumulator)."""
-    from npu_rl.kernels._device import addmm_fp32_
-
     kl = ref_hidden is not None
     num_tokens, vocab = hidden.shape[0], weight.shape[0]
     buf = _chunk_buffer(hidden, num_tokens * min(vocab, vocab_chunk_size))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 # A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler; the
-# Ctrl-C tests (tests/faults) test what a user at a terminal gets, so the suite starts from Python's usual handler.
+# Ctrl-C tests (tests/e2e/test_interrupt.py) test what a user at a terminal gets, so the suite starts from Python's usual handler.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 

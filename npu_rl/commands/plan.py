@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from npu_rl.config.loader import ConfigError, load_config
+from npu_rl.plan.job import plan_config, this_device
+from npu_rl.plan.memory import DEVICES
+
 
 def main(argv: list[str] | None = None) -> int:
-    from npu_rl.plan.memory import DEVICES
-
     parser = argparse.ArgumentParser(prog="npu-rl plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help=f"{' | '.join(DEVICES)} (default: this machine's)")
     parser.add_argument("--model-config", default=None, help="the policy's config.json (a Hub id not on disk)")
@@ -20,8 +22,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-path", "-cp", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")
     args = parser.parse_args(argv)
-    from npu_rl.config.loader import ConfigError, load_config
-    from npu_rl.plan.job import plan_config, this_device
 
     try:
         config = load_config(args.overrides, args.config_name, args.config_path)

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from npu_rl.config.errors import ConfigError
 from npu_rl.config.introspect import schema_fields as _fields
 from npu_rl.config.schema import PPOConfig
+from npu_rl.utils.redact import redact_mapping
 
 __all__ = ["ConfigError", "all_keys", "check_key", "compose", "load_config", "suggest_key", "to_dataclass", "to_yaml"]
 
@@ -221,7 +222,5 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
 
 def to_yaml(config: PPOConfig | DictConfig) -> str:
     """The config as YAML to print (``--cfg job``): interpolations left as written, secrets masked."""
-    from npu_rl.utils.redact import redact_mapping
-
     node = OmegaConf.structured(config) if dataclasses.is_dataclass(config) else config
     return OmegaConf.to_yaml(OmegaConf.create(redact_mapping(OmegaConf.to_container(node, resolve=False))))

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any
 
+import npu_rl
 from npu_rl.utils.redact import MASK, is_secret_name, redact_argv, redact_environment, redact_mapping
 
 _ENV_PREFIXES = ("DEVICE", "ASCEND_", "CUDA_VISIBLE", "NPU_RL_", "VLLM_", "HCCL_", "TASK_QUEUE", "RAY_ADDRESS",
@@ -76,7 +77,6 @@ def save_run_record(run_dir: str, config: Any, command: list[str] | None = None)
     command (``["npu-rl", "train", ...]``); default: from ``sys.argv``."""
     from omegaconf import OmegaConf
 
-    import npu_rl
 
     os.makedirs(run_dir, exist_ok=True)
     paths = {"config": os.path.join(run_dir, "config.yaml"), "command": os.path.join(run_dir, "command.json"),

@@ -274,7 +274,7 @@ def test_factory_builds_an_eager_hf_engine_for_a_short_run(monkeypatch, eos_mode
     model, tokenizer = eos_model
     monkeypatch.delenv("NPU_RL_COMPILED_DECODE", raising=False)
     cuda_like = backend_module.make_backend("cuda")
-    monkeypatch.setattr("npu_rl.device.get_backend", lambda: cuda_like)
+    monkeypatch.setattr(backend_module, "_BACKEND", cuda_like)  # what get_backend() returns, wherever it is imported
     config = RolloutConfig(name="hf")
     short = build_rollout_engine(config, eos_model_dir, model, tokenizer, decode_steps=15 * 24)
     long = build_rollout_engine(config, eos_model_dir, model, tokenizer, decode_steps=200 * 256)

@@ -43,15 +43,13 @@ def test_a_run_writes_and_prints_no_secret(tiny_model_dir, tmp_path, reward_file
         f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY={OVERRIDE_KEY}",
         "+ray_kwargs.ray_init.runtime_env.env_vars.NPU_RL_TEST_TOKEN=${oc.env:NPU_RL_TEST_TOKEN}"]
     seen = {}
-    import npu_rl.trainer.run as run_module
-
-    original = run_module.run
+    original = main_ppo.run  # the trainer's run() as main_ppo calls it
 
     def spy(config, argv=None, checked=False):
         seen["env_vars"] = dict(config.ray_kwargs.ray_init.runtime_env["env_vars"])
         return original(config, argv, checked)
 
-    monkeypatch.setattr(run_module, "run", spy)
+    monkeypatch.setattr(main_ppo, "run", spy)
     assert main_ppo.main(overrides, default_config="ppo_trainer") == 0
     # the run got the real values
     assert seen["env_vars"] == {"WANDB_API_KEY": OVERRIDE_KEY, "NPU_RL_TEST_TOKEN": ENV_TOKEN}

@@ -63,12 +63,12 @@ def test_merge_refuses_a_non_empty_out_and_never_leaves_half_a_model(lora_run, t
     assert cli(["merge", run_dir, "--out", str(other)]) == 2
     assert "is not empty" in capsys.readouterr().err and (other / "config.json").read_text() == '{"mine": 1}'
 
-    import npu_rl.parallel.weights as weights
+    import npu_rl.models.lora as lora_module  # the merge of a LoRA run writes through its save_hf_state_dict
 
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(weights, "save_hf_state_dict", broken)
+    monkeypatch.setattr(lora_module, "save_hf_state_dict", broken)
     with pytest.raises(OSError):
         cli(["merge", run_dir, "--out", str(other), "--force"])
     assert sorted(os.listdir(other)) == ["config.json"] and sorted(os.listdir(tmp_path)) == ["other_model"]
