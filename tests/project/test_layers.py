@@ -1,4 +1,4 @@
-"""The package's import arrows point down (STYLE.md): each room sits on a floor, and a module imports only from its
+"""The package's import arrows point down: each room sits on a floor, and a module imports only from its
 own room or from rooms on lower floors, lazy imports inside functions included; and there is no import cycle
 anywhere in ``npu_rl/`` and in the top-level ``kernels/`` and ``configs/`` (imported as ``npu_rl.kernels`` and
 ``npu_rl.configs``)."""

@@ -8,7 +8,7 @@ import pytest
 
 from tests.trainer.conftest import base_overrides, read_metrics, run_training, step_rows
 
-# Keys from REFERENCE.md's list that a GRPO step on one CPU produces.
+# verl's metric keys (docs/trainer.md) that a GRPO step on one CPU produces.
 GRPO_KEYS = [
     "actor/entropy", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/kl_loss",
     "actor/grad_norm", "actor/lr",

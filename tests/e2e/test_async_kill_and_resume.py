@@ -29,7 +29,7 @@ import pytest
 
 from npu_rl.trainer.checkpoint import STATE_FILE, latest_step, saved_steps, step_dir, verify_step
 from npu_rl.utils.safe_load import load_state
-from tests.experimental.test_one_step_off import async_overrides
+from tests.e2e.test_one_step_off import async_overrides
 from tests.conftest import REPO_ROOT
 from tests.trainer.conftest import step_rows
 

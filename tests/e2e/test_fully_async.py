@@ -13,7 +13,7 @@ import pytest
 from npu_rl.config.loader import load_config
 from npu_rl.trainer.checkpoint import STATE_FILE, step_dir
 from npu_rl.utils.safe_load import load_state
-from tests.experimental.test_one_step_off import async_overrides
+from tests.e2e.test_one_step_off import async_overrides
 from tests.trainer.conftest import reward_file, step_rows  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("ray_session")

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from tests.models.lora.common import LORA
 from tests.trainer.conftest import base_overrides, step_rows
-from tests.trainer.test_resume import ROWS_PER_STEP, _train_subprocess
+from tests.e2e.test_resume import ROWS_PER_STEP, _train_subprocess
 
 pytestmark = pytest.mark.slow  # three training processes
 

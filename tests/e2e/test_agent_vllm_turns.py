@@ -17,7 +17,7 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    from tests.rollout.test_vllm import vllm_config
+    from tests.e2e.test_vllm_rollout import vllm_config
 
     path = save_eos_model_dir(str(tmp_path_factory.mktemp("eos_model")))
     tokenizer = load_tokenizer(path)
