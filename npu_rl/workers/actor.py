@@ -5,6 +5,12 @@ Loss of one micro-batch (aggregated with the mini-batch's global denominators)::
     policy_loss(logprobs, old_logprobs, advantages)   # the registry's loss, fused implementation when asked
     - entropy_coeff * entropy                          # when entropy_coeff != 0
     + kl_loss_coef * kl(logprobs, ref_logprobs)        # when use_kl_loss
+    + router_aux_loss_coef * aux_loss * seqs / global_seqs  # an MoE model's load-balancing loss, when its config
+                                                       # sets output_router_logits (its share of the mini-batch)
+
+Mixture-of-experts models (npu_rl/models/moe.py): the update's forward captures the routing for the
+``actor/moe/*`` metrics; ``router_replay.mode`` R3 replays the rollout's ``routed_experts`` in the log-prob pass
+and the update, R2 records them in the log-prob pass and replays them in the update.
 """
 
 from __future__ import annotations
@@ -17,10 +23,11 @@ from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl_loss, resolved_clip_ratios
 from npu_rl.models.forward import LogprobOptions
 from npu_rl.models.loader import load_causal_lm
+from npu_rl.models import moe
 from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora, is_lora_model, merged_named_weights
 from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch, WorkerOutput
-from npu_rl.workers.engine import MicroLoss, TrainingEngine, UpdateSettings
+from npu_rl.workers.engine import MicroLoss, Routing, TrainingEngine, UpdateSettings
 from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 
@@ -105,15 +112,28 @@ class ActorWorker:
         with ``actor.calculate_sum_pi_squared``)."""
         options = logprob_options(self.model_cfg, compute_entropy=True)
         options.compute_sum_pi_squared = self.cfg.calculate_sum_pi_squared  # optimal-token-baseline estimators
+        mode = self.replay_mode
+        routing = Routing(capture=mode == "R2", replay=mode == "R3")
 
         def forward(mb: Batch) -> dict[str, torch.Tensor]:
-            stats = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options)
+            stats, routed = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options, routing)
             out = {"old_logprobs": stats["logprobs"], "entropy": stats["entropy"]}
             if "sum_pi_squared" in stats:
                 out["sum_pi_squared"] = stats["sum_pi_squared"]
+            if routing.capture:  # R2: the experts this pass chose, replayed by the update
+                out["routed_experts"] = routed.routed_experts(mb["attention_mask"].shape[1],
+                                                              self.plan.max_response_length)
             return out
 
-        return self.engine.infer(batch, forward)
+        try:
+            return self.engine.infer(batch, forward)
+        finally:
+            self.engine.clear_routing()
+
+    @property
+    def replay_mode(self) -> str:
+        """actor.router_replay.mode where the model is a mixture of experts, else "disabled"."""
+        return self.cfg.router_replay.mode if self.engine.router_hooks is not None else "disabled"
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
@@ -131,13 +151,19 @@ class ActorWorker:
     @register(Dispatch.DP_SPLIT)
     def update_policy(self, batch: Batch) -> WorkerOutput:
         """PPO update over ``batch`` (this rank's rows); metrics averaged over mini-batches."""
-        return WorkerOutput(metrics=self.engine.update(batch, self.micro_loss))
+        try:
+            return WorkerOutput(metrics=self.engine.update(batch, self.micro_loss))
+        finally:
+            self.engine.clear_routing()
 
     def micro_loss(self, mb: Batch, denominators: dict[str, torch.Tensor]) -> MicroLoss:
         cfg, device = self.cfg, self.engine.device
         need_entropy = cfg.entropy_coeff != 0
         options = logprob_options(self.model_cfg, need_entropy)
-        logprobs, entropy = self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)
+        moe_model = self.engine.router_hooks is not None
+        routing = Routing(capture=moe_model, replay=self.replay_mode != "disabled")
+        stats, routed = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options, routing)
+        logprobs, entropy = stats["logprobs"], stats.get("entropy")
         response_mask = mb["response_mask"].to(device)
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=denominators["global_num_tokens"],
                    global_num_seqs=denominators["global_num_seqs"],
@@ -166,7 +192,25 @@ class ActorWorker:
             loss = loss + kl.loss
             metrics["actor/kl_loss"] = kl.metrics["kl_loss"]
             metrics["actor/kl_coef"] = torch.tensor(cfg.kl_loss_coef)
+        if routed is not None:
+            loss = loss + self._router_loss(routed, metrics, response_mask, denominators)
         return MicroLoss(loss, metrics, {"actor/pg_loss": policy.loss.detach()})
+
+    def _router_loss(self, routed, metrics: dict[str, torch.Tensor], response_mask: torch.Tensor,
+                     denominators: dict[str, torch.Tensor]) -> torch.Tensor | float:
+        """Fills the ``actor/moe/*`` metrics; returns this micro-batch's share of the weighted auxiliary loss (its
+        sequences over the mini-batch's), or 0 where the model adds none."""
+        model = self.engine.compute_model
+        metrics.update(routed.metrics(model, "actor/moe"))
+        aux = moe.aux_loss(model, routed.hooks, routed.token_mask)
+        if aux is None:
+            return 0.0
+        metrics["actor/moe/aux_loss"] = aux.detach()
+        enabled, coef = moe.aux_loss_settings(model)
+        if not enabled or coef == 0:
+            return 0.0
+        share = response_mask.bool().any(dim=-1).sum() / denominators["global_num_seqs"].clamp(min=1)
+        return coef * aux * share
 
     # ------------------------------------------------------------------------------------------- checkpoints
     @register(Dispatch.ALL)
