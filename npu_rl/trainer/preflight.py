@@ -125,6 +125,7 @@ def check(config: PPOConfig, plan: RunPlan | None = None, check_paths: bool = Tr
     from npu_rl.agent.validate import agent_config_problems
     from npu_rl.trainer.checks.device import device_problems
     from npu_rl.trainer.checks.files import file_problems
+    from npu_rl.trainer.checks.moe import router_replay_problems
     from npu_rl.trainer.checks.names import estimator_resolves, name_problems
 
     plan = plan or _plan(config, strict=False)
@@ -134,6 +135,7 @@ def check(config: PPOConfig, plan: RunPlan | None = None, check_paths: bool = Tr
     problems += rollout_correction_problems(config)
     problems += name_problems(config, plan.use_critic)
     problems += agent_config_problems(config, check_paths)
+    problems += router_replay_problems(config, check_paths)
     if check_paths:
         problems += file_problems(config, plan.use_critic)
         problems += run_folder_problems(config)
