@@ -54,3 +54,9 @@ def test_replay_on_a_dense_model_is_refused(tiny_model_dir):
     found = problems(f"{MODE}=R2", f"actor_rollout_ref.model.path={tiny_model_dir}", check_paths=True)
     assert len(found) == 1 and found[0].startswith(f"{MODE}=R2: actor_rollout_ref.model.path={tiny_model_dir} is "
                                                    "not a mixture-of-experts model")
+
+
+def test_r2_without_a_logprob_pass_is_refused():
+    found = problems(f"{MODE}=R2", "algorithm.rollout_correction.bypass_mode=True")
+    assert any(p.startswith(f"{MODE}=R2 records the experts in the actor's log-prob pass, which "
+                            "algorithm.rollout_correction.bypass_mode=True skips") for p in found)

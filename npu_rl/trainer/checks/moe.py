@@ -30,6 +30,13 @@ def router_replay_problems(config, check_paths: bool) -> list[str]:
         problems.append(f"{ROUTING_KEY}=True: agent-loop rollouts (rollout.mode=async) and the asynchronous trainers "
                         "(partial rollouts) do not carry the recorded experts; use the synchronous trainer with "
                         "rollout.mode=sync")
+    if mode == "R2" and config.algorithm.rollout_correction.bypass_mode:
+        problems.append(f"{MODE_KEY}=R2 records the experts in the actor's log-prob pass, which "
+                        "algorithm.rollout_correction.bypass_mode=True skips: use R3 with the hf rollout, or turn "
+                        "bypass_mode off")
+    if mode == "R2" and str(config.async_training.mode) != "sync":
+        problems.append(f"{MODE_KEY}=R2 has run with the synchronous trainer only (async_training.mode="
+                        f"{config.async_training.mode}); use the synchronous trainer")
     if mode != "disabled" and int(arr.actor.ulysses_sequence_parallel_size) > 1:
         problems.append(f"{MODE_KEY}={mode} with actor.ulysses_sequence_parallel_size="
                         f"{arr.actor.ulysses_sequence_parallel_size}: router replay has not run under Ulysses; set "
