@@ -299,9 +299,11 @@ def model_summary(shape: ModelShape, s: TrainSettings) -> list[str]:
     mb = dtype_bytes(s.model_dtype)
     ep = max(s.ep, 1)
     expert_bytes = shape.num_expert_params * mb / max(s.shard, 1)
+    where = "in host memory with param_offload" if s.param_offload else "on the device"
     lines.append(f"experts: {shape.num_expert_params / billions:.2f}B routed-expert parameters; ep={ep}: "
                  f"{shape.num_experts // ep} experts per layer on each rank, FSDP2 over {max(s.shard // ep, 1)} "
-                 f"rank(s) for them: {expert_bytes / GIB:.1f} GiB of expert weights per device ({s.model_dtype})")
+                 f"rank(s) for them: {expert_bytes / GIB:.1f} GiB of expert weights per rank ({s.model_dtype}, "
+                 f"{where})")
     tokens = s.micro_tokens / max(s.sp, 1)
     routed = tokens * shape.moe_activation_bytes_per_token()
     a2a = tokens * shape.all_to_all_bytes_per_token(ep)

@@ -88,7 +88,7 @@ def test_expert_shards_gathered_layer_and_all_to_all_under_ep():
     assert lines[0].startswith("model: qwen3_moe, 30.53B parameters, 3.35B active per token (8 of 128 routed experts")
     # 28.99B expert parameters in fp32 over 16 ranks: 7.3 GiB each
     assert "16 experts per layer on each rank" in lines[1]
-    assert f"{48 * 128 * 4_718_592 * 4 / 16 / GIB:.1f} GiB of expert weights per device" in lines[1]
+    assert f"{48 * 128 * 4_718_592 * 4 / 16 / GIB:.1f} GiB of expert weights per rank (fp32, on the device)" in lines[1]
     assert f"all-to-all buffers: {4096 * 2 * 8 * 2048 * 2 / GIB:.2f} GiB per MoE layer" in lines[2]
 
 
@@ -117,3 +117,31 @@ def test_plan_command_prints_the_moe_lines(tmp_path, capsys):
     assert main(["--device", "atlas-a3", "--model-config", str(config_file), "--ep", "5",
                  "actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B", "trainer.n_gpus_per_node=16"]) == 2
     assert "--ep 5 does not divide the model's 128 routed experts" in capsys.readouterr().err
+
+
+def test_docs_show_the_moe_plans():
+    """docs/distributed.md prints the plans of DeepSeek-V3 671B on 8 A3 nodes and Qwen3-30B-A3B on one: still true."""
+    import os
+
+    from npu_rl.compat.verl.translate import translate_overrides
+    from npu_rl.config.loader import load_config
+    from npu_rl.plan.job import plan_config
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    data = os.path.join(root, "tests", "data", "plan")
+
+    def overrides(name: str) -> list[str]:
+        with open(os.path.join(data, name)) as f:
+            return [line for line in f.read().splitlines() if line and not line.startswith("#")]
+
+    deepseek = plan_config(load_config(translate_overrides(overrides("deepseek_v3_671b_grpo.txt") + [
+        "trainer.nnodes=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=32",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.9"]), "ppo_trainer"), "atlas-a3",
+        model_config=os.path.join(data, "deepseek-v3", "config.json"), ep=32)
+    qwen = plan_config(load_config(translate_overrides(overrides("qwen3_30b_a3b_grpo.txt")), "ppo_trainer"),
+                       "atlas-a3", model_config=os.path.join(data, "qwen3-30b-a3b", "config.json"), ep=8)
+    with open(os.path.join(root, "docs", "distributed.md")) as f:
+        docs = f.read()
+    for result in (deepseek, qwen):
+        assert result.fits and result.host_fits
+        assert result.table() in docs and result.verdict() in docs
