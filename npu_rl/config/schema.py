@@ -294,12 +294,18 @@ class ActorConfig:
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    moe_router_bias_update_rate: float = 0.0
+    """mixture-of-experts models with a routing bias (DeepSeek-V3's e_score_correction_bias): auxiliary-loss-free
+    balancing, after each optimizer step the bias of an expert that got more tokens than its layer's mean falls by
+    this rate, and one with fewer rises by it (Megatron's moe_router_bias_update_rate, 1e-3 there); 0: the bias
+    stays as loaded"""
 
     def check(self, key: str) -> list[str]:
         rules = [(finite(self.clip_ratio_c) and self.clip_ratio_c > 1.0, f"{key}.clip_ratio_c={self.clip_ratio_c} "
                   "must be > 1 and finite (it is the dual-clip bound on the ratio for negative advantages; verl's "
                   "default is 3.0)")]
-        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", "kl_loss_coef"):
+        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", "kl_loss_coef",
+                     "moe_router_bias_update_rate"):
             value = getattr(self, name)
             rules.append((value is None or (finite(value) and value >= 0),
                           f"{key}.{name}={value} must be >= 0 and finite"))

@@ -222,6 +222,29 @@ def load_metrics(counts: torch.Tensor, prefix: str = "actor/moe") -> dict[str, t
             f"{prefix}/dead_expert_share": (counts == 0).float().mean()}
 
 
+def has_correction_bias(model: torch.nn.Module) -> bool:
+    """Whether the routers choose with a load-balancing bias (DeepSeek-V3's ``e_score_correction_bias``)."""
+    modules = routers(model)
+    return bool(modules) and all(hasattr(m, "e_score_correction_bias") for m in modules)
+
+
+@torch.no_grad()
+def update_correction_bias(models: list[torch.nn.Module], counts: torch.Tensor, rate: float) -> torch.Tensor:
+    """DeepSeek-V3's auxiliary-loss-free balancing (arXiv:2412.19437, section 2.1.2): after an optimizer step each
+    layer's bias moves by ``rate`` towards balance, ``b_e += rate * sign(mean_e' load - load_e)`` (an overloaded
+    expert is chosen less, an underloaded one more; an expert at the mean keeps its bias). ``counts`` [L, E]: the
+    step's tokens per expert (all ranks). Applied to every copy in ``models`` (a master and its compute copy);
+    returns the mean absolute bias after the update."""
+    step = rate * torch.sign(counts.mean(dim=-1, keepdim=True) - counts)  # [L, E]
+    biases = []
+    for model in models:
+        for layer, router in enumerate(routers(model)):
+            bias = router.e_score_correction_bias
+            bias.add_(step[layer].to(bias.device, bias.dtype))
+            biases.append(bias)
+    return torch.stack([b.float().abs().mean().cpu() for b in biases]).mean()
+
+
 def topk_mismatch(recorded: torch.Tensor, computed: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     """Share of (token, layer) pairs whose set of top-k experts differs: ``recorded`` / ``computed`` [N, L, K],
     ``token_mask`` [N] (tokens with an unrecorded ``-1`` are left out)."""

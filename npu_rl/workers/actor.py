@@ -25,6 +25,7 @@ from npu_rl.models.forward import LogprobOptions
 from npu_rl.models.loader import load_causal_lm
 from npu_rl.models import moe
 from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora, is_lora_model, merged_named_weights
+from npu_rl.parallel import dist
 from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.workers.engine import MicroLoss, Routing, TrainingEngine, UpdateSettings
@@ -70,6 +71,7 @@ class ActorWorker:
         self.logprob_micro = logprob_micro
         self.plan = plan
         self.engine: TrainingEngine | None = None
+        self._step_load: torch.Tensor | None = None  # tokens per expert [L, E] of the mini-batch being stepped
         self.loss_implementation = None
         if model_cfg.use_fused_kernels:
             from npu_rl.models.fused_losses import implementation_name  # registers the fused implementations
@@ -89,6 +91,10 @@ class ActorWorker:
             sp_size=cfg.ulysses_sequence_parallel_size, trainable=True, optim_config=cfg.optim,
             total_training_steps=total_training_steps, update=update,
             compile_blocks=cfg.use_torch_compile and self.plan.allow_compile)
+        if cfg.moe_router_bias_update_rate > 0 and not moe.has_correction_bias(self.engine.compute_model):
+            raise ValueError(f"actor_rollout_ref.actor.moe_router_bias_update_rate={cfg.moe_router_bias_update_rate}"
+                             f": {type(moe.base_model(self.engine.compute_model)).__name__} has no routing bias "
+                             "(e_score_correction_bias, DeepSeek-V3); set it to 0")
 
     @property
     def model(self) -> torch.nn.Module:
@@ -151,10 +157,23 @@ class ActorWorker:
     @register(Dispatch.DP_SPLIT)
     def update_policy(self, batch: Batch) -> WorkerOutput:
         """PPO update over ``batch`` (this rank's rows); metrics averaged over mini-batches."""
+        after_step = self._update_router_bias if self.cfg.moe_router_bias_update_rate > 0 else None
+        self._step_load = None
         try:
-            return WorkerOutput(metrics=self.engine.update(batch, self.micro_loss))
+            return WorkerOutput(metrics=self.engine.update(batch, self.micro_loss, after_step))
         finally:
             self.engine.clear_routing()
+
+    def _update_router_bias(self, stepped: bool) -> dict[str, torch.Tensor]:
+        """DeepSeek-V3's bias update from the mini-batch's tokens per expert on all dp ranks (after a taken step)."""
+        load, self._step_load = self._step_load, None
+        if not stepped or load is None:
+            return {}
+        runner = self.engine.runner
+        load = dist.all_reduce_sum({"load": load}, runner.dp_group)["load"]
+        models = [self.engine.model] + ([self.engine.compute_model] if runner.has_master_copy else [])
+        bias = moe.update_correction_bias(models, load, self.cfg.moe_router_bias_update_rate)
+        return {"actor/moe/correction_bias_abs_mean": bias}
 
     def micro_loss(self, mb: Batch, denominators: dict[str, torch.Tensor]) -> MicroLoss:
         cfg, device = self.cfg, self.engine.device
@@ -202,6 +221,9 @@ class ActorWorker:
         sequences over the mini-batch's), or 0 where the model adds none."""
         model = self.engine.compute_model
         metrics.update(routed.metrics(model, "actor/moe"))
+        if self.cfg.moe_router_bias_update_rate > 0:  # this mini-batch's load, for the bias update after its step
+            load = moe.expert_load(routed.hooks.stacked_indices(), routed.token_mask, routed.hooks.num_experts)
+            self._step_load = load if self._step_load is None else self._step_load + load
         aux = moe.aux_loss(model, routed.hooks, routed.token_mask)
         if aux is None:
             return 0.0

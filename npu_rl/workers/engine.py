@@ -260,8 +260,11 @@ class TrainingEngine:
         return Batch({key: restore_order(values, permutation) for key, values in outputs.items()})
 
     # --------------------------------------------------------------------------------------------- the update
-    def update(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """Optimizer steps over ``batch`` (this rank's rows); metrics averaged over mini-batches (module docstring)."""
+    def update(self, batch: Batch, loss_fn: LossFn,
+               after_step: Callable[[bool], dict[str, torch.Tensor]] | None = None) -> dict[str, float]:
+        """Optimizer steps over ``batch`` (this rank's rows); metrics averaged over mini-batches (module docstring).
+        ``after_step(stepped)`` runs after each mini-batch (``stepped``: the optimizer step was taken, not skipped)
+        and returns metrics of its own (a role's work that follows the step, e.g. the router bias update)."""
         settings = self.update_settings
         self.runner.train()
         metrics: list[dict[str, torch.Tensor]] = []
@@ -270,6 +273,8 @@ class TrainingEngine:
             order = torch.randperm(len(batch), generator=generator) if settings.shuffle else torch.arange(len(batch))
             for mini in batch.index(order).split(settings.rows_per_mini_batch):
                 metrics.append(self._update_mini_batch(mini, loss_fn))
+                if after_step is not None:
+                    metrics[-1].update(after_step(bool(metrics[-1][f"{self.role}/nan_skipped"] == 0)))
         with warnings.catch_warnings():  # every update skipped (non-finite): the schedule still advances
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
             self.scheduler.step()

@@ -110,3 +110,18 @@ def test_replay_gradient_reaches_the_router_through_recomputed_weights():
     model(input_ids=input_ids).logits.sum().backward()
     assert torch.equal(hooks.stacked_indices(), replay)
     assert all(r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in hooks.modules)
+
+
+def test_correction_bias_update_by_hand():
+    model = tiny_moe("deepseek_v3")
+    routers = moe.routers(model)
+    before = [r.e_score_correction_bias.clone() for r in routers]
+    # layer 0: mean 3 -> experts 0, 1 overloaded (-0.01), 2, 3 at the mean (0), 4..7 underloaded (+0.01)
+    # layer 1: all at the mean 2 -> unchanged
+    counts = torch.tensor([[7., 5., 3., 3., 2., 2., 1., 1.],
+                           [2., 2., 2., 2., 2., 2., 2., 2.]])
+    moe.update_correction_bias([model], counts, rate=0.01)
+    torch.testing.assert_close(routers[0].e_score_correction_bias - before[0],
+                               torch.tensor([-0.01, -0.01, 0, 0, 0.01, 0.01, 0.01, 0.01]))
+    torch.testing.assert_close(routers[1].e_score_correction_bias, before[1])
+    assert moe.has_correction_bias(model) and not moe.has_correction_bias(tiny_moe("qwen3_moe"))

@@ -60,3 +60,13 @@ def test_r2_without_a_logprob_pass_is_refused():
     found = problems(f"{MODE}=R2", "algorithm.rollout_correction.bypass_mode=True")
     assert any(p.startswith(f"{MODE}=R2 records the experts in the actor's log-prob pass, which "
                             "algorithm.rollout_correction.bypass_mode=True skips") for p in found)
+
+
+def test_bias_update_on_a_model_without_a_routing_bias_is_refused(tmp_path):
+    qwen = save_tiny_moe(str(tmp_path / "qwen"))
+    found = problems("actor_rollout_ref.actor.moe_router_bias_update_rate=0.001",
+                     f"actor_rollout_ref.model.path={qwen}", check_paths=True)
+    assert len(found) == 1 and "(qwen3_moe) routes without a bias to update" in found[0]
+    deepseek = save_tiny_moe(str(tmp_path / "deepseek"), "deepseek_v3")
+    assert problems("actor_rollout_ref.actor.moe_router_bias_update_rate=0.001",
+                    f"actor_rollout_ref.model.path={deepseek}", check_paths=True) == []

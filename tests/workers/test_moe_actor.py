@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from npu_rl.models import moe
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.hf import HFRolloutEngine
@@ -102,3 +103,37 @@ def _training_fields(batch: Batch) -> Batch:
     g = torch.Generator().manual_seed(3)
     return Batch({"old_logprobs": batch["rollout_logprobs"], "ref_logprobs": batch["rollout_logprobs"],
                   "advantages": torch.randn(rows, width, generator=g) * mask})
+
+
+@pytest.mark.parametrize("param_dtype", ["fp32", "bf16"])  # bf16: an fp32 master and a bf16 compute copy
+def test_bias_update_follows_the_updates_load(tmp_path, param_dtype):
+    worker = _worker(tmp_path, "actor_rollout_ref.actor.moe_router_bias_update_rate=0.01",
+                     f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={param_dtype}",
+                     kind="deepseek_v3")
+    routers = moe.routers(worker.engine.model)
+    before = torch.stack([r.e_score_correction_bias.clone() for r in routers])
+    loads = []
+    real = worker._update_router_bias
+
+    def recording(stepped):
+        loads.append(worker._step_load.clone())
+        return real(stepped)
+
+    worker._update_router_bias = recording
+    metrics = worker.update_policy(actor_batch()).metrics
+    moved = torch.stack([r.e_score_correction_bias for r in routers]) - before
+    # 8 rows / ppo_mini_batch_size 2 x n 4 = one mini-batch: one step, one move by the sign of (mean - load)
+    assert len(loads) == 1
+    expected = 0.01 * torch.sign(loads[0].mean(dim=-1, keepdim=True) - loads[0])
+    torch.testing.assert_close(moved, expected)
+    assert "actor/moe/correction_bias_abs_mean" in metrics
+    # the compute copy routes with the same bias as the master
+    assert worker.engine.runner.has_master_copy == (param_dtype == "bf16")
+    for master, compute in zip(routers, moe.routers(worker.engine.compute_model)):
+        torch.testing.assert_close(compute.e_score_correction_bias.float(), master.e_score_correction_bias,
+                                   rtol=0, atol=2e-3)  # bf16 holds the compute copy's bias to ~3 digits
+
+
+def test_bias_update_on_a_model_without_a_bias_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="moe_router_bias_update_rate=0.01: Qwen3MoeForCausalLM has no routing bias"):
+        _worker(tmp_path, "actor_rollout_ref.actor.moe_router_bias_update_rate=0.01")

@@ -45,23 +45,40 @@ def router_replay_problems(config, check_paths: bool) -> list[str]:
         problem = _dense_model_problem(str(arr.model.path), mode, records)
         if problem:
             problems.append(problem)
+    rate = arr.actor.moe_router_bias_update_rate
+    if check_paths and rate > 0:
+        config = _model_config(str(arr.model.path))
+        if config is not None and config.get("model_type") not in BIASED_ROUTERS:
+            problems.append(f"actor_rollout_ref.actor.moe_router_bias_update_rate={rate}: "
+                            f"actor_rollout_ref.model.path={arr.model.path} ({config.get('model_type')}) routes "
+                            f"without a bias to update (models that have one: {', '.join(BIASED_ROUTERS)}); set it "
+                            "to 0")
     return problems
 
 
-def _dense_model_problem(path: str, mode: str, records: bool) -> str | None:
+BIASED_ROUTERS = ("deepseek_v3",)  # routers with an e_score_correction_bias in transformers
+
+
+def _model_config(path: str) -> dict | None:
+    """The actor's config.json (a stand-in for a built-in dense model; None where the model path check reports)."""
     from npu_rl.models.loader import is_builtin, local_model_folder
 
-    folder = None if is_builtin(path) else local_model_folder(path)
     if is_builtin(path):
-        config = {"model_type": "builtin"}
-    elif folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
-        return None  # reported by the model path check
-    else:
-        try:
-            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, ValueError):
-            return None
+        return {"model_type": "builtin"}
+    folder = local_model_folder(path)
+    if folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
+        return None
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _dense_model_problem(path: str, mode: str, records: bool) -> str | None:
+    config = _model_config(path)
+    if config is None:
+        return None
     routed = any(isinstance(config.get(k), int) and config[k] > 0
                  for k in ("num_experts", "n_routed_experts", "num_local_experts"))
     if routed and moe_layer_indices(config) != []:
