@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from npu_rl.models.check import moe_layer_indices
 from npu_rl.plan.memory import (
     GIB,
     dtype_bytes,
@@ -45,8 +46,6 @@ def shape_from_config_json(path: str) -> ModelShape:
 
 def _moe_fields(cfg: dict) -> dict:
     """ModelShape's mixture-of-experts and MLA fields from a config.json (empty for a dense model)."""
-    from npu_rl.models.check import moe_layer_indices
-
     experts = next((int(cfg[k]) for k in ("num_experts", "n_routed_experts", "num_local_experts")
                     if isinstance(cfg.get(k), int) and cfg[k] > 0), 0)
     fields: dict = {}

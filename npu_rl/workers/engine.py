@@ -198,7 +198,10 @@ class TrainingEngine:
 
     def _arm_routing(self, inputs: dict[str, torch.Tensor], kept: int, routing: Routing) -> RoutedForward | None:
         hooks = self.router_hooks
-        if hooks is None or not (routing.capture or routing.replay):
+        if hooks is None:
+            return None
+        if not (routing.capture or routing.replay):
+            hooks.clear()  # a forward that asks nothing of the routers: they choose, nothing is kept
             return None
         rows, unrows = self._router_rows(inputs)
         token_mask = rows(inputs["attention_mask"]).clamp(min=0).bool()

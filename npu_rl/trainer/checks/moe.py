@@ -7,6 +7,7 @@ import json
 import os
 
 from npu_rl.models.check import moe_layer_indices
+from npu_rl.models.loader import is_builtin, local_model_folder
 
 ROUTING_KEY = "actor_rollout_ref.rollout.enable_rollout_routing_replay"
 MODE_KEY = "actor_rollout_ref.actor.router_replay.mode"
@@ -61,8 +62,6 @@ BIASED_ROUTERS = ("deepseek_v3",)  # routers with an e_score_correction_bias in 
 
 def _model_config(path: str) -> dict | None:
     """The actor's config.json (a stand-in for a built-in dense model; None where the model path check reports)."""
-    from npu_rl.models.loader import is_builtin, local_model_folder
-
     if is_builtin(path):
         return {"model_type": "builtin"}
     folder = local_model_folder(path)
