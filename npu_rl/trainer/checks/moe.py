@@ -25,8 +25,9 @@ def router_replay_problems(config, check_paths: bool) -> list[str]:
                         "R3 only (verl refuses the pair too): drop one of them")
     if records and str(arr.rollout.name).lower() != "hf":
         problems.append(f"{ROUTING_KEY}=True: only the hf rollout engine records the experts each token was routed to; "
-                        f"npu-rl's vLLM engine does not pass vLLM's routed experts (enable_return_routed_experts) into "
-                        f"the batch. Set actor_rollout_ref.rollout.name=hf, or {MODE_KEY}=R2 with {ROUTING_KEY}=False")
+                        f"npu-rl's vLLM engine does not pass vLLM's routed experts (enable_return_routed_experts, which "
+                        f"needs vLLM's Model Runner V2 and Triton) into the batch. Set actor_rollout_ref.rollout.name=hf, "
+                        f"or {MODE_KEY}=R2 with {ROUTING_KEY}=False")
     if records and (str(arr.rollout.mode) == "async" or str(config.async_training.mode) != "sync"):
         problems.append(f"{ROUTING_KEY}=True: agent-loop rollouts (rollout.mode=async) and the asynchronous trainers "
                         "(partial rollouts) do not carry the recorded experts; use the synchronous trainer with "
