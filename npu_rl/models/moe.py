@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.overrides import TorchFunctionMode
 
+
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model under a PEFT wrapper (or the model itself)."""
     get_base = getattr(model, "get_base_model", None)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import torch
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from npu_rl.models.synthetic import char_tokenizer
 
@@ -31,9 +32,19 @@ def deepseek_v3_config(**overrides) -> DeepseekV3Config:
 
 
 def tiny_moe(kind: str = "qwen3_moe", seed: int = 0, **overrides) -> torch.nn.Module:
+    """qwen3_moe | deepseek_v3 | qwen2_moe (a shared expert with its gate; top-k weights not renormalised) |
+    mixtral (8 experts of intermediate 16)."""
     torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  num_experts_per_tok=2, max_position_embeddings=512, eos_token_id=2, pad_token_id=0, bos_token_id=None,
+                  tie_word_embeddings=False)
     if kind == "qwen3_moe":
         model = Qwen3MoeForCausalLM(qwen3_moe_config(**overrides))
+    elif kind == "qwen2_moe":
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**(common | dict(
+            intermediate_size=64, moe_intermediate_size=16, shared_expert_intermediate_size=32, num_experts=8) | overrides)))
+    elif kind == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(**(common | dict(intermediate_size=16, num_local_experts=8) | overrides)))
     else:
         model = DeepseekV3ForCausalLM(deepseek_v3_config(**overrides))
         with torch.no_grad():  # a non-zero correction bias, so that replay must reproduce a biased choice

@@ -64,7 +64,7 @@ def test_aux_loss_is_the_models_own_with_padding_left_out():
     assert moe.aux_loss(tiny_moe("deepseek_v3"), hooks, attention_mask) is None
 
 
-@pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3", "qwen2_moe", "mixtral"])
 def test_replay_uses_recorded_experts_with_weights_from_current_logits(kind):
     model = tiny_moe(kind).eval()
     hooks = moe.install_router_hooks(model)
@@ -81,9 +81,11 @@ def test_replay_uses_recorded_experts_with_weights_from_current_logits(kind):
         logits, weights, indices = router(hidden)
     expected_idx = torch.where(recorded >= 0, recorded, natural)
     torch.testing.assert_close(indices, expected_idx)
-    if kind == "qwen3_moe":  # softmax, top-k renormalised
+    if kind in ("qwen3_moe", "mixtral"):  # softmax, top-k renormalised
         chosen = torch.softmax(logits.float(), dim=-1).gather(-1, expected_idx)
         expected = chosen / chosen.sum(-1, keepdim=True)
+    elif kind == "qwen2_moe":  # softmax, not renormalised (norm_topk_prob=False, Qwen2-MoE's default)
+        expected = torch.softmax(logits.float(), dim=-1).gather(-1, expected_idx)
     else:  # sigmoid, renormalised, times routed_scaling_factor (2.5); the correction bias only picks
         chosen = torch.sigmoid(logits.float()).gather(-1, expected_idx)
         expected = chosen / (chosen.sum(-1, keepdim=True) + 1e-20) * 2.5
