@@ -1,6 +1,7 @@
 """``npu-rl plan [--device h200] [key=value ...]``: will this job fit? The per-device memory of each phase of one
 step (rollout, log-probs, reference, critic, update), the peak, whether it fits the named device, the one or two
-keys that would make it fit, and the host memory per node. Nothing is loaded: model shapes come from config.json
+keys that would make it fit, and the host memory per node; for a mixture of experts also the total and active
+parameters, the expert shards under ``--ep`` and the all-to-all buffers and routed activations. Nothing is loaded: model shapes come from config.json
 (``--model-config FILE`` for a Hub id that is not on this machine). The arithmetic: npu_rl/plan/memory.py."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help=f"{' | '.join(DEVICES)} (default: this machine's)")
     parser.add_argument("--model-config", default=None, help="the policy's config.json (a Hub id not on disk)")
     parser.add_argument("--critic-model-config", default=None, help="the critic's config.json")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size of a mixture-of-experts actor: its "
+                        "routed experts split over this many ranks (default 1)")
     parser.add_argument("--config-name", "-cn", default="ppo_trainer")
     parser.add_argument("--config-path", "-cp", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")
@@ -26,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.overrides, args.config_name, args.config_path)
         result = plan_config(config, args.device or this_device(), model_config=args.model_config,
-                             critic_model_config=args.critic_model_config)
+                             critic_model_config=args.critic_model_config, ep=args.ep)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"npu-rl plan: {exc}", file=sys.stderr)
         return 2

@@ -212,6 +212,28 @@ class PolicyLossConfig:
                        f"{key}.loss_mode=dro needs {key}.dro_beta > 0 (got {beta})"))
 
 
+ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")
+
+
+@dataclass
+class RouterReplayConfig:
+    """Router replay for mixture-of-experts models (verl's ``router_replay``; npu_rl/models/moe.py)."""
+
+    mode: str = "disabled"
+    """disabled | R2 (the actor's log-prob pass records each token's experts and its update replays them) | R3 (the
+    rollout records them, rollout.enable_rollout_routing_replay=True; the log-prob pass and the update replay them).
+    Replay keeps the recorded top-k experts and recomputes their weights from the current router logits"""
+    record_file: Optional[str] = None
+    """no effect in npu-rl (kept for verl scripts): the recorded experts travel in the batch (routed_experts)"""
+    replay_file: Optional[str] = None
+    """no effect in npu-rl (kept for verl scripts): the recorded experts travel in the batch (routed_experts)"""
+
+    def check(self, key: str) -> list[str]:
+        return broken((self.mode in ROUTER_REPLAY_MODES,
+                       f"{key}.mode={self.mode!r} is not a router replay mode; expected one of "
+                       f"{', '.join(ROUTER_REPLAY_MODES)}"))
+
+
 @dataclass
 class ActorConfig:
     strategy: str = "fsdp"
@@ -271,12 +293,19 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointContentsConfig = field(default_factory=CheckpointContentsConfig)
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    moe_router_bias_update_rate: float = 0.0
+    """mixture-of-experts models with a routing bias (DeepSeek-V3's e_score_correction_bias): auxiliary-loss-free
+    balancing, after each optimizer step the bias of an expert that got more tokens than its layer's mean falls by
+    this rate, and one with fewer rises by it (Megatron's moe_router_bias_update_rate, 1e-3 there); 0: the bias
+    stays as loaded"""
 
     def check(self, key: str) -> list[str]:
         rules = [(finite(self.clip_ratio_c) and self.clip_ratio_c > 1.0, f"{key}.clip_ratio_c={self.clip_ratio_c} "
                   "must be > 1 and finite (it is the dual-clip bound on the ratio for negative advantages; verl's "
                   "default is 3.0)")]
-        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", "kl_loss_coef"):
+        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy_coeff", "kl_loss_coef",
+                     "moe_router_bias_update_rate"):
             value = getattr(self, name)
             rules.append((value is None or (finite(value) and value >= 0),
                           f"{key}.{name}={value} must be >= 0 and finite"))
@@ -318,6 +347,9 @@ class RefConfig:
     ulysses_sequence_parallel_size: int = "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"  # type: ignore
     entropy_from_logits_with_chunking: bool = False
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    """no effect in npu-rl (kept for verl scripts): the reference routes with its own router (replay is the
+    actor's, actor.router_replay)"""
 
 
 # -------------------------------------------------------------------------------------------------------- rollout
@@ -418,6 +450,9 @@ class RolloutConfig:
     """1: offload weights + drop KV cache; 2: drop both (weights are re-synced anyway)"""
     load_format: str = "dummy"
     """vLLM starts from random weights; the first weight sync fills them (verl's default)"""
+    enable_rollout_routing_replay: bool = False
+    """mixture-of-experts models: record the experts each token was routed to (the batch's routed_experts
+    [rows, prompt + response, layers, top_k]) for actor.router_replay.mode=R3; the hf engine only"""
     tensor_model_parallel_size: int = 2
     """vLLM tensor parallel size"""
     max_num_batched_tokens: int = 8192

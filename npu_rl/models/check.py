@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import struct
 
 from npu_rl.models.loader import is_builtin
@@ -68,6 +69,100 @@ def model_folder_problems(folder: str, need_tokenizer: bool = True) -> list[str]
         problem = safetensors_problem(path)
         if problem:
             problems.append(problem)
+    if not problems:
+        problems += expert_tensor_problems(folder)
+    return problems
+
+
+# A routed expert's tensor in the Hugging Face layout: per expert (Qwen2/3-MoE, DeepSeek-V3: gate_proj / up_proj /
+# down_proj; Mixtral: w1 / w2 / w3), or transformers 5's fused 3-D tensors (gate_up_proj, down_proj).
+_EXPERT = re.compile(r"^(?P<layer>.*\.layers\.(?P<index>\d+)\.(?:mlp|block_sparse_moe)\.experts)\."
+                     r"(?:(?P<expert>\d+)\.(?P<proj>\w+)\.weight|(?P<fused>gate_up_proj|down_proj))$")
+MAX_MISSING_LISTED = 3
+
+
+def _num_routed_experts(config: dict) -> int:
+    for key in ("num_experts", "n_routed_experts", "num_local_experts"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return config[key]
+    return 0
+
+
+def moe_layer_indices(config: dict) -> list[int] | None:
+    """The decoder layers with routed experts, from config.json (None: a model type this does not know)."""
+    layers, kind = int(config.get("num_hidden_layers", 0)), config.get("model_type")
+    if kind in ("qwen3_moe", "qwen2_moe"):
+        step, dense = int(config.get("decoder_sparse_step", 1) or 1), set(config.get("mlp_only_layers") or [])
+        return [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+    if kind in ("deepseek_v3", "deepseek_v2"):
+        first, freq = int(config.get("first_k_dense_replace", 0)), int(config.get("moe_layer_freq", 1) or 1)
+        return [i for i in range(layers) if i >= first and i % freq == 0]
+    if kind == "mixtral":
+        return list(range(layers))
+    return None
+
+
+def _tensor_files(folder: str) -> dict[str, str]:
+    """Tensor name -> the safetensors file holding it (from the index, else the files' headers)."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            return dict(json.load(f)["weight_map"])
+    names = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            names.update({key: os.path.basename(path) for key in json.loads(f.read(header_len)) if key != "__metadata__"})
+    return names
+
+
+def expert_tensor_problems(folder: str) -> list[str]:
+    """A mixture-of-experts checkpoint with an expert's tensor missing: each problem names the tensor and the file
+    that holds the layer's other experts (safetensors only; reads the index or the headers, never the weights)."""
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        num_experts = _num_routed_experts(config)
+        if not num_experts:
+            return []
+        files = _tensor_files(folder)
+    except (OSError, ValueError, KeyError, struct.error):
+        return []  # unreadable files are reported by model_folder_problems
+    layers: dict[int, dict] = {}
+    projections: set[str] = set()
+    for name, file in files.items():
+        match = _EXPERT.match(name)
+        if match is None:
+            continue
+        layer = layers.setdefault(int(match["index"]), {"prefix": match["layer"], "file": file, "have": set(),
+                                                        "fused": set()})
+        if match["fused"]:
+            layer["fused"].add(match["fused"])
+        else:
+            layer["have"].add((int(match["expert"]), match["proj"]))
+            projections.add(match["proj"])
+    if not layers:
+        return [f"{folder}: config.json declares {num_experts} routed experts but the weights hold no expert tensor "
+                f"(expected names such as model.layers.<i>.mlp.experts.<e>.gate_proj.weight)"]
+    problems = []
+    expected_layers = moe_layer_indices(config)
+    prefix = next(iter(layers.values()))["prefix"]
+    for index in sorted(set(expected_layers or []) - set(layers)):
+        expected = re.sub(r"\.layers\.\d+\.", f".layers.{index}.", prefix)
+        problems.append(f"{folder}: layer {index} has no expert tensors (expected {expected}.<0..{num_experts - 1}>.*); "
+                        "config.json declares it a mixture-of-experts layer")
+    for index, layer in sorted(layers.items()):
+        if layer["fused"]:
+            missing = sorted({"gate_up_proj", "down_proj"} - layer["fused"])
+            names = [f"{layer['prefix']}.{proj}" for proj in missing]
+        else:
+            missing = sorted({(e, p) for e in range(num_experts) for p in projections} - layer["have"])
+            names = [f"{layer['prefix']}.{e}.{p}.weight" for e, p in missing]
+        if names:
+            more = f" and {len(names) - MAX_MISSING_LISTED} more" if len(names) > MAX_MISSING_LISTED else ""
+            problems.append(f"{folder}: expert tensor {', '.join(names[:MAX_MISSING_LISTED])}{more} missing (layer "
+                            f"{index}'s other experts are in {layer['file']}; config.json declares {num_experts} "
+                            "routed experts)")
     return problems
 
 

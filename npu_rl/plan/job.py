@@ -18,8 +18,10 @@ from npu_rl.config.derived import build_plan
 from npu_rl.core import estimator_needs
 from npu_rl.device import get_backend
 from npu_rl.models.loader import cache_dir, is_builtin
+from npu_rl.models.check import moe_layer_indices
 from npu_rl.plan.memory import (
     GIB,
+    dtype_bytes,
     DeviceSpec,
     ModelShape,
     Phase,
@@ -43,6 +45,33 @@ def shape_from_config_json(path: str) -> ModelShape:
     with open(file, encoding="utf-8") as f:
         cfg = json.load(f)
     cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's
+    return shape_from_config(cfg, file)
+
+
+def _moe_fields(cfg: dict) -> dict:
+    """ModelShape's mixture-of-experts and MLA fields from a config.json (empty for a dense model)."""
+    experts = next((int(cfg[k]) for k in ("num_experts", "n_routed_experts", "num_local_experts")
+                    if isinstance(cfg.get(k), int) and cfg[k] > 0), 0)
+    fields: dict = {}
+    if experts:
+        moe_layers = moe_layer_indices(cfg)
+        num_layers = int(cfg["num_hidden_layers"])
+        moe_intermediate = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])  # Mixtral: the same
+        shared = (int(cfg.get("n_shared_experts") or 0) * moe_intermediate
+                  + int(cfg.get("shared_expert_intermediate_size") or 0))
+        fields = dict(num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
+                      moe_intermediate_size=moe_intermediate, shared_expert_intermediate_size=shared,
+                      shared_expert_gate=cfg.get("model_type") == "qwen2_moe",
+                      num_dense_layers=num_layers - len(moe_layers) if moe_layers is not None else 0)
+    if cfg.get("kv_lora_rank"):
+        fields |= dict(q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
+                       qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+                       v_head_dim=int(cfg["v_head_dim"]))
+    return fields
+
+
+def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
+    """The shape of a model from its config.json's contents (dense, MoE with shared experts, MLA)."""
     try:
         return ModelShape(
             hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
@@ -51,9 +80,10 @@ def shape_from_config_json(path: str) -> ModelShape:
             vocab_size=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", False)),
             head_dim=int(cfg.get("head_dim") or 0),
             attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-            qk_norm=cfg.get("model_type") in ("qwen3", "qwen3_moe"), name=str(cfg.get("model_type", "")))
+            qk_norm=cfg.get("model_type") in ("qwen3", "qwen3_moe"), name=str(cfg.get("model_type", "")),
+            **_moe_fields(cfg))
     except KeyError as exc:
-        raise ValueError(f"{file}: no {exc.args[0]!r}: not a decoder-only transformer config this planner "
+        raise ValueError(f"{source}: no {exc.args[0]!r}: not a decoder-only transformer config this planner "
                          "reads") from exc
 
 
@@ -85,6 +115,7 @@ class JobPlan:
     host_per_node_bytes: float
     host_parts: dict[str, float] = field(default_factory=dict)
     fixes: list[str] = field(default_factory=list)  # keys that would make it fit (empty when it fits)
+    model_lines: list[str] = field(default_factory=list)  # parameters, experts, EP shards (moe_summary)
 
     @property
     def peak(self) -> Phase:
@@ -113,7 +144,7 @@ class JobPlan:
                        f" (OVER the node's {self.device.host_memory_gib:.0f} GiB)"))
 
     def table(self) -> str:
-        rows = [f"{'phase':34s} {'GiB':>8s}  biggest parts"]
+        rows = [*self.model_lines, f"{'phase':34s} {'GiB':>8s}  biggest parts"]
         for phase in self.phases:
             parts = sorted(phase.parts.items(), key=lambda kv: -kv[1])[:4]
             rows.append(f"{phase.name:34s} {phase.gib:8.1f}  "
@@ -250,7 +281,39 @@ def plan(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
     result = plan_inputs(inputs, device)
     if not result.fits:
         result.fixes = find_fixes(inputs, device)
+    result.model_lines = model_summary(inputs.actor_shape, inputs.actor)
     return result
+
+
+def model_summary(shape: ModelShape, s: TrainSettings) -> list[str]:
+    """A mixture of experts' parameters (total and active per token), routed experts, their shards under expert
+    parallelism, and the all-to-all buffers and routed activations of one micro-batch (nothing for a dense model)."""
+    if not shape.is_moe:
+        return []  # a dense model's plan is its phases
+    billions = 1e9
+    lines = [f"model: {shape.name or 'decoder'}, {shape.num_params / billions:.2f}B parameters, "
+             f"{shape.num_active_params / billions:.2f}B active per token"]
+    lines[0] += (f" ({shape.experts_per_token} of {shape.num_experts} routed experts"
+                 + (f" + shared experts of {shape.shared_expert_intermediate_size}" if
+                    shape.shared_expert_intermediate_size else "")
+                 + f" in {shape.num_moe_layers} MoE layers, {shape.num_dense_layers} dense"
+                 + (", MLA" if shape.mla else "") + ")")
+    mb = dtype_bytes(s.model_dtype)
+    ep = max(s.ep, 1)
+    expert_bytes = shape.num_expert_params * mb / max(s.shard, 1)
+    where = "in host memory with param_offload" if s.param_offload else "on the device"
+    lines.append(f"experts: {shape.num_expert_params / billions:.2f}B routed-expert parameters; ep={ep}: "
+                 f"{shape.num_experts // ep} experts per layer on each rank, FSDP2 over {max(s.shard // ep, 1)} "
+                 f"rank(s) for them: {expert_bytes / GIB:.1f} GiB of expert weights per rank ({s.model_dtype}, "
+                 f"{where})")
+    tokens = s.micro_tokens / max(s.sp, 1)
+    routed = tokens * shape.moe_activation_bytes_per_token()
+    a2a = tokens * shape.all_to_all_bytes_per_token(ep)
+    lines.append(f"routed activations: {routed / GIB:.2f} GiB per MoE layer per micro-batch of {int(tokens)} tokens "
+                 f"(x {shape.experts_per_token} routed copies); all-to-all buffers: "
+                 + (f"{a2a / GIB:.2f} GiB per MoE layer (dispatch send + receive, bf16)" if ep > 1 else
+                    "none (ep=1)"))
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------- from a config
@@ -265,8 +328,9 @@ def _tokens(rows: int | None, dynamic: bool, max_tokens: int, sp: int, seq: int,
 
 
 def inputs_from_config(config, *, model_config: str | None = None, critic_model_config: str | None = None,
-                       devices_per_node: int | None = None) -> JobInputs:
-    """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`."""
+                       devices_per_node: int | None = None, ep: int = 1) -> JobInputs:
+    """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`; ``ep``: the expert-parallel
+    size of a mixture-of-experts actor (``npu-rl plan --ep``)."""
     # the memory plan reads no bypass-loss settings: None for them
     run = build_plan(config, estimator_needs(config.algorithm.adv_estimator), None)
     arr, data = config.actor_rollout_ref, config.data
@@ -291,6 +355,8 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
         micro_batches_per_step=max(1, math.ceil(rows_per_mini * seq / max(micro, 1))),
         fused_kernels=bool(model.use_fused_kernels), entropy=actor_cfg.entropy_coeff != 0, lora_rank=lora)
     shape = model_shape(model.path, model_config)
+    check_ep(shape, ep, shard)
+    actor = replace(actor, ep=ep)
     ref = None
     if run.use_ref and not run.ref_in_actor:
         rfsdp = ref_cfg.fsdp_config
@@ -320,6 +386,21 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
         rows=run.train_rows // dp, sequence_length=seq)
     per_node = devices_per_node or config.trainer.n_gpus_per_node
     return JobInputs(shape, actor, ref, critic_shape, critic, rollout, world, per_node, run.ref_in_actor)
+
+
+def check_ep(shape: ModelShape, ep: int, shard: int) -> None:
+    """An expert-parallel size must divide the routed experts and the ranks that shard the model."""
+    if ep < 1:
+        raise ValueError(f"--ep {ep}: the expert-parallel size is >= 1")
+    if ep == 1:
+        return
+    if not shape.is_moe:
+        raise ValueError(f"--ep {ep}: {shape.name or 'the model'} has no routed experts (a dense model); use --ep 1")
+    if shape.num_experts % ep:
+        raise ValueError(f"--ep {ep} does not divide the model's {shape.num_experts} routed experts")
+    if shard % ep:
+        raise ValueError(f"--ep {ep} does not divide the {shard} ranks that shard the actor "
+                         "(trainer.nnodes x n_gpus_per_node, or fsdp_config.fsdp_size)")
 
 
 def this_device() -> str:

@@ -17,6 +17,12 @@ Bytes are counted the way this package lays tensors out (workers/model_runner.py
   decoder layer keeps its input (``hidden x 2`` bytes per token) and one layer is recomputed at a time; without, every
   layer keeps ``14 hidden + 6 intermediate + 4 kv_dim`` bytes per token (bf16: the two RMSNorm inputs, the attention
   input, q/k/v and the attention output with its reshaped copy, the MLP input, gate, up and their product).
+  **Mixture of experts**: an MoE layer's MLP part is the router's fp32 logits and scores (``8 experts``), and for each
+  of the ``top_k`` routed copies of a token its permuted input and weighted output (``4 hidden``) and the expert's
+  gate, up and product (``6 moe_intermediate``), plus the shared experts' ``6 shared_intermediate``; with expert
+  parallelism (``ep`` > 1) one layer's dispatch holds a send and a receive buffer of ``top_k x hidden`` bf16 per
+  token, and FSDP2 gathers an MoE layer with its ``experts / ep`` local experts only. Parameters and optimizer states
+  per device are the same with or without EP (experts over ``ep``, then FSDP2 over the ``shard / ep`` ranks left).
 - **log-prob logits**: the fused kernels hold one gradient chunk (1 GiB) of ``[tokens x vocab]``; the plain path
   computes response rows in chunks of 4,096 and, under autograd, keeps every row's fp32 logits (``4 vocab`` bytes,
   twice with entropy) while one chunk's bf16 logits and three fp32 temporaries exist (``14 vocab`` bytes a row).
@@ -52,7 +58,12 @@ def dtype_bytes(name: str) -> int:
 # ---------------------------------------------------------------------------------------------- the model
 @dataclass(frozen=True)
 class ModelShape:
-    """A decoder-only transformer's sizes (from its config.json)."""
+    """A decoder-only transformer's sizes (from its config.json). Mixture-of-experts models (``num_experts`` > 0):
+    the first ``num_dense_layers`` decoder layers have a dense MLP of ``intermediate_size``, the others a router
+    (``num_experts x hidden``), ``num_experts`` routed experts of ``moe_intermediate_size`` (gate, up, down) of which
+    ``experts_per_token`` run per token, and shared experts of ``shared_expert_intermediate_size`` in all (Qwen2-MoE
+    adds a one-output gate on them). Multi-head latent attention (DeepSeek-V3: ``kv_lora_rank`` > 0) replaces q/k/v
+    by low-rank projections."""
 
     hidden_size: int
     intermediate_size: int
@@ -65,6 +76,17 @@ class ModelShape:
     attention_bias: bool = True  # Qwen2: q/k/v biases; Qwen3 / Llama: none
     qk_norm: bool = False  # Qwen3: an RMSNorm on q and k per head
     name: str = ""
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    num_dense_layers: int = 0  # of an MoE model (DeepSeek-V3: first_k_dense_replace)
+    q_lora_rank: int = 0  # MLA; 0 with kv_lora_rank > 0: a full-rank q projection
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @property
     def dim(self) -> int:
@@ -75,10 +97,58 @@ class ModelShape:
         return self.num_kv_heads * self.dim
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def attention_params(self) -> int:
+        h = self.hidden_size
+        if self.mla:
+            qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.num_heads * qk_head
+                 if self.q_lora_rank else h * self.num_heads * qk_head)
+            kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+                  + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim))
+            return q + kv + self.num_heads * self.v_head_dim * h
+        q, kv = self.num_heads * self.dim, self.kv_dim
+        return (h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.attention_bias else 0)
+                + (2 * self.dim if self.qk_norm else 0))
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (gate, up, down)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def dense_layer_params(self) -> int:
+        return self.attention_params + 3 * self.hidden_size * self.intermediate_size + 2 * self.hidden_size
+
+    def moe_layer_params(self, experts: int | None = None) -> int:
+        """An MoE decoder layer holding ``experts`` routed experts (None: all of them)."""
+        h = self.hidden_size
+        experts = self.num_experts if experts is None else experts
+        shared = 3 * h * self.shared_expert_intermediate_size + (h if self.shared_expert_gate else 0)
+        return self.attention_params + 2 * h + self.num_experts * h + shared + experts * self.expert_params
+
+    @property
     def layer_params(self) -> int:
-        h, q, kv = self.hidden_size, self.num_heads * self.dim, self.kv_dim
-        attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.attention_bias else 0)
-        return attention + 3 * h * self.intermediate_size + 2 * h + (2 * self.dim if self.qk_norm else 0)
+        """The largest decoder layer (what FSDP2 gathers at a time)."""
+        return self.gathered_layer_params(1)
+
+    def gathered_layer_params(self, ep: int) -> int:
+        """The largest decoder layer as one rank gathers it, its routed experts split over ``ep`` ranks."""
+        if not self.is_moe:
+            return self.dense_layer_params
+        moe = self.moe_layer_params(self.num_experts // max(ep, 1))
+        return max(moe, self.dense_layer_params) if self.num_dense_layers else moe
 
     @property
     def embedding_params(self) -> int:
@@ -91,18 +161,74 @@ class ModelShape:
 
     @property
     def num_params(self) -> int:
-        return self.root_params + self.num_layers * self.layer_params
+        if not self.is_moe:
+            return self.root_params + self.num_layers * self.dense_layer_params
+        return (self.root_params + self.num_dense_layers * self.dense_layer_params
+                + self.num_moe_layers * self.moe_layer_params())
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token runs through (embeddings and LM head included; ``experts_per_token`` experts)."""
+        if not self.is_moe:
+            return self.num_params
+        return (self.root_params + self.num_dense_layers * self.dense_layer_params
+                + self.num_moe_layers * self.moe_layer_params(self.experts_per_token))
+
+    @property
+    def num_expert_params(self) -> int:
+        """All routed experts of all layers (what expert parallelism splits)."""
+        return self.num_moe_layers * self.num_experts * self.expert_params
 
     def lora_params(self, rank: int) -> int:
         """Adapter parameters of LoRA ``rank`` on every linear layer of the decoder (PEFT's ``all-linear``, which
-        leaves the LM head out): ``rank x (in + out)`` per layer."""
+        leaves the LM head out): ``rank x (in + out)`` per layer. MoE layers: attention and shared experts only
+        (the routed experts stay frozen, docs/moe.md)."""
         h, q, kv, i = self.hidden_size, self.num_heads * self.dim, self.kv_dim, self.intermediate_size
-        per_layer = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h)
-        return rank * per_layer * self.num_layers
+        attention = (h + q) + 2 * (h + kv) + (q + h)
+        dense = attention + 2 * (h + i) + (i + h)
+        shared = self.shared_expert_intermediate_size
+        moe = attention + (3 * (h + shared) if shared else 0)
+        return rank * (dense * (self.num_layers - self.num_moe_layers) + moe * self.num_moe_layers)
 
-    def activation_bytes_per_token(self) -> int:
-        """Saved bytes per token per decoder layer without checkpointing (bf16; see the module docstring)."""
-        return 14 * self.hidden_size + 6 * self.intermediate_size + 4 * self.kv_dim
+    def _attention_activation_bytes(self) -> int:
+        """bf16 bytes a token keeps in attention and the norms: the two RMSNorm inputs, the attention input, q/k/v,
+        the attention output with its reshaped copy, the MLP input (MLA: q/k/v per head and the latents)."""
+        h = self.hidden_size
+        if self.mla:
+            qk = self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+            v = self.num_heads * self.v_head_dim
+            latents = self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
+            return 8 * h + 2 * (2 * qk + v + latents) + 4 * v
+        q = self.num_heads * self.dim
+        return 8 * h + 2 * q + 4 * self.kv_dim + 4 * q
+
+    def moe_activation_bytes_per_token(self) -> int:
+        """An MoE layer's MLP part per token: the router's fp32 logits and scores, and for each of the
+        ``experts_per_token`` copies the permuted input, gate, up, their product and the weighted output (bf16);
+        the shared experts' gate, up and product."""
+        h, k = self.hidden_size, self.experts_per_token
+        return 8 * self.num_experts + k * (4 * h + 6 * self.moe_intermediate_size) + 6 * self.shared_expert_intermediate_size
+
+    def activation_bytes_per_token(self, moe_layer: bool = False) -> int:
+        """Saved bytes per token of one decoder layer without checkpointing (bf16; see the module docstring)."""
+        mlp = self.moe_activation_bytes_per_token() if moe_layer else 6 * self.intermediate_size
+        return self._attention_activation_bytes() + mlp
+
+    def all_layers_activation_bytes_per_token(self) -> int:
+        moe = self.num_moe_layers
+        return ((self.num_layers - moe) * self.activation_bytes_per_token()
+                + moe * self.activation_bytes_per_token(moe_layer=True))
+
+    def largest_layer_activation_bytes_per_token(self) -> int:
+        dense = self.activation_bytes_per_token() if self.num_moe_layers < self.num_layers else 0
+        return max(dense, self.activation_bytes_per_token(moe_layer=True) if self.is_moe else 0)
+
+    def all_to_all_bytes_per_token(self, ep: int) -> int:
+        """Expert parallelism: each token's ``experts_per_token`` copies of its hidden state (bf16) sent and
+        received once in the dispatch (the combine reuses the buffers): 0 without EP."""
+        if ep <= 1 or not self.is_moe:
+            return 0
+        return 2 * self.experts_per_token * self.hidden_size * 2
 
 
 # ---------------------------------------------------------------------------------------------- the devices
@@ -147,6 +273,7 @@ class TrainSettings:
     reduce_dtype: str = "fp32"
     shard: int = 1  # FSDP2 shard group size (1: one device, no FSDP)
     sp: int = 1  # Ulysses sequence-parallel size
+    ep: int = 1  # expert-parallel size: the routed experts split over this many ranks (FSDP2 over the rest)
     param_offload: bool = False
     optimizer_offload: bool = False
     gradient_checkpointing: bool = True
@@ -234,7 +361,8 @@ class RoleMemory:
         """FSDP2: the root group for the whole forward/backward plus two decoder layers, in the compute dtype."""
         if self.s.shard == 1 and not self.s.param_offload:
             return 0.0
-        return (self.shape.root_params + 2 * self.shape.layer_params) * dtype_bytes(self.s.param_dtype)
+        layer = self.shape.gathered_layer_params(self.s.ep)
+        return (self.shape.root_params + 2 * layer) * dtype_bytes(self.s.param_dtype)
 
     def root_grad_buffers(self) -> float:
         if not self.trainable or self.s.shard == 1 or self.s.lora_rank:
@@ -244,12 +372,15 @@ class RoleMemory:
     def activations(self, tokens: int, grad: bool) -> tuple[float, float]:
         """(saved for backward, one layer's working set) for a micro-batch of ``tokens`` on this device."""
         tokens = tokens / max(self.s.sp, 1)
-        layer = tokens * self.shape.activation_bytes_per_token()
+        shape = self.shape
+        # one layer's working set: its activations, and under EP the all-to-all buffers of its dispatch
+        layer = tokens * (shape.largest_layer_activation_bytes_per_token() + shape.all_to_all_bytes_per_token(
+            self.s.ep))
         if not grad:
             return 0.0, layer
         if self.s.gradient_checkpointing:
-            return self.shape.num_layers * tokens * self.shape.hidden_size * 2, layer
-        return self.shape.num_layers * layer, 0.0
+            return shape.num_layers * tokens * shape.hidden_size * 2, layer
+        return tokens * shape.all_layers_activation_bytes_per_token(), 0.0
 
     def logits(self, response_tokens: int, grad: bool) -> float:
         rows = response_tokens / max(self.s.sp, 1)

@@ -101,7 +101,8 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
         logger.info("rollout: hf decoding runs eagerly: %d decoded steps in this run are fewer than the %d over which "
                     "compiling pays (NPU_RL_COMPILED_DECODE=1 compiles anyway)", decode_steps, COMPILE_MIN_DECODE_STEPS)
     common = dict(generate_kwargs=hf_kwargs, compiled_decode=compiled, sleep_level=int(rollout_config.sleep_level),
-                  bucket_megabytes=float(rollout_config.update_weights_bucket_megabytes))
+                  bucket_megabytes=float(rollout_config.update_weights_bucket_megabytes),
+                  record_routing=bool(rollout_config.enable_rollout_routing_replay))
     if actor_module is not None:
         return HFRolloutEngine(actor_module, tokenizer.pad_token_id, shares_actor_module=True, **common)
     return HFRolloutEngine.from_pretrained(folder, tokenizer.pad_token_id,

@@ -48,6 +48,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from npu_rl.device import get_backend
+from npu_rl.models.moe import GenerationRouting
 from npu_rl.parallel.dist import world_size
 from npu_rl.parallel.unshard import PlainView, UnshardStats, is_sharded, unsharded
 from npu_rl.protocol import Batch
@@ -125,7 +126,8 @@ class HFRolloutEngine:
 
     def __init__(self, module: torch.nn.Module, pad_token_id: int, *, shares_actor_module: bool = True,
                  generate_kwargs: dict[str, Any] | None = None, sleep_level: int = 1,
-                 bucket_megabytes: float = 512, gather_full_weights: bool = True, compiled_decode: bool = False):
+                 bucket_megabytes: float = 512, gather_full_weights: bool = True, compiled_decode: bool = False,
+                 record_routing: bool = False):
         if pad_token_id is None:
             raise ValueError("HFRolloutEngine needs a pad token id (load the tokenizer with load_tokenizer)")
         self.module = module
@@ -137,6 +139,9 @@ class HFRolloutEngine:
         self.bucket_megabytes = bucket_megabytes
         self.gather_full_weights = gather_full_weights
         self.compiled_decode = compiled_decode
+        # rollout.enable_rollout_routing_replay: each row's experts ([B*n, P+R, L, K], ``routed_experts``) for
+        # router replay (npu_rl/models/moe.py); hooks on the routers, so the decoding stays eager
+        self.record_routing = record_routing
         self._plain_view: PlainView | None = None  # built on the first generate on a sharded module
         self._gate = VersionGate()
         self._asleep = False
@@ -157,7 +162,7 @@ class HFRolloutEngine:
 
     def _compiles(self, module: torch.nn.Module) -> bool:
         """Whether this generate decodes with the static cache and a compiled forward (module docstring)."""
-        if not self.compiled_decode or "cache_implementation" in self.generate_kwargs:
+        if not self.compiled_decode or self.record_routing or "cache_implementation" in self.generate_kwargs:
             return False
 
         # FSDP2's per-layer hooks are not traced; PEFT's adapter layers under compile are not verified
@@ -204,6 +209,7 @@ class HFRolloutEngine:
                         self._plain_view = PlainView(self.module)
                     module = self._plain_view.bind(self.module)
                 compiled = self._compiles(module)
+                routing = GenerationRouting(module) if self.record_routing else None
                 decode_start = time.perf_counter()
                 try:
                     sequences = module.generate(
@@ -214,6 +220,8 @@ class HFRolloutEngine:
                     )
                     decode_s = time.perf_counter() - decode_start  # generate returns tokens: synchronised
                 finally:
+                    if routing is not None:
+                        routing.remove()
                     if module is not self.module:
                         self._plain_view.release()
         finally:
@@ -240,8 +248,11 @@ class HFRolloutEngine:
         elif sampling.return_logprobs:  # nothing generated (max_new_tokens=0)
             logprobs = torch.zeros(num_rows, response_length, device=generated.device)
         out_prompts = prompts.to(device) if prompts["input_ids"].device != device else prompts
-        return Generation(assemble_rollout_batch(out_prompts, responses, response_mask, n, self.pad_token_id,
-                                                 logprobs), metrics)
+        batch = assemble_rollout_batch(out_prompts, responses, response_mask, n, self.pad_token_id, logprobs)
+        if routing is not None:
+            prompt_width = input_ids.shape[1]
+            batch["routed_experts"] = routing.routed_experts(num_rows, prompt_width, prompt_width + response_length)
+        return Generation(batch, metrics)
 
     def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
                              sampling: SamplingParams) -> TokenGeneration:

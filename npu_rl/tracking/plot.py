@@ -34,6 +34,12 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ("Gradient norm", "actor grad norm", ["actor/grad_norm"]),
     ("Throughput", "tokens / s / device", ["perf/throughput"]),
 ]
+# Drawn (a fourth row) when a run logs a mixture-of-experts model's router metrics (npu_rl/models/moe.py).
+MOE_PANELS: list[tuple[str, str, list[str]]] = [
+    ("Expert load", "max / mean tokens per expert", ["actor/moe/max_over_mean"]),
+    ("Experts without a token", "share of (layer, expert)", ["actor/moe/dead_expert_share"]),
+    ("Router auxiliary loss", "load-balancing loss", ["actor/moe/aux_loss"]),
+]
 # Top-level phases of a step, in execution order (nested timers such as generate_sequences are inside gen).
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "testing",
           "save_checkpoint")
@@ -126,6 +132,12 @@ def _label(path: str) -> str:
     return name
 
 
+def panels_for(runs: list[Run]) -> list[tuple[str, str, list[str]]]:
+    """PANELS, and MOE_PANELS when a run logs router metrics."""
+    moe = any(key.startswith("actor/moe/") for run in runs for key in run.keys())
+    return PANELS + MOE_PANELS if moe else PANELS
+
+
 def _panel_keys(run: Run, wanted: list[str]) -> list[str]:
     keys = run.keys()
     if len(wanted) == 1 and wanted[0].endswith("/"):
@@ -143,9 +155,11 @@ def draw(runs: list[Run], title: str | None = None):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 3, figsize=(15, 11), constrained_layout=True)
+    panels = panels_for(runs)
+    num_rows = math.ceil((len(panels) + 1) / 3)  # + the time panel
+    fig, axes = plt.subplots(num_rows, 3, figsize=(15, 11 * num_rows / 3), constrained_layout=True)
     styles = ("-", "--", ":", "-.")
-    for ax, (panel, ylabel, wanted) in zip(axes.flat, PANELS):
+    for ax, (panel, ylabel, wanted) in zip(axes.flat, panels):
         drawn = 0
         for i, run in enumerate(runs):
             for j, key in enumerate(_panel_keys(run, wanted)):
@@ -160,7 +174,9 @@ def draw(runs: list[Run], title: str | None = None):
                         marker="o" if len(xs) <= 12 else None, markersize=3, linewidth=1.4)
                 drawn += 1
         _decorate(ax, panel, ylabel, drawn, wanted)
-    _time_panel(axes.flat[8], runs)
+    _time_panel(axes.flat[len(panels)], runs)
+    for ax in list(axes.flat)[len(panels) + 1:]:
+        ax.set_visible(False)
     if title:
         fig.suptitle(title)
     return fig
@@ -228,7 +244,7 @@ def summary_rows(runs: list[Run]) -> list[tuple[str, str, str, str, str]]:
     """(run, metric, first step: value, last step: value, change) for the table of the HTML page."""
     out = []
     for run in runs:
-        for _, _, wanted in PANELS:
+        for _, _, wanted in panels_for(runs):
             for key in _panel_keys(run, wanted):
                 xs, ys = run.series(key)
                 if xs:

@@ -244,7 +244,8 @@ class PPOTrainer:
             with timer("old_log_prob"):
                 old = self.roles.actor_rollout.compute_logprobs(batch)
             metrics["actor/entropy"] = M.masked_mean_tensor(old["entropy"], batch["response_mask"])
-            kept = ["old_logprobs"] + (["sum_pi_squared"] if "sum_pi_squared" in old else [])
+            # sum_pi_squared: the optimal-token-baseline estimators; routed_experts: R2 router replay (its update)
+            kept = ["old_logprobs"] + [k for k in ("sum_pi_squared", "routed_experts") if k in old]
             batch = batch.union(old.select(kept))
             if "rollout_logprobs" in batch:
                 metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],

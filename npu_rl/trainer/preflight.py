@@ -38,6 +38,7 @@ from npu_rl.device import DeviceUnavailableError, select_backend
 from npu_rl.trainer.checkpoint import MARKER, checkpoint_space_problem, remove_path, saved_steps, step_dir
 from npu_rl.trainer.checks.device import device_problems
 from npu_rl.trainer.checks.files import file_problems
+from npu_rl.trainer.checks.moe import router_replay_problems
 from npu_rl.trainer.checks.names import estimator_resolves, name_problems
 from npu_rl.trainer.rollout_correction import correction_spec
 from npu_rl.utils.paths import check_name_component, check_output_dir
@@ -130,6 +131,7 @@ def check(config: PPOConfig, plan: RunPlan | None = None, check_paths: bool = Tr
     problems += rollout_correction_problems(config)
     problems += name_problems(config, plan.use_critic)
     problems += agent_config_problems(config, check_paths)
+    problems += router_replay_problems(config, check_paths)
     if check_paths:
         problems += file_problems(config, plan.use_critic)
         problems += run_folder_problems(config)

@@ -5,6 +5,12 @@ Loss of one micro-batch (aggregated with the mini-batch's global denominators)::
     policy_loss(logprobs, old_logprobs, advantages)   # the registry's loss, fused implementation when asked
     - entropy_coeff * entropy                          # when entropy_coeff != 0
     + kl_loss_coef * kl(logprobs, ref_logprobs)        # when use_kl_loss
+    + router_aux_loss_coef * aux_loss * seqs / global_seqs  # an MoE model's load-balancing loss, when its config
+                                                       # sets output_router_logits (its share of the mini-batch)
+
+Mixture-of-experts models (npu_rl/models/moe.py): the update's forward captures the routing for the
+``actor/moe/*`` metrics; ``router_replay.mode`` R3 replays the rollout's ``routed_experts`` in the log-prob pass
+and the update, R2 records them in the log-prob pass and replays them in the update.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl
 from npu_rl.models.forward import LogprobOptions
 from npu_rl.models.fused_losses import implementation_name
 from npu_rl.models.loader import load_causal_lm
+from npu_rl.models import moe
 from npu_rl.models.lora import (
     ADAPTER_NAME,
     LoraSpec,
@@ -27,10 +34,11 @@ from npu_rl.models.lora import (
     is_lora_model,
     merged_named_weights,
 )
+from npu_rl.parallel import dist
 from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.rollout.vllm_lora import peft_config_dict
-from npu_rl.workers.engine import MicroLoss, TrainingEngine, UpdateSettings
+from npu_rl.workers.engine import MicroLoss, Routing, TrainingEngine, UpdateSettings
 from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 
@@ -73,6 +81,7 @@ class ActorWorker:
         self.logprob_micro = logprob_micro
         self.plan = plan
         self.engine: TrainingEngine | None = None
+        self._step_load: torch.Tensor | None = None  # tokens per expert [L, E] of the mini-batch being stepped
         self.loss_implementation = None
         if model_cfg.use_fused_kernels:
             self.loss_implementation = implementation_name(model_cfg.fused_kernel_options.impl_backend)
@@ -90,6 +99,10 @@ class ActorWorker:
             sp_size=cfg.ulysses_sequence_parallel_size, trainable=True, optim_config=cfg.optim,
             total_training_steps=total_training_steps, update=update,
             compile_blocks=cfg.use_torch_compile and self.plan.allow_compile)
+        if cfg.moe_router_bias_update_rate > 0 and not moe.has_correction_bias(self.engine.compute_model):
+            raise ValueError(f"actor_rollout_ref.actor.moe_router_bias_update_rate={cfg.moe_router_bias_update_rate}"
+                             f": {type(moe.base_model(self.engine.compute_model)).__name__} has no routing bias "
+                             "(e_score_correction_bias, DeepSeek-V3); set it to 0")
 
     @property
     def model(self) -> torch.nn.Module:
@@ -113,15 +126,28 @@ class ActorWorker:
         with ``actor.calculate_sum_pi_squared``)."""
         options = logprob_options(self.model_cfg, compute_entropy=True)
         options.compute_sum_pi_squared = self.cfg.calculate_sum_pi_squared  # optimal-token-baseline estimators
+        mode = self.replay_mode
+        routing = Routing(capture=mode == "R2", replay=mode == "R3")
 
         def forward(mb: Batch) -> dict[str, torch.Tensor]:
-            stats = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options)
+            stats, routed = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options, routing)
             out = {"old_logprobs": stats["logprobs"], "entropy": stats["entropy"]}
             if "sum_pi_squared" in stats:
                 out["sum_pi_squared"] = stats["sum_pi_squared"]
+            if routing.capture:  # R2: the experts this pass chose, replayed by the update
+                out["routed_experts"] = routed.routed_experts(mb["attention_mask"].shape[1],
+                                                              self.plan.max_response_length)
             return out
 
-        return self.engine.infer(batch, forward)
+        try:
+            return self.engine.infer(batch, forward)
+        finally:
+            self.engine.clear_routing()
+
+    @property
+    def replay_mode(self) -> str:
+        """actor.router_replay.mode where the model is a mixture of experts, else "disabled"."""
+        return self.cfg.router_replay.mode if self.engine.router_hooks is not None else "disabled"
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
@@ -139,13 +165,32 @@ class ActorWorker:
     @register(Dispatch.DP_SPLIT)
     def update_policy(self, batch: Batch) -> WorkerOutput:
         """PPO update over ``batch`` (this rank's rows); metrics averaged over mini-batches."""
-        return WorkerOutput(metrics=self.engine.update(batch, self.micro_loss))
+        after_step = self._update_router_bias if self.cfg.moe_router_bias_update_rate > 0 else None
+        self._step_load = None
+        try:
+            return WorkerOutput(metrics=self.engine.update(batch, self.micro_loss, after_step))
+        finally:
+            self.engine.clear_routing()
+
+    def _update_router_bias(self, stepped: bool) -> dict[str, torch.Tensor]:
+        """DeepSeek-V3's bias update from the mini-batch's tokens per expert on all dp ranks (after a taken step)."""
+        load, self._step_load = self._step_load, None
+        if not stepped or load is None:
+            return {}
+        runner = self.engine.runner
+        load = dist.all_reduce_sum({"load": load}, runner.dp_group)["load"]
+        models = [self.engine.model] + ([self.engine.compute_model] if runner.has_master_copy else [])
+        bias = moe.update_correction_bias(models, load, self.cfg.moe_router_bias_update_rate)
+        return {"actor/moe/correction_bias_abs_mean": bias}
 
     def micro_loss(self, mb: Batch, denominators: dict[str, torch.Tensor]) -> MicroLoss:
         cfg, device = self.cfg, self.engine.device
         need_entropy = cfg.entropy_coeff != 0
         options = logprob_options(self.model_cfg, need_entropy)
-        logprobs, entropy = self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)
+        moe_model = self.engine.router_hooks is not None
+        routing = Routing(capture=moe_model, replay=self.replay_mode != "disabled")
+        stats, routed = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options, routing)
+        logprobs, entropy = stats["logprobs"], stats.get("entropy")
         response_mask = mb["response_mask"].to(device)
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=denominators["global_num_tokens"],
                    global_num_seqs=denominators["global_num_seqs"],
@@ -174,7 +219,28 @@ class ActorWorker:
             loss = loss + kl.loss
             metrics["actor/kl_loss"] = kl.metrics["kl_loss"]
             metrics["actor/kl_coef"] = torch.tensor(cfg.kl_loss_coef)
+        if routed is not None:
+            loss = loss + self._router_loss(routed, metrics, response_mask, denominators)
         return MicroLoss(loss, metrics, {"actor/pg_loss": policy.loss.detach()})
+
+    def _router_loss(self, routed, metrics: dict[str, torch.Tensor], response_mask: torch.Tensor,
+                     denominators: dict[str, torch.Tensor]) -> torch.Tensor | float:
+        """Fills the ``actor/moe/*`` metrics; returns this micro-batch's share of the weighted auxiliary loss (its
+        sequences over the mini-batch's), or 0 where the model adds none."""
+        model = self.engine.compute_model
+        metrics.update(routed.metrics(model, "actor/moe"))
+        if self.cfg.moe_router_bias_update_rate > 0:  # this mini-batch's load, for the bias update after its step
+            load = moe.expert_load(routed.hooks.stacked_indices(), routed.token_mask, routed.hooks.num_experts)
+            self._step_load = load if self._step_load is None else self._step_load + load
+        aux = moe.aux_loss(model, routed.hooks, routed.token_mask)
+        if aux is None:
+            return 0.0
+        metrics["actor/moe/aux_loss"] = aux.detach()
+        enabled, coef = moe.aux_loss_settings(model)
+        if not enabled or coef == 0:
+            return 0.0
+        share = response_mask.bool().any(dim=-1).sum() / denominators["global_num_seqs"].clamp(min=1)
+        return coef * aux * share
 
     # ------------------------------------------------------------------------------------------- checkpoints
     @register(Dispatch.ALL)

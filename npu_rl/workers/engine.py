@@ -29,6 +29,7 @@ import torch
 
 from npu_rl.core import loss_denominators
 from npu_rl.device import get_backend
+from npu_rl.models import moe
 from npu_rl.models.forward import (
     LogprobOptions,
     packed_response_logprobs,
@@ -37,6 +38,7 @@ from npu_rl.models.forward import (
     response_values,
 )
 from npu_rl.parallel import dist
+from npu_rl.parallel.packing import prepare_packed_inputs
 from npu_rl.parallel.fsdp import clip_grad_norm
 from npu_rl.protocol import Batch
 from npu_rl.utils.lr_schedule import build_scheduler
@@ -63,6 +65,47 @@ class MicroLoss(NamedTuple):
 
 
 LossFn = Callable[[Batch, dict[str, torch.Tensor]], MicroLoss]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What one forward of a mixture-of-experts model does with its routers (npu_rl/models/moe.py)."""
+
+    capture: bool = False  # keep the router logits and experts: load metrics, the auxiliary loss, the mismatch
+    replay: bool = False  # route each token to the experts in the micro-batch's ``routed_experts`` [b, T, L, K]
+
+
+@dataclass
+class RoutedForward:
+    """A forward's routing, captured: ``token_mask`` [N] (real tokens among the router's rows), ``recorded``
+    [N, L, K] (the micro-batch's ``routed_experts``, or None) and the hooks holding the layers' records."""
+
+    hooks: moe.RouterHooks
+    token_mask: torch.Tensor
+    recorded: torch.Tensor | None
+    to_tokens: Callable[[torch.Tensor], torch.Tensor]  # [N, ...] -> [b, kept width, ...], -1 on padding
+    kept_width: int  # the forward's columns: the last ``kept_width`` of the prompt + kept response
+    kept_response: int  # response columns kept (trimmed_inputs)
+
+    def routed_experts(self, full_width: int, response_width: int) -> torch.Tensor:
+        """The experts this forward used, ``[b, full_width, L, K]`` int16 (-1 on padding and where nothing was
+        routed)."""
+        indices = self.hooks.stacked_indices().to(torch.int16).masked_fill(~self.token_mask.view(-1, 1, 1), -1)
+        used = self.to_tokens(indices)  # [b, kept width, L, K]
+        out = used.new_full((used.shape[0], full_width, *used.shape[2:]), -1)
+        end = full_width - response_width + self.kept_response
+        out[:, end - self.kept_width: end] = used
+        return out
+
+    def metrics(self, model: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
+        """Load metrics (npu_rl.models.moe.load_metrics) and, with recorded experts, the share of (token, layer)
+        pairs whose top-k the router would pick differently (``routing_mismatch``)."""
+        hooks = self.hooks
+        out = moe.load_metrics(moe.expert_load(hooks.stacked_indices(), self.token_mask, hooks.num_experts), prefix)
+        if self.recorded is not None:
+            out[f"{prefix}/routing_mismatch"] = moe.topk_mismatch(self.recorded, hooks.stacked_indices(natural=True),
+                                                                  self.token_mask)
+        return out
 
 
 @dataclass(frozen=True)
@@ -101,6 +144,7 @@ class TrainingEngine:
             model.requires_grad_(False)
         self.runner = ModelRunner(model, fsdp_config, self.trainable, sp_size, use_remove_padding, compile_blocks,
                                   weights_folder=weights_folder, init_seed=seed)
+        self.router_hooks = moe.install_router_hooks(self.compute_model)  # None for a dense model
         self.response_length = response_length
         self.forward_micro = forward_micro
         self.update_settings = update
@@ -132,22 +176,54 @@ class TrainingEngine:
         return self.runner.dispatch_layout()
 
     # --------------------------------------------------------------------------------------------- forwards
-    def _inputs(self, mb: Batch) -> tuple[tuple, int]:
+    def _inputs(self, mb: Batch) -> tuple[tuple, int, dict[str, torch.Tensor]]:
         inputs, kept = trimmed_inputs(mb, self.response_length)
         device = self.device
-        return (self.compute_model, inputs["input_ids"].to(device), inputs["attention_mask"].to(device),
-                inputs["position_ids"].to(device), inputs["responses"].to(device)), kept
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        return (self.compute_model, inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"],
+                inputs["responses"]), kept, inputs
+
+    def _router_rows(self, inputs: dict[str, torch.Tensor]) -> tuple[Callable, Callable]:
+        """Per-token ``[b, T, ...]`` -> ``[N, ...]`` in the order the routers see the tokens: flattened (padded
+        forward) or packed and sliced for this Ulysses rank (the packed forward slices its inputs the same way);
+        and back (-1 on padding)."""
+        batch, width = inputs["input_ids"].shape
+        if not self.runner.packed:
+            return (lambda x: x.reshape(-1, *x.shape[2:])), (lambda rows: rows.reshape(batch, width, *rows.shape[1:]))
+        packed = prepare_packed_inputs(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"],
+                                       sp_group=self.runner.sp_group)
+        return ((lambda x: packed.slice(x, pad_value=-1 if not x.is_floating_point() else 0)[0]),
+                (lambda rows: packed.restore(rows.unsqueeze(0), pad_value=-1)))
+
+    def _arm_routing(self, inputs: dict[str, torch.Tensor], kept: int, routing: Routing) -> RoutedForward | None:
+        hooks = self.router_hooks
+        if hooks is None:
+            return None
+        if not (routing.capture or routing.replay):
+            hooks.clear()  # a forward that asks nothing of the routers: they choose, nothing is kept
+            return None
+        rows, unrows = self._router_rows(inputs)
+        token_mask = rows(inputs["attention_mask"]).clamp(min=0).bool()
+        recorded = rows(inputs["routed_experts"]) if "routed_experts" in inputs else None
+        if routing.replay and recorded is None:
+            raise ValueError("router replay: the batch has no routed_experts (rollout.enable_rollout_routing_replay "
+                             "for R3, or the actor's recording pass for R2)")
+        hooks.arm(capture=routing.capture, replay=recorded if routing.replay else None)
+        return RoutedForward(hooks, token_mask, recorded, unrows, inputs["input_ids"].shape[1], kept)
 
     def forward_logprobs(self, mb: Batch, temperature: float, options: LogprobOptions
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response log-probs [b, R] (and entropy [b, R] when ``options.compute_entropy``) of one micro-batch."""
-        stats = self.forward_logprob_stats(mb, temperature, options)
+        stats, _ = self.forward_logprob_stats(mb, temperature, options)
         return stats["logprobs"], stats.get("entropy")
 
-    def forward_logprob_stats(self, mb: Batch, temperature: float, options: LogprobOptions) -> dict[str, torch.Tensor]:
+    def forward_logprob_stats(self, mb: Batch, temperature: float, options: LogprobOptions,
+                              routing: Routing = Routing()) -> tuple[dict[str, torch.Tensor], RoutedForward | None]:
         """``logprobs`` [b, R], ``entropy`` (``options.compute_entropy``) and ``sum_pi_squared``
-        (``options.compute_sum_pi_squared``) of one micro-batch, from one forward."""
-        args, _ = self._inputs(mb)
+        (``options.compute_sum_pi_squared``) of one micro-batch, from one forward; with an MoE model and
+        ``routing``, that forward's routing (replay stays armed until the next forward: a backward's recompute)."""
+        args, kept, inputs = self._inputs(mb)
+        routed = self._arm_routing(inputs, kept, routing)
         want_spi = options.compute_sum_pi_squared
         if self.runner.packed:
             out = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group,
@@ -155,11 +231,17 @@ class TrainingEngine:
         else:
             out = response_logprobs(*args, temperature, options, return_sum_pi_squared=want_spi)
         names = ("logprobs", "entropy", "sum_pi_squared")
-        return {name: pad_right(t, self.response_length) for name, t in zip(names, out) if t is not None}
+        stats = {name: pad_right(t, self.response_length) for name, t in zip(names, out) if t is not None}
+        return stats, routed
+
+    def clear_routing(self) -> None:
+        """Disarm the router hooks (after an update or an inference pass)."""
+        if self.router_hooks is not None:
+            self.router_hooks.clear()
 
     def forward_values(self, mb: Batch) -> torch.Tensor:
         """Values V(s_t) [b, R] of one micro-batch (a value model), zero outside the response mask."""
-        args, kept = self._inputs(mb)
+        args, kept, _ = self._inputs(mb)
         args = (*args[:4], kept)
         if self.runner.packed:
             values = packed_response_values(*args, sp_group=self.runner.sp_group)
@@ -180,8 +262,11 @@ class TrainingEngine:
         return Batch({key: restore_order(values, permutation) for key, values in outputs.items()})
 
     # --------------------------------------------------------------------------------------------- the update
-    def update(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """Optimizer steps over ``batch`` (this rank's rows); metrics averaged over mini-batches (module docstring)."""
+    def update(self, batch: Batch, loss_fn: LossFn,
+               after_step: Callable[[bool], dict[str, torch.Tensor]] | None = None) -> dict[str, float]:
+        """Optimizer steps over ``batch`` (this rank's rows); metrics averaged over mini-batches (module docstring).
+        ``after_step(stepped)`` runs after each mini-batch (``stepped``: the optimizer step was taken, not skipped)
+        and returns metrics of its own (a role's work that follows the step, e.g. the router bias update)."""
         settings = self.update_settings
         self.runner.train()
         metrics: list[dict[str, torch.Tensor]] = []
@@ -190,6 +275,8 @@ class TrainingEngine:
             order = torch.randperm(len(batch), generator=generator) if settings.shuffle else torch.arange(len(batch))
             for mini in batch.index(order).split(settings.rows_per_mini_batch):
                 metrics.append(self._update_mini_batch(mini, loss_fn))
+                if after_step is not None:
+                    metrics[-1].update(after_step(bool(metrics[-1][f"{self.role}/nan_skipped"] == 0)))
         with warnings.catch_warnings():  # every update skipped (non-finite): the schedule still advances
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
             self.scheduler.step()

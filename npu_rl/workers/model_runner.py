@@ -64,6 +64,8 @@ def trimmed_inputs(mb: Batch, response_length: int) -> tuple[dict[str, torch.Ten
     cols = slice(first, prompt_width + kept)
     inputs = {k: mb[k][:, cols] for k in ("input_ids", "attention_mask", "position_ids")}
     inputs["responses"] = mb["responses"][:, :kept]
+    if "routed_experts" in mb:  # [b, P + R, L, K]: router replay (npu_rl/models/moe.py)
+        inputs["routed_experts"] = mb["routed_experts"][:, cols]
     return inputs, kept
 
 
