@@ -22,7 +22,7 @@ commands:
   doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs
   plan        will a job fit: per-device memory of each phase, the peak, the keys that would make it fit
   plot        training curves (PNG + self-contained HTML) of one or several run folders
-  bench       benchmarks: kernels | rollout | trainer
+  bench       benchmarks: kernels | rollout | trainer | trl | moe
 
 `npu-rl <command> --help` for a command's options; `npu-rl --version` the version."""
 
@@ -89,12 +89,14 @@ def _bench(argv: list[str]) -> int:
         "rollout": "npu_rl.commands.bench_rollout",
         "trainer": "npu_rl.commands.bench_trainer",
         "trl": "npu_rl.commands.bench_trl",
+        "moe": "npu_rl.commands.bench_moe",
     }
     usage = (f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]\n\n"
              "  kernels  fused log-prob / KL kernels against the plain reference (time, memory)\n"
              "  rollout  rollout engine throughput (tokens/s) on the chosen device\n"
              "  trainer  one training step's phases (padded vs packed, fused vs plain)\n"
-             "  trl      TRL's GRPOTrainer and ours on the same task and sizes: wall and step times, their ratio\n\n"
+             "  trl      TRL's GRPOTrainer and ours on the same task and sizes: wall and step times, their ratio\n"
+             "  moe      one mixture-of-experts block, forward + backward, with each experts implementation\n\n"
              "`npu-rl bench <target> --help` for a target's options.")
     if argv and argv[0] in ("-h", "--help"):
         print(usage)

@@ -10,7 +10,7 @@ from npu_rl.models import moe
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
 from npu_rl.rollout.hf import HFRolloutEngine
-from tests.lora.common import actor_batch, actor_config, actor_worker
+from tests.models.lora.common import actor_batch, actor_config, actor_worker
 from tests.models.moe_models import save_tiny_moe
 
 

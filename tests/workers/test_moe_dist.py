@@ -17,7 +17,7 @@ def r3_job(model_dir: str, out_dir: str) -> dict:
     from npu_rl.protocol import Batch
     from npu_rl.rollout.base import SamplingParams
     from npu_rl.rollout.hf import HFRolloutEngine
-    from tests.lora.common import actor_batch, actor_config, actor_worker
+    from tests.models.lora.common import actor_batch, actor_config, actor_worker
 
     worker = actor_worker(actor_config(
         model_dir, out_dir, "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.router_replay.mode=R3",

@@ -1,0 +1,163 @@
+"""``npu-rl bench moe``: forward + backward of one mixture-of-experts block of a real model's shape (random weights),
+with each of transformers' experts implementations, routing and permutation included.
+
+Implementations: ``eager`` (transformers' loop over the experts that received tokens), ``batched_mm`` (one batched
+matmul over the gathered weights of every (token, expert) pair), ``grouped_mm`` (tokens sorted by expert, one
+``torch._grouped_mm`` per projection: transformers' default where torch can dispatch it), ``grouped_mm_compiled``
+(the same block under ``torch.compile``, which fuses the gating, weighting and permutation around the grouped
+matmuls). Each is timed over ``--iters`` runs after ``--warmup`` (median), on the block's own module (the router
+``gate`` and the ``experts``; DeepSeek-V3's shared experts too), with the loss ``sum(out * g)`` for a fixed random
+``g``. An out-of-memory error is reported as OOM, not raised.
+
+FLOPs counted: ``3 x 2 x tokens x (top_k x 3 x hidden x moe_intermediate + hidden x num_experts + shared)`` (forward
+and the two backward matmuls of every projection), against the device's dense bf16 peak (npu_rl/device/flops.py).
+
+Run: ``npu-rl bench moe --shape qwen3-30b-a3b --tokens 16384`` (docs/benchmarks.md has the H200 figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from npu_rl.device import get_backend
+
+# name -> (transformers model type, config fields of one MoE block)
+SHAPES = {
+    "qwen3-30b-a3b": ("qwen3_moe", dict(hidden_size=2048, moe_intermediate_size=768, num_experts=128,
+                                        num_experts_per_tok=8, norm_topk_prob=True)),
+    "qwen3-235b-a22b": ("qwen3_moe", dict(hidden_size=4096, moe_intermediate_size=1536, num_experts=128,
+                                          num_experts_per_tok=8, norm_topk_prob=True)),
+    "deepseek-v3": ("deepseek_v3", dict(hidden_size=7168, moe_intermediate_size=2048, n_routed_experts=256,
+                                        num_experts_per_tok=8, n_shared_experts=1, n_group=8, topk_group=4,
+                                        routed_scaling_factor=2.5, norm_topk_prob=True)),
+    "tiny": ("qwen3_moe", dict(hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                               norm_topk_prob=True)),
+    "tiny-deepseek": ("deepseek_v3", dict(hidden_size=64, moe_intermediate_size=32, n_routed_experts=8,
+                                          num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
+                                          routed_scaling_factor=2.5, norm_topk_prob=True)),
+}
+IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm", "grouped_mm_compiled")
+
+
+def build_block(shape: str, implementation: str, dtype: torch.dtype,
+                device: torch.device) -> tuple[torch.nn.Module, dict]:
+    """One MoE block of ``shape`` from transformers' own classes, and the numbers the FLOP count needs."""
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    model_type, fields = SHAPES[shape]
+    config = AutoConfig.for_model(model_type, num_hidden_layers=1, **fields)
+    config._experts_implementation = "grouped_mm" if implementation == "grouped_mm_compiled" else implementation
+    torch.manual_seed(0)
+    with torch.device(device):
+        block = (DeepseekV3MoE if model_type == "deepseek_v3" else Qwen3MoeSparseMoeBlock)(config)
+    for param in block.parameters():
+        torch.nn.init.normal_(param, std=0.02)
+    block = block.to(dtype)
+    num_experts = fields.get("num_experts", fields.get("n_routed_experts"))
+    shared = 3 * fields["hidden_size"] * fields["moe_intermediate_size"] * fields.get("n_shared_experts", 0)
+    per_token = (fields["num_experts_per_tok"] * 3 * fields["hidden_size"] * fields["moe_intermediate_size"]
+                 + fields["hidden_size"] * num_experts + shared)
+    return block, {"flops_per_token": 3 * 2 * per_token, "num_experts": num_experts}
+
+
+def run_one(shape: str, implementation: str, num_tokens: int, args, backend) -> dict:
+    row = {"shape": shape, "implementation": implementation, "tokens": num_tokens}
+    device = backend.device()
+    block = None
+    try:
+        block, numbers = build_block(shape, implementation, args.dtype, device)
+        step = torch.compile(block) if implementation == "grouped_mm_compiled" else block
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        x = torch.randn(1, num_tokens, SHAPES[shape][1]["hidden_size"], generator=gen).to(device, args.dtype)
+        g = torch.randn(x.shape, generator=gen).to(device, args.dtype)
+
+        def once() -> None:
+            inputs = x.detach().requires_grad_()
+            out = step(inputs)
+            (out.float() * g.float()).sum().backward()
+
+        for _ in range(args.warmup):
+            once()
+        backend.synchronize()
+        backend.reset_peak_memory_stats()
+        times = []
+        for _ in range(args.iters):
+            start = time.perf_counter()
+            once()
+            backend.synchronize()
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
+        flops = numbers["flops_per_token"] * num_tokens / seconds
+        row.update(ms=round(seconds * 1e3, 2), tokens_per_s=round(num_tokens / seconds),
+                   tflops=round(flops / 1e12, 1),
+                   peak_share=round(flops / backend.peak_flops(args.dtype), 3),
+                   peak_mem_gib=round(backend.memory_stats_gb()["max_memory_allocated_gb"], 2))
+    except torch.OutOfMemoryError:
+        row["error"] = "OOM"
+    finally:
+        del block
+        backend.empty_cache()
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| shape | implementation | tokens | ms (fwd+bwd) | tokens/s | TFLOP/s | share of bf16 peak | peak GiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['shape']} | {r['implementation']} | {r['tokens']} | {r['error']} | | | | |")
+        else:
+            lines.append(f"| {r['shape']} | {r['implementation']} | {r['tokens']} | {r['ms']} | {r['tokens_per_s']} | "
+                         f"{r['tflops']} | {r['peak_share']:.0%} | {r['peak_mem_gib']} |")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="npu-rl bench moe", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen3-30b-a3b", help=f"comma list of {', '.join(SHAPES)}")
+    parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS),
+                        help=f"comma list of {', '.join(IMPLEMENTATIONS)}")
+    parser.add_argument("--tokens", default="16384", help="comma list of token counts per step")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--json", default=None, help="append the rows as JSON lines to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    for name, known in ((args.shape, SHAPES), (args.implementations, IMPLEMENTATIONS)):
+        unknown = [n for n in name.split(",") if n not in known]
+        if unknown:
+            print(f"npu-rl bench moe: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+            return 2
+    if args.iters < 1 or args.warmup < 0:
+        print("npu-rl bench moe: --iters must be >= 1 and --warmup >= 0")
+        return 2
+    backend = get_backend()
+    print(f"device: {backend.name} {backend.device_name()}  torch {torch.__version__}", flush=True)
+    rows = []
+    for shape in args.shape.split(","):
+        for num_tokens in (int(t) for t in args.tokens.split(",")):
+            for implementation in args.implementations.split(","):
+                rows.append(run_one(shape, implementation, num_tokens, args, backend))
+                print(json.dumps(rows[-1]), flush=True)
+    if args.json:
+        with open(args.json, "a") as out:
+            for row in rows:
+                out.write(json.dumps(row) + "\n")
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
