@@ -15,7 +15,7 @@ _LAZY = {"Trainer": "npu_rl.api", "TrainResult": "npu_rl.api"}
 
 _here = _os.path.dirname(_os.path.abspath(__file__))
 _checkout = _os.path.dirname(_here)
-if (not _os.path.isdir(_os.path.join(_here, "kernels"))
+if (not _os.path.isfile(_os.path.join(_here, "kernels", "__init__.py"))  # a stale npu_rl/kernels/__pycache__ may stay
         and _os.path.isfile(_os.path.join(_checkout, "kernels", "__init__.py"))
         and _os.path.isfile(_os.path.join(_checkout, "configs", "ppo_trainer.yaml"))):
     __path__.append(_checkout)  # noqa: F821 (a package's __path__)

@@ -42,3 +42,21 @@ def test_presets_ship_as_package_data():
 def test_the_editable_install_maps_the_folders():
     assert os.path.samefile(os.path.dirname(npu_rl.kernels.__file__), os.path.join(REPO_ROOT, "kernels"))
     assert os.path.samefile(os.path.dirname(npu_rl.configs.__file__), os.path.join(REPO_ROOT, "configs"))
+
+
+def test_a_checkout_that_is_not_installed_finds_both_folders(tmp_path):
+    """A Ray job's uploaded folder or ``PYTHONPATH=<clone>``: npu_rl/ finds kernels/ and configs/ beside it, also when
+    an old checkout left ``npu_rl/kernels/__pycache__`` behind (git keeps folders holding untracked files)."""
+    import shutil
+    import subprocess
+    import sys
+
+    for folder in ("npu_rl", "kernels", "configs"):
+        shutil.copytree(os.path.join(REPO_ROOT, folder), tmp_path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "sets"))
+    (tmp_path / "npu_rl" / "kernels" / "__pycache__").mkdir(parents=True)  # the stale leftover
+    probe = ("import sys; sys.meta_path = [m for m in sys.meta_path if 'editable' not in repr(m).lower()]; "
+             "import npu_rl.kernels, npu_rl.configs; print(npu_rl.kernels.__file__); print(npu_rl.configs.__file__)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(tmp_path / "kernels" / "__init__.py"), str(tmp_path / "configs" / "__init__.py")]
