@@ -10,9 +10,11 @@ folder itself in PEFT format (``PeftModel.from_pretrained(base, DIR)`` loads it)
 CHECKPOINT a base model folder merges that adapter into it.
 
 Every file read is first checked against the checkpoint's manifest (the adapter too). ``--out`` must be a new or an
-empty folder (``--force`` replaces what is there); the model is written into a temporary folder beside it and moved
-into place only when complete, so an interrupted or failed merge never leaves a half-written model, and a folder
-that holds another model is never written into.
+empty folder (``--force`` replaces a folder holding model files alone, e.g. a previous merge, and never one that is
+or holds a home folder, the working directory, a mount point, the checkpoint being merged, a run's checkpoints or
+any other file: those are refused, naming what would have been deleted); the model is written into a temporary
+folder beside it and moved into place only when complete, so an interrupted or failed merge never leaves a
+half-written model, and a folder that holds another model is never written into.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import os
 import shutil
 import sys
 import tempfile
+
+from npu_rl.utils.paths import apply_umask, check_output_dir, check_replaceable
 
 
 def resolve_checkpoint(path: str, role: str) -> str:
@@ -57,9 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
     dtype = to_dtype(args.dtype) if args.dtype else None
     try:
-        out = check_merge_out(args.out, args.force)
         source = args.checkpoint if args.adapter else resolve_checkpoint(args.checkpoint, args.role)
-        with staged_output(out) as staging:
+        inputs = [args.checkpoint, source, args.adapter, args.base]
+        keep = tuple(path for path in inputs if path and os.path.exists(path))
+        out = check_merge_out(args.out, args.force, keep)
+        with staged_output(out, keep) as staging:
             if args.adapter:
                 merge_lora(args.checkpoint, args.adapter, staging, dtype)
             else:
@@ -72,31 +78,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_merge_out(out: str, force: bool) -> str:
-    """``--out``: a folder that can be made, and new or empty unless ``force`` (it would be replaced whole)."""
-    from npu_rl.utils.paths import check_output_dir
-
+def check_merge_out(out: str, force: bool, keep: tuple[str, ...] = ()) -> str:
+    """``--out``: a folder that can be made, and new or empty unless ``force``; an existing one is replaced whole,
+    so it may hold only model files (``check_replaceable``) and none of the inputs ``keep``."""
     full = check_output_dir(out, "--out")
     if os.path.isdir(full) and os.listdir(full) and not force:
         raise FileExistsError(f"--out {full} is not empty (it holds {', '.join(sorted(os.listdir(full))[:5])}"
                               f"{' ...' if len(os.listdir(full)) > 5 else ''}); give a new folder, or --force to "
                               "replace it")
+    if os.path.isdir(full):
+        check_replaceable(full, "--out", keep)
     return full
 
 
 @contextlib.contextmanager
-def staged_output(out: str):
+def staged_output(out: str, keep: tuple[str, ...] = ()):
     """A temporary folder beside ``out`` to write into; on success it replaces ``out`` (``out`` is removed first,
-    only then), on failure it is removed and ``out`` is left as it was."""
+    only then, and only when ``check_replaceable`` still allows it), on failure it is removed and ``out`` is left as
+    it was."""
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.merging-", dir=parent)
     try:
         yield staging
-        from npu_rl.utils.paths import apply_umask
-
         apply_umask(staging)  # mkdtemp made it 0700: the merged model gets the user's umask like any folder
         if os.path.isdir(out):
+            check_replaceable(out, "--out", keep)  # again: the merge took minutes, and the folder is not ours
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.replaced-", dir=parent)
             os.rename(out, os.path.join(old, "previous"))
             os.rename(staging, out)
