@@ -453,6 +453,9 @@ class RolloutConfig:
             (0 < self.top_p <= 1, f"{key}.top_p={self.top_p} must be in (0, 1]"),
             (self.top_k == -1 or self.top_k >= 0, f"{key}.top_k must be -1 (off) or >= 0"),
             (self.sleep_level in (1, 2), f"{key}.sleep_level must be 1 or 2"),
+            (self.update_weights_bucket_megabytes > 0,
+             f"{key}.update_weights_bucket_megabytes={self.update_weights_bucket_megabytes} must be > 0 (the size of "
+             "one bucket of weights sent to the rollout engine; default 512)"),
         )
 
 

@@ -53,6 +53,11 @@ def test_the_small_config_passes():
     ("actor_rollout_ref.rollout.agent.sample_timeout_s=-1", "actor_rollout_ref.rollout.agent.sample_timeout_s=-1"),
     ("actor_rollout_ref.rollout.agent.sample_timeout_s=inf", "actor_rollout_ref.rollout.agent.sample_timeout_s=inf"),
     ("actor_rollout_ref.rollout.agent.sample_timeout_s=nan", "actor_rollout_ref.rollout.agent.sample_timeout_s=nan"),
+    # issue 39: a bucket of 0 MB hung the one-step-off and fully-async weight sync after Ray started
+    ("actor_rollout_ref.rollout.update_weights_bucket_megabytes=0",
+     "actor_rollout_ref.rollout.update_weights_bucket_megabytes=0 must be > 0"),
+    ("actor_rollout_ref.rollout.update_weights_bucket_megabytes=-5",
+     "actor_rollout_ref.rollout.update_weights_bucket_megabytes=-5 must be > 0"),
 ])
 def test_non_finite_or_degenerate_numbers_are_refused_naming_the_key(override, key):
     found = problems(override)
