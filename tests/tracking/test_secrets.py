@@ -107,3 +107,27 @@ def test_redact_mapping_and_names():
     assert [is_secret_name(n) for n in ("HF_TOKEN", "x.WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "MY_PASSWORD_FILE",
                                         "prompt_key", "pad_token", "max_tokens")] == [True] * 4 + [False] * 3
     assert redact_argv(["a", "WANDB_API_KEY=z"]) == ["a", f"WANDB_API_KEY={MASK}"]
+
+
+def test_values_from_the_environment_are_masked_whatever_key_and_name(tmp_path, monkeypatch):
+    """issue 39: ``trainer.experiment_name=${oc.env:WANDB_API_KEY}`` and a reward kwarg filled from
+    ``${oc.env:OPENAI_API_KEY}`` were written in plain text into config.yaml (the typed config had forgotten where
+    its values came from); a variable with a plain name is masked too: the value was in the environment."""
+    from npu_rl.config.loader import load_config, to_yaml
+    from npu_rl.tracking.run_record import recorded_config, save_run_record
+
+    secrets = {"WANDB_API_KEY": "wk-4e1f", "OPENAI_API_KEY": "ok-9a2b", "JUDGE_HOST_CREDENTIAL": "cred-77c3"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    config = load_config(["trainer.experiment_name=${oc.env:WANDB_API_KEY}",
+                          "+custom_reward_function.reward_kwargs.judge_auth=${oc.env:OPENAI_API_KEY}",
+                          "+custom_reward_function.reward_kwargs.judge=[x, 'Bearer ${oc.env:JUDGE_HOST_CREDENTIAL}']"])
+    assert config.trainer.experiment_name == "wk-4e1f"  # the run gets the real value
+    save_run_record(str(tmp_path), config, ["npu-rl", "train"])
+    record = recorded_config(config)
+    assert record["trainer"]["experiment_name"] == MASK
+    assert record["custom_reward_function"]["reward_kwargs"] == {"judge_auth": MASK, "judge": ["x", MASK]}
+    for secret in secrets.values():
+        for name in os.listdir(tmp_path):
+            assert secret not in (tmp_path / name).read_text(), (name, secret)
+        assert secret not in to_yaml(config)
