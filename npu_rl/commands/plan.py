@@ -1,17 +1,24 @@
 """``npu-rl plan [--device h200] [key=value ...]``: will this job fit? The per-device memory of each phase of one
 step (rollout, log-probs, reference, critic, update), the peak, whether it fits the named device, the one or two
 keys that would make it fit, and the host memory per node. Nothing is loaded: model shapes come from config.json
-(``--model-config FILE`` for a Hub id that is not on this machine). The arithmetic: npu_rl/plan/memory.py."""
+(``--model-config FILE`` for a Hub id that is not on this machine). The arithmetic: npu_rl/plan/memory.py.
+
+The config is checked first with training's own value checks (``--cfg job``'s, without the files and the device):
+0 or a negative number of devices, lengths <= 0, a micro-batch of 0, a tensor-parallel size that does not divide the
+devices are refused, naming the key, as ``npu-rl train`` refuses them, never planned as "fits"."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from npu_rl.config.loader import ConfigError, load_config
+from npu_rl.plan.job import plan_config, this_device
+from npu_rl.plan.memory import DEVICES
+from npu_rl.trainer.preflight import check
+
 
 def main(argv: list[str] | None = None) -> int:
-    from npu_rl.plan.memory import DEVICES
-
     parser = argparse.ArgumentParser(prog="npu-rl plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help=f"{' | '.join(DEVICES)} (default: this machine's)")
     parser.add_argument("--model-config", default=None, help="the policy's config.json (a Hub id not on disk)")
@@ -20,11 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-path", "-cp", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")
     args = parser.parse_args(argv)
-    from npu_rl.config.loader import ConfigError, load_config
-    from npu_rl.plan.job import plan_config, this_device
-
     try:
         config = load_config(args.overrides, args.config_name, args.config_path)
+        check(config, check_paths=False, check_device=False)  # training's value checks, before any arithmetic
         result = plan_config(config, args.device or this_device(), model_config=args.model_config,
                              critic_model_config=args.critic_model_config)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
