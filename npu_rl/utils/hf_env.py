@@ -6,7 +6,7 @@ A Hub or mirror that accepts a connection and never answers would hold a run for
 client has no timeout (``model_info``, file listings), and a file's metadata request is retried with a 60 s timeout
 five times. So every metadata call (a repo's info, a listing, a file's metadata) runs under ``hub_call``: it ends
 within ``NPU_RL_HUB_TIMEOUT_S`` seconds (default 60) whatever the library does inside, with an error naming the id
-or path and the endpoint (credentials masked); and the shared client gets that timeout for each read, so a byte
+or path and the endpoint (credentials masked, in huggingface_hub's own log lines too); and the shared client gets that timeout for each read, so a byte
 transfer that stalls ends too (a download that keeps moving is not cut: a large model takes its time).
 """
 
@@ -17,7 +17,7 @@ import os
 import threading
 from typing import Callable, TypeVar
 
-from npu_rl.utils.redact import redact_text, redact_url
+from npu_rl.utils.redact import install_log_redaction, redact_text, redact_url
 
 _TRUE = ("1", "ON", "YES", "TRUE")
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -71,6 +71,7 @@ def bound_client(timeout: float) -> None:
     import httpx2  # huggingface_hub's own HTTP package
     from huggingface_hub.utils import _http
 
+    install_log_redaction()  # huggingface_hub logs each retried URL, an HF_ENDPOINT's credentials included
     with _client_lock:
         if _client_timeout == [timeout]:
             return

@@ -69,3 +69,23 @@ def test_the_timeout_must_be_a_positive_number(monkeypatch):
         monkeypatch.setenv("NPU_RL_HUB_TIMEOUT_S", bad)
         with pytest.raises(ValueError, match="NPU_RL_HUB_TIMEOUT_S=.* must be a positive number of seconds"):
             hub_timeout_s()
+
+
+def test_a_refusing_mirror_never_shows_its_password(tmp_path, monkeypatch, capfd, caplog):
+    """huggingface_hub logs each retried URL: with HF_ENDPOINT=http://user:password@host that was the password."""
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = SilentHub()  # only for online_env's endpoint attribute; never started
+    online_env(monkeypatch, server, str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://someone:hunter2pass@127.0.0.1:{port}")
+    monkeypatch.setenv("NPU_RL_HUB_TIMEOUT_S", str(TIMEOUT_S))
+    problems = _within_deadline(lambda: data_files_problems("train_files", ["hf://datasets/org/set/*.parquet",
+                                                                           "hf://datasets/org/set/a.parquet"]))
+    model = _within_deadline(lambda: check_hub_model(HubId("Org/model")))
+    server._socket.close()
+    shown = " ".join(problems["value"]) + str(model["error"]) + caplog.text + "".join(capfd.readouterr())
+    assert len(problems["value"]) == 2 and "http://<redacted>@127.0.0.1" in shown
+    assert "hunter2pass" not in shown and "someone" not in shown
