@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     dtype = to_dtype(args.dtype) if args.dtype else None
     try:
         source = args.checkpoint if args.adapter else resolve_checkpoint(args.checkpoint, args.role)
-        inputs = [args.checkpoint, source, args.adapter, args.base]
-        keep = tuple(path for path in inputs if path and os.path.exists(path))
-        out = check_merge_out(args.out, args.force, keep)
-        with staged_output(out, keep) as staging:
+        read = tuple(p for p in (source, args.adapter, args.base) if p and os.path.exists(p))  # files read
+        keep = tuple(p for p in (args.checkpoint,) if os.path.exists(p)) + read  # e.g. the run folder given
+        out = check_merge_out(args.out, args.force, keep, read)
+        with staged_output(out, keep, read) as staging:
             if args.adapter:
                 merge_lora(args.checkpoint, args.adapter, staging, dtype)
             else:
@@ -78,21 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_merge_out(out: str, force: bool, keep: tuple[str, ...] = ()) -> str:
+def check_merge_out(out: str, force: bool, keep: tuple[str, ...] = (), within: tuple[str, ...] = ()) -> str:
     """``--out``: a folder that can be made, and new or empty unless ``force``; an existing one is replaced whole,
-    so it may hold only model files (``check_replaceable``) and none of the inputs ``keep``."""
+    so it may hold only model files (``check_replaceable``), none of the inputs ``keep`` and lie in none of the
+    folders read, ``within``."""
     full = check_output_dir(out, "--out")
     if os.path.isdir(full) and os.listdir(full) and not force:
         raise FileExistsError(f"--out {full} is not empty (it holds {', '.join(sorted(os.listdir(full))[:5])}"
                               f"{' ...' if len(os.listdir(full)) > 5 else ''}); give a new folder, or --force to "
                               "replace it")
     if os.path.isdir(full):
-        check_replaceable(full, "--out", keep)
+        check_replaceable(full, "--out", keep, within)
     return full
 
 
 @contextlib.contextmanager
-def staged_output(out: str, keep: tuple[str, ...] = ()):
+def staged_output(out: str, keep: tuple[str, ...] = (), within: tuple[str, ...] = ()):
     """A temporary folder beside ``out`` to write into; on success it replaces ``out`` (``out`` is removed first,
     only then, and only when ``check_replaceable`` still allows it), on failure it is removed and ``out`` is left as
     it was."""
@@ -103,7 +104,7 @@ def staged_output(out: str, keep: tuple[str, ...] = ()):
         yield staging
         apply_umask(staging)  # mkdtemp made it 0700: the merged model gets the user's umask like any folder
         if os.path.isdir(out):
-            check_replaceable(out, "--out", keep)  # again: the merge took minutes, and the folder is not ours
+            check_replaceable(out, "--out", keep, within)  # again: the merge took minutes, and the folder is not ours
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.replaced-", dir=parent)
             os.rename(out, os.path.join(old, "previous"))
             os.rename(staging, out)

@@ -97,11 +97,13 @@ def _contains(folder: str, path: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def replace_problems(path: str, keep: tuple[str, ...] = ()) -> list[str]:
+def replace_problems(path: str, keep: tuple[str, ...] = (), within: tuple[str, ...] = ()) -> list[str]:
     """What replacing the existing folder ``path`` whole would delete that no command of ours made: the folder
-    ``path`` is, or holds, a home folder, the working directory, a mount point, one of ``keep`` (the input being
+    ``path`` is, or holds, a home folder, the working directory, a mount point, one of ``keep`` (the inputs being
     read), or files that are not a model's (the run's checkpoints, dotfiles, sub-folders, anything unlisted in
-    ``MODEL_FILE_PATTERNS``). Empty when ``path`` holds a model folder's files alone (a previous output)."""
+    ``MODEL_FILE_PATTERNS``); or it lies inside one of ``within`` (the folders whose files are read, e.g. the
+    checkpoint being merged: a folder of a run folder is fine, one of the checkpoint is not). Empty when ``path``
+    holds a model folder's files alone (a previous output)."""
     real = os.path.realpath(path)
     problems = []
     if os.path.ismount(real):
@@ -111,9 +113,9 @@ def replace_problems(path: str, keep: tuple[str, ...] = ()) -> list[str]:
         problems.append(f"the home folder {', '.join(homes)}")
     if _contains(real, os.path.realpath(os.getcwd())):
         problems.append(f"the working directory {os.getcwd()}")
-    for item in keep:
+    for item in dict.fromkeys(keep + within):
         item_real = os.path.realpath(item)
-        if _contains(real, item_real) or _contains(item_real, real):
+        if _contains(real, item_real) or (item in within and _contains(item_real, real)):
             problems.append(f"the input {item}")
     names = sorted(os.listdir(real)) if os.path.isdir(real) else []
     runs = [n for n in names if n.startswith("global_step_") or n == "latest_checkpointed_iteration.txt"]
@@ -132,10 +134,10 @@ def _model_file(path: str) -> bool:
             and any(fnmatch.fnmatchcase(name, pattern) for pattern in MODEL_FILE_PATTERNS))
 
 
-def check_replaceable(path: str, key: str, keep: tuple[str, ...] = ()) -> None:
+def check_replaceable(path: str, key: str, keep: tuple[str, ...] = (), within: tuple[str, ...] = ()) -> None:
     """Raise ``FileExistsError`` naming what would be deleted when the existing folder ``path`` may not be replaced
     whole (``replace_problems``)."""
-    problems = replace_problems(path, keep)
+    problems = replace_problems(path, keep, within)
     if problems:
         raise FileExistsError(f"{key} {path} will not be replaced: that would delete {'; '.join(problems)}. Give a "
                               "new folder, an empty one, or one holding only a previous output (model files)")

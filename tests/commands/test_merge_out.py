@@ -80,4 +80,14 @@ def test_the_working_directory_and_other_files_are_refused_a_previous_merge_is_r
 def test_a_mount_point_and_a_folder_inside_the_input_are_named(run):
     assert "/ is a mount point" in replace_problems("/")
     actor = os.path.join(run, "global_step_1", "actor")
-    assert f"the input {actor}" in replace_problems(os.path.join(actor, "huggingface"), keep=(actor,))
+    assert f"the input {actor}" in replace_problems(os.path.join(actor, "huggingface"), within=(actor,))
+    assert replace_problems(os.path.join(run, "merged"), keep=(run,)) == []  # a folder of the run folder given: fine
+
+
+def test_a_previous_merge_inside_the_run_folder_is_replaced(run, capsys):
+    out = os.path.join(run, "merged")
+    assert merge([run, "--out", out]) == 0
+    assert merge([run, "--out", out, "--force"]) == 0
+    assert merge([os.path.join(run, "global_step_2"), "--out", os.path.join(run, "global_step_2", "actor",
+                                                                          "huggingface"), "--force"]) == 2
+    assert "the input" in capsys.readouterr().err
