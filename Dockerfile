@@ -48,7 +48,10 @@ print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-
     && rm /tmp/requirements.txt /tmp/embedded.txt
 
 # 2. The source, then npu-rl itself without touching the dependencies.
+COPY setup.py ./
 COPY npu_rl ./npu_rl
+COPY kernels ./kernels
+COPY configs ./configs
 COPY docker/entrypoint.sh /usr/local/bin/npu-rl-entrypoint
 RUN python3 -m pip install --no-deps . \
     && chmod 0755 /usr/local/bin/npu-rl-entrypoint

@@ -9,7 +9,7 @@
 # e.g. `ray job submit --working-dir . -- python -m npu_rl.trainer.main_ppo` on a cluster).
 # Data: the GSM8K copy shipped in the package (builtin://gsm8k/...), nothing to preprocess.
 # None of these was run to the end in this repository (no NPU or GPU here; the cpu ones take hours on 2 cores);
-# tests/test_examples.py checks that every example composes into a valid config.
+# tests/project/test_examples.py checks that every example composes into a valid config.
 
 examples_run() {  # examples_run <npu|gpu|cpu> <algorithm overrides...>
     local device=$1

@@ -38,6 +38,12 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+import npu_rl.reward.combined as combined
+from npu_rl.config.schema import PPOConfig
+from npu_rl.data.io import write_parquet
+from npu_rl.trainer.preflight import check, load_checked
+from npu_rl.trainer.run import train
+
 RewardFunc = Union[Callable[..., Any], str]
 COMBINED_REWARD = "npu_rl.reward.combined"
 _TRUTH_COLUMNS = ("ground_truth", "answer", "solution")
@@ -143,7 +149,6 @@ def _data_path(dataset: Any, out_dir: str, name: str) -> Union[str, list[str]]:
         raise TypeError(f"{name}: expected a datasets.Dataset, a list of dicts or a path, got {type(dataset).__name__}")
     if not rows:
         raise ValueError(f"{name} is empty")
-    from npu_rl.data.io import write_parquet
 
     return write_parquet([_to_row(r, i, name) for i, r in enumerate(rows)], os.path.join(out_dir, "data",
                                                                                           f"{name}.parquet"))
@@ -239,8 +244,6 @@ class Trainer:
         if self.eval_dataset is not None:
             settings["data.val_files"] = _data_path(self.eval_dataset, out_dir, "eval")
         if self.reward_refs:
-            import npu_rl.reward.combined as combined
-
             settings["custom_reward_function.path"] = combined.__file__
             settings["custom_reward_function.name"] = "compute_score"
             kwargs = {"reward_funcs": self.reward_refs}
@@ -250,8 +253,6 @@ class Trainer:
         return settings
 
     def _build_config(self):
-        from npu_rl.config.schema import PPOConfig
-
         if isinstance(self.user_config, PPOConfig):
             base = self.user_config
             out_dir = os.path.abspath(os.path.expanduser(self.output_dir or base.trainer.default_local_dir))
@@ -263,12 +264,10 @@ class Trainer:
                                                                     **kwargs}
             for key, value in settings.items():
                 config = _replace(config, key, value)
-            from npu_rl.trainer.preflight import check
 
             check(config)
             return config
         overrides = _as_overrides(self.user_config)
-        from npu_rl.trainer.preflight import load_checked
 
         probe = load_checked(overrides + ([_override("trainer.default_local_dir", os.path.abspath(
             os.path.expanduser(self.output_dir)))] if self.output_dir else []), self.config_name,
@@ -278,8 +277,6 @@ class Trainer:
         return load_checked(overrides + ours, self.config_name)
 
     def train(self) -> TrainResult:
-        from npu_rl.trainer.run import train
-
         result = train(self.config, ["npu_rl.Trainer", *self.reward_refs], checked=True)
         history: list[dict[str, Any]] = []
         if os.path.isfile(result.metrics_path):

@@ -1,7 +1,8 @@
 """``npu-rl``: train | eval | merge | preprocess | doctor | plan | plot | bench.
 
-Each sub-command's body lives with the code it drives; this file only routes (imports are lazy so that
-``npu-rl doctor`` works on a machine where half the stack is broken).
+Each sub-command's body lives with the code it drives; this file only routes. Its imports are the one place where
+npu_rl's own modules are imported inside functions (the dispatch): ``npu-rl --help`` and ``npu-rl train --help``
+import no torch, and ``npu-rl doctor`` works on a machine where half the stack is broken.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ commands:
 
 
 def _train(argv: list[str]) -> int:
+    from npu_rl.trainer.arguments import asks_for_help, parse_args
+
+    if asks_for_help(argv):  # answered here: the trainer's import brings torch
+        parse_args(argv, "quickstart")
     from npu_rl.trainer.main_ppo import main
 
     return main(argv, default_config="quickstart")

@@ -1,4 +1,4 @@
-"""Prints its arguments as JSON (tests/test_examples.py runs the example scripts with this as the trainer)."""
+"""Prints its arguments as JSON (tests/project/test_examples.py runs the example scripts with this as the trainer)."""
 import json
 import sys
 

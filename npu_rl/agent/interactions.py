@@ -19,7 +19,9 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
-from npu_rl.agent.tools.config import ToolConfigError, load_class, read_yaml_mapping
+from npu_rl.agent.tools.config import ToolConfigError, load_class, read_yaml_mapping, resolve_config_file
+from npu_rl.agent.user_code import check_timeout
+from npu_rl.reward.scorers import default_compute_score
 
 
 class BaseInteraction:
@@ -27,8 +29,6 @@ class BaseInteraction:
     default_timeout_s = 30.0  # each of start_interaction / generate_response / finalize_interaction
 
     def __init__(self, config: Optional[dict[str, Any]] = None):
-        from npu_rl.agent.user_code import check_timeout
-
         self.config = dict(config or {})
         self.name = str(self.config.get("name", self.default_name))
         self.timeout_s = check_timeout(self.config.get("timeout", self.default_timeout_s),
@@ -55,8 +55,6 @@ class AnswerCheckInteraction(BaseInteraction):
     default_name = "gsm8k"
 
     async def generate_response(self, instance_id, messages, **kwargs):
-        from npu_rl.reward.scorers import default_compute_score
-
         state = self._instances.get(instance_id, {})
         answer = next((m["content"] for m in reversed(messages) if m.get("role") == "assistant"), "")
         data_source = state.get("data_source", self.config.get("data_source", "openai/gsm8k"))
@@ -68,8 +66,6 @@ class AnswerCheckInteraction(BaseInteraction):
 
 
 def load_interactions(path: str) -> dict[str, BaseInteraction]:
-    from npu_rl.agent.tools.config import resolve_config_file
-
     full = resolve_config_file(path)
     data = read_yaml_mapping(path, "multi_turn.interaction_config_path")
     entries = data.get("interaction")

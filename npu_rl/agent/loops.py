@@ -33,6 +33,7 @@ from npu_rl.agent.tool_parser import TOOL_PARSERS, ToolCall
 from npu_rl.agent.tools.base import BaseTool, ToolResponse
 from npu_rl.agent.user_code import UserCodeTimeout, call_user_code
 from npu_rl.utils.registry import Registry
+from npu_rl.agent.tools.config import ToolConfigError, load_class
 
 SINGLE_TURN_LOOP = "single_turn_agent"  # one generation from the prompt: what a plain (sync-mode) rollout does
 
@@ -157,7 +158,6 @@ def row_agent_loop(name: Any, where: str = "") -> type:
 
 def register_agent_loops_file(path: str) -> list[str]:
     """verl's ``agent_loop_config_path``: a YAML list of ``{name, _target_}``; returns the names registered."""
-    from npu_rl.agent.tools.config import ToolConfigError, load_class
     import os
 
     import yaml

@@ -45,7 +45,7 @@ from npu_rl.agent.loops import (AgentContext, AgentOutput, AgentSample, AgentSam
 from npu_rl.agent.user_code import UserCodeExit, run_agents_loop
 from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
-from npu_rl.rollout.base import Generation, SamplingParams
+from npu_rl.rollout.base import Generation
 from npu_rl.utils.exit_guard import ExitAttempt
 
 logger = logging.getLogger(__name__)

@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
+from npu_rl.agent.interactions import load_interactions
+from npu_rl.agent.loops import SINGLE_TURN_LOOP, register_agent_loops_file, resolve_agent_loop, row_agent_loop
+from npu_rl.agent.rollout import agent_rollout_enabled
+from npu_rl.agent.tool_parser import TOOL_PARSERS
+from npu_rl.agent.tools.config import load_tools
+
 ROLLOUT_MODES = ("sync", "async")
 TRUNCATE_SIDES = ("left", "right", "middle")
 
@@ -28,10 +34,6 @@ def agent_config_problems(config: Any, check_paths: bool = True) -> list[str]:
             problems.append(f"{key}.multi_turn.tool_config_path / interaction_config_path are set but agent loops "
                             f"are off: set {key}.mode=async or {key}.multi_turn.enable=True")
         return problems
-    from npu_rl.agent.interactions import load_interactions
-    from npu_rl.agent.loops import register_agent_loops_file, resolve_agent_loop
-    from npu_rl.agent.tool_parser import TOOL_PARSERS
-    from npu_rl.agent.tools.config import load_tools
 
     def attempt(fn, prefix=""):
         try:
@@ -66,11 +68,9 @@ def agent_row_problems(config: Any, rows: Iterable[tuple[Any, dict[str, Any]]]) 
     of ``multi_turn.interaction_config_path``. Call after ``agent_config_problems`` (which registers the config's
     loops)."""
     rollout = config.actor_rollout_ref.rollout
-    from npu_rl.agent.rollout import agent_rollout_enabled
 
     if not agent_rollout_enabled(rollout):
         return []
-    from npu_rl.agent.loops import SINGLE_TURN_LOOP, register_agent_loops_file, resolve_agent_loop, row_agent_loop
 
     partial = config.async_training.mode == "fully_async" and bool(config.async_training.partial_rollout)
 
@@ -113,6 +113,5 @@ def agent_row_problems(config: Any, rows: Iterable[tuple[Any, dict[str, Any]]]) 
 def _interaction_names(path: Any) -> Optional[set[str]]:
     if not path:
         return None
-    from npu_rl.agent.interactions import load_interactions
 
     return set(load_interactions(path))

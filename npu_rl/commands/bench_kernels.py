@@ -26,6 +26,11 @@ import sys
 import time
 
 import torch
+from npu_rl.device import get_backend
+from npu_rl.kernels import _device, linear_ops
+from npu_rl.kernels.reference import naive_logprob_entropy
+from npu_rl.kernels.tiles import TileConfig
+import npu_rl.kernels as K
 
 SHAPES = {"0.5b": (896, 151_936), "7b": (3584, 152_064), "tiny": (64, 1_000)}
 METHODS = ("naive", "torch", "triton", "triton_mm", "triton_mm_lp", "liger", "liger_sum")
@@ -36,9 +41,6 @@ GIB = 1024**3
 
 def _methods(name: str, tiles=None):
     """(forward fn(h, w, t) -> (logprobs, entropy | None), whether the loss uses the entropy)."""
-    import npu_rl.kernels as K
-    from npu_rl.kernels.reference import naive_logprob_entropy
-
     if name == "naive":
         return naive_logprob_entropy, True
     if name.startswith("liger"):
@@ -168,15 +170,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    from npu_rl.device import get_backend
 
-    from npu_rl.kernels import _device
-    from npu_rl.kernels.tiles import TileConfig
 
     backend = get_backend()
     if args.chunk_mib:
-        from npu_rl.kernels import linear_ops
-
         linear_ops.DEFAULT_CHUNK_BYTES = args.chunk_mib << 20
     print(f"device: {_device.device_kind()}  torch {torch.__version__}", flush=True)
     rows = []

@@ -28,10 +28,17 @@ from types import SimpleNamespace
 
 import torch
 
+from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+from npu_rl.device import get_backend
+from npu_rl.models.forward import LogprobOptions, response_logprobs
+from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora
+from npu_rl.models.synthetic import SHAPES
+from npu_rl.parallel.fsdp import clip_grad_norm
+from npu_rl.workers.engine import build_optimizer
+from npu_rl.workers.model_runner import ModelRunner
+
 
 def _fsdp_config(model_dtype: str, param_dtype: str = "bf16"):
-    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
-
     return FSDPConfig(model_dtype=model_dtype, mixed_precision=MixedPrecisionConfig(param_dtype=param_dtype,
                                                                                      reduce_dtype="fp32"))
 
@@ -39,7 +46,6 @@ def _fsdp_config(model_dtype: str, param_dtype: str = "bf16"):
 def _build(shape: str, dtype: torch.dtype, device: torch.device, checkpointing: bool):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from npu_rl.models.synthetic import SHAPES
 
     config = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1e6)
     config._attn_implementation = "sdpa"
@@ -62,13 +68,6 @@ def _batch(args, vocab: int, device: torch.device):
 
 
 def run_mode(mode: str, args) -> dict:
-    from npu_rl.device import get_backend
-    from npu_rl.models.forward import LogprobOptions, response_logprobs
-    from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora
-    from npu_rl.parallel.fsdp import clip_grad_norm
-    from npu_rl.workers.engine import build_optimizer
-    from npu_rl.workers.model_runner import ModelRunner
-
     backend = get_backend()
     device = backend.device()
     on_device = backend.is_accelerator  # memory figures come from the device layer's module

@@ -13,6 +13,9 @@ import os
 import re
 import time
 
+from npu_rl.device import get_backend
+from npu_rl.workers.actor_rollout import ActorRolloutWorker
+
 CATEGORIES = [  # first match wins
     ("communication", re.compile(r"nccl|hccl|all_gather|reduce_scatter|allreduce", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|sdpa|flex", re.I)),
@@ -36,8 +39,6 @@ class UpdateProfiler:
         self._original = None
 
     def __enter__(self):
-        from npu_rl.workers.actor_rollout import ActorRolloutWorker
-
         original = self._original = ActorRolloutWorker.update_policy
         profiler, state = self, {"calls": 0}
 
@@ -52,8 +53,6 @@ class UpdateProfiler:
         return self
 
     def __exit__(self, *exc):
-        from npu_rl.workers.actor_rollout import ActorRolloutWorker
-
         ActorRolloutWorker.update_policy = self._original
         return False
 
@@ -61,7 +60,6 @@ class UpdateProfiler:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
-        from npu_rl.device import get_backend
 
         backend = get_backend()
         activities = [getattr(ProfilerActivity, name) for name in backend.profiler_activities]

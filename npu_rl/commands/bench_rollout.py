@@ -34,6 +34,13 @@ import torch
 
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
+from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+from npu_rl.device import get_backend
+from npu_rl.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
+from npu_rl.models.synthetic import save_random_model
+from npu_rl.rollout.factory import VLLM_INSTALL_HINT, vllm_available
+from npu_rl.rollout.hf import HFRolloutEngine
+from npu_rl.rollout.vllm_engine import VllmRolloutEngine
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +68,6 @@ def _prompts(model_name: str, folder: str, num_prompts: int, pad_token_id: int, 
         lengths = [prompt_length or 16 + (7 * i) % 17 for i in range(num_prompts)]
         rows = [torch.randint(3, 128, (n,), generator=generator).tolist() for n in lengths]
     else:
-        from npu_rl.models.loader import load_tokenizer
-
         tokenizer = load_tokenizer(folder)
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i % 9 + 1} + {i % 7 + 2}?"}],
                                                tokenize=False, add_generation_prompt=True) for i in range(num_prompts)]
@@ -111,18 +116,11 @@ def _cycle(engine, actor, prompts: Batch, sampling: SamplingParams, repeats: int
 
 
 def bench_model(model_name: str, args, root: str) -> dict:
-    from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
-    from npu_rl.models.loader import load_causal_lm, resolve_model_path
-    from npu_rl.rollout.hf import HFRolloutEngine
-
-    from npu_rl.device import get_backend
 
     backend = get_backend()
     if model_name == "tiny":
         folder = _tiny_model_dir(root)
     elif model_name.startswith("shape:"):
-        from npu_rl.models.synthetic import save_random_model
-
         folder = save_random_model(os.path.join(root, model_name[6:]), model_name[6:], dtype=torch.bfloat16)
     else:
         folder = resolve_model_path(model_name)
@@ -139,8 +137,6 @@ def bench_model(model_name: str, args, root: str) -> dict:
         if name in args.engines:
             engines[name] = HFRolloutEngine(actor, pad_token_id, shares_actor_module=True, compiled_decode=compiled)
     if "vllm" in args.engines:
-        from npu_rl.rollout.vllm_engine import VllmRolloutEngine
-
         memory = {} if backend.name != "cpu" else {"kv_cache_memory_bytes": 512 << 20}
         config = RolloutConfig(name="vllm", dtype=args.dtype, load_format="auto", tensor_model_parallel_size=1,
                                max_model_len=max(1024, (args.prompt_length or 64) + args.response_length),
@@ -228,8 +224,6 @@ def compiled_with_vllm(engines: list[str]) -> str | None:
     """Compiled hf decoding and vLLM in one process: refused. Seen on the H200 (vLLM 0.22.0, torch 2.11): after the
     hf engine's ``torch.compile(mode="reduce-overhead")`` graphs had run, vLLM's first decode step failed with
     "CUDA error: an illegal memory access"; vLLM alone in a process ran. Training never holds both engines."""
-    from npu_rl.device import get_backend
-
     compiles = "hf_compiled" in engines or ("hf" in engines and get_backend().compiled_decode)
     if "vllm" in engines and compiles:
         return ("compiled hf decoding and vLLM cannot share a process (on an H200 vLLM then failed with an illegal "
@@ -269,8 +263,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"npu-rl bench rollout: {problem}", file=sys.stderr)
         return 2
     if "vllm" in args.engines:
-        from npu_rl.rollout.factory import VLLM_INSTALL_HINT, vllm_available
-
         if not vllm_available():
             print(f"vLLM is not installed; benchmarking hf only ({VLLM_INSTALL_HINT})", file=sys.stderr)
             args.engines = [e for e in args.engines if e != "vllm"]

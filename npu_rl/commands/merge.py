@@ -26,13 +26,19 @@ import shutil
 import sys
 import tempfile
 
+from npu_rl.models.check import check_model_folder
+from npu_rl.models.loader import load_tokenizer, resolve_model_path
+from npu_rl.models.lora import merge_adapter, read_adapter_config
+from npu_rl.parallel.checkpoint import HF_DIR, merge_checkpoint
+from npu_rl.parallel.manifest import verify_manifest
+from npu_rl.trainer.checkpoint import latest_step, step_dir
+from npu_rl.utils.dtypes import to_dtype
 from npu_rl.utils.paths import apply_umask, check_output_dir, check_replaceable
+from npu_rl.utils.safe_load import CorruptFileError
+from npu_rl.workers.checkpointing import LORA_ADAPTER_DIR
 
 
 def resolve_checkpoint(path: str, role: str) -> str:
-    from npu_rl.parallel.checkpoint import HF_DIR
-    from npu_rl.trainer.checkpoint import latest_step, step_dir
-
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(os.path.join(path, HF_DIR)):
         return path
@@ -56,8 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", default=None, help="merge this PEFT adapter folder into the model CHECKPOINT")
     parser.add_argument("--force", action="store_true", help="replace --out when it is not empty")
     args = parser.parse_args(argv)
-    from npu_rl.utils.dtypes import to_dtype
-    from npu_rl.utils.safe_load import CorruptFileError
 
     dtype = to_dtype(args.dtype) if args.dtype else None
     try:
@@ -118,18 +122,12 @@ def staged_output(out: str, keep: tuple[str, ...] = (), within: tuple[str, ...] 
 
 def lora_adapter_dir(source: str) -> str | None:
     """The PEFT adapter folder of a LoRA checkpoint (None for a full-weight checkpoint)."""
-    from npu_rl.workers.checkpointing import LORA_ADAPTER_DIR
-
     folder = os.path.join(source, LORA_ADAPTER_DIR)
     return folder if os.path.isdir(folder) else None
 
 
 def merge_lora(base: str, adapter: str, out: str, dtype=None) -> str:
     """base model + PEFT adapter -> a merged HF folder (with the base's tokenizer and generation config)."""
-    from npu_rl.models.check import check_model_folder
-    from npu_rl.models.loader import load_tokenizer, resolve_model_path
-    from npu_rl.models.lora import merge_adapter
-
     check_model_folder(base, "the base model")  # the trainer's checks and words, before anything loads
     merge_adapter(base, adapter, out, dtype=dtype, tokenizer=load_tokenizer(base))
     gen = os.path.join(resolve_model_path(base), "generation_config.json")
@@ -141,13 +139,8 @@ def merge_lora(base: str, adapter: str, out: str, dtype=None) -> str:
 def merge_source(source: str, out: str, dtype=None, *, adapter_only: bool = False, base: str | None = None) -> str:
     """A resolved checkpoint folder -> ``out``: full weights merged from shards, or for LoRA the adapter merged
     into its base (or, ``adapter_only``, the adapter folder copied)."""
-    from npu_rl.parallel.checkpoint import merge_checkpoint
-
     adapter = lora_adapter_dir(source)
     if adapter is not None:
-        from npu_rl.parallel.manifest import verify_manifest
-        from npu_rl.utils.safe_load import CorruptFileError
-
         listed = verify_manifest(source)  # the adapter as saved, before it is read (merge_checkpoint: the shards)
         missing = [name for name in os.listdir(adapter) if f"lora_adapter/{name}" not in listed]
         if missing:
@@ -162,7 +155,6 @@ def merge_source(source: str, out: str, dtype=None, *, adapter_only: bool = Fals
     if adapter_only:
         shutil.copytree(adapter, out, dirs_exist_ok=True)
         return out
-    from npu_rl.models.lora import read_adapter_config
 
     base = base or read_adapter_config(adapter).get("base_model_name_or_path")
     if not base:

@@ -18,6 +18,8 @@ import sys
 from npu_rl.compat.verl import migrate as compat
 from npu_rl.compat.verl.script import ScriptError, check_text, read_file, read_script
 from npu_rl.config.errors import ConfigError
+from npu_rl.trainer.main_ppo import load_verl_config
+from npu_rl.trainer.preflight import check, run_folder_problems
 from npu_rl.utils.redact import redact_text
 
 
@@ -38,9 +40,6 @@ def _script_words(path: str, env_args: list[str]) -> tuple[list[str], list[str],
 
 def checks(overrides: list[str], flags: compat.Flags, check_paths: bool) -> tuple[list[str], list[str]]:
     """(value problems, path problems) of the kept overrides, by the loader's and ``--cfg job``'s own checks."""
-    from npu_rl.trainer.main_ppo import load_verl_config
-    from npu_rl.trainer.preflight import check, run_folder_problems
-
     try:
         config = load_verl_config(overrides, flags.config_name, flags.config_path, [])
         check(config, check_paths=False, check_device=False)

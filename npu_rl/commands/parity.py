@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from npu_rl.config.errors import ConfigError
 from npu_rl.core.rollout_correction import RolloutCorrectionSpec, rollout_correction
+from npu_rl.data.loader import build_dataloader
+from npu_rl.device import get_backend
+from npu_rl.device.patch_toggles import patch_variants
+from npu_rl.models.check import check_model_folder
+from npu_rl.trainer.preflight import load_checked, plan_for
+from npu_rl.workers.actor_rollout import ActorRolloutWorker
 
 # (label, settings) of the corrections whose effect the report shows.
 CORRECTIONS: tuple[tuple[str, dict], ...] = (
@@ -132,12 +139,6 @@ def _note(config) -> str:
 
 def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, config_name: str = "quickstart") -> str:
     """Build, generate, recompute; returns the report."""
-    from npu_rl.data.loader import build_dataloader
-    from npu_rl.device import get_backend
-    from npu_rl.device.patch_toggles import patch_variants
-    from npu_rl.trainer.preflight import load_checked, plan_for
-    from npu_rl.workers.actor_rollout import ActorRolloutWorker
-
     config = load_checked([f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=1",
                           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=1",
                           "actor_rollout_ref.rollout.calculate_log_probs=true", f"data.val_batch_size={num_prompts}",
@@ -184,8 +185,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.prompts < 1:
         parser.error("--prompts must be at least 1")
-    from npu_rl.config.errors import ConfigError
-    from npu_rl.models.check import check_model_folder
 
     try:
         check_model_folder(args.parity, "--parity")  # the trainer's checks and words, before anything loads

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-path", "-cp", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")
     args = parser.parse_args(argv)
+
     try:
         config = load_config(args.overrides, args.config_name, args.config_path)
         check(config, check_paths=False, check_device=False)  # training's value checks, before any arithmetic

@@ -18,6 +18,7 @@ import sys
 import typing
 
 from npu_rl.config import schema
+from npu_rl.config.async_schema import async_notes
 
 NO_EFFECT = "no effect in npu-rl (kept for verl scripts): "
 
@@ -74,7 +75,6 @@ def ignored_settings(config, baseline=None) -> list[str]:
         default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
         if value != default:
             notes.append(f"{key}={value!r} has no effect in npu-rl: {why}")
-    from npu_rl.config.async_schema import async_notes
 
     notes += async_notes(config, defaults, current)
     tokenizer_path = config.critic.model.tokenizer_path

@@ -22,6 +22,8 @@ import torch
 
 from npu_rl.controller.dispatch import DispatchLayout
 from npu_rl.controller.worker_group import WorkerGroup, WorkerSpec, layout_of
+from npu_rl.device import get_backend
+from npu_rl.parallel.dist import init_distributed
 from npu_rl.protocol import Batch
 
 _RAY_NATIVE_RESOURCES = {"GPU": "num_gpus"}  # Ray refuses these names inside `resources=`
@@ -50,8 +52,6 @@ class ResourcePool:
         if not processes_per_node or any(n < 1 for n in processes_per_node):
             raise ValueError(f"processes_per_node must list positive counts, got {processes_per_node}")
         if resource == "auto":
-            from npu_rl.device import get_backend
-
             resource = get_backend().ray_resource
         self.processes_per_node = list(processes_per_node)
         self.resource = resource
@@ -135,9 +135,6 @@ class WorkerHost:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master_addr: str, master_port: int, roles: dict[str, WorkerSpec], env: dict[str, str]) -> None:
-        from npu_rl.device import get_backend
-        from npu_rl.parallel.dist import init_distributed
-
         os.environ.update({k: str(v) for k, v in env.items()})
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),
                           LOCAL_WORLD_SIZE=str(self.local_world_size), MASTER_ADDR=master_addr,
@@ -184,7 +181,6 @@ class RayWorkerGroup(WorkerGroup):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from npu_rl.device import get_backend
 
         super().__init__(roles)
         if not ray.is_initialized():

@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 from npu_rl.data.arith import ArithSpec, generate_arith
 from npu_rl.data.io import expand_path, write_parquet
 from npu_rl.data.preprocess import CONVERTERS, convert, default_data_dir, find_raw_file
+from npu_rl.data.tool_task import TOOL_TASK_DEFAULTS, generate_tool_task
 
 SCHEME = "builtin://"
 GENERATOR_VERSION = 1  # bump when the rows a spec produces change, so stale caches are not reused
@@ -76,7 +77,6 @@ def resolve_builtin(uri: str) -> str:
         make = lambda: generate_arith(spec)  # noqa: E731
         splits = ("train", "test")
     elif name == "arith_tool":  # the calculator-tool task (npu_rl/data/tool_task.py)
-        from npu_rl.data.tool_task import TOOL_TASK_DEFAULTS, generate_tool_task
 
         spec = arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS)
         key = {"version": GENERATOR_VERSION, "task": "arith_tool", **spec.to_dict()}
@@ -106,8 +106,6 @@ def check_builtin(uri: str) -> None:
     """Fail (naming the URI) if ``resolve_builtin`` would, without generating anything: for the config validator."""
     name, split, query = _parse(uri)
     if name in ("arith", "arith_tool"):
-        from npu_rl.data.tool_task import TOOL_TASK_DEFAULTS
-
         arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS if name == "arith_tool" else None).split_sizes()
         splits: tuple[str, ...] = ("train", "test")
     else:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from npu_rl.data.dataset import PromptDataset, object_array
+from npu_rl.data.sources import resolve_data_files
 from npu_rl.protocol import Batch
 
 logger = logging.getLogger(__name__)
@@ -169,7 +170,6 @@ def build_dataset(data_config, tokenizer, split: str = "train", files: Any = Non
                          "schema (npu-rl preprocess) instead")
     if files is None:
         files = data_config.train_files if split == "train" else data_config.val_files
-    from npu_rl.data.sources import resolve_data_files
 
     return PromptDataset(
         resolve_data_files(files, "train" if split == "train" else "validation"),

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from npu_rl.data.arith import ArithSpec, generate_arith
 from npu_rl.data.io import expand_path, read_jsonl, write_parquet
+from npu_rl.utils.paths import check_output_dir
 
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 MATH500_DATA_SOURCE = "HuggingFaceH4/MATH-500"
@@ -175,7 +176,6 @@ def _parser() -> argparse.ArgumentParser:
 def preprocess_main(argv: list[str]) -> int:
     """The body of ``npu-rl preprocess``; returns the exit status."""
     args = _parser().parse_args(argv)
-    from npu_rl.utils.paths import check_output_dir
 
     try:
         output_dir = expand_path(args.output_dir or os.path.join("~", "data", args.dataset))

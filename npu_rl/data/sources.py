@@ -31,8 +31,11 @@ from urllib.parse import parse_qsl, urlsplit
 from npu_rl.data.builtin import cache_dir, is_builtin, resolve_builtin
 from npu_rl.data.io import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, PARQUET_SUFFIXES, expand_path, is_hf_dataset_dir, \
     write_parquet
-from npu_rl.utils.hf_env import bound_client, describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, is_offline, \
-    shown_endpoint
+from npu_rl.utils.hf_env import bound_client, describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, \
+    is_offline, shown_endpoint
+from npu_rl.data.builtin import check_builtin
+from npu_rl.data.io import read_rows
+from npu_rl.data.preprocess import CONVERTERS
 
 HUB_SCHEME = "hf://"
 HUB_DATASETS = "hf://datasets/"
@@ -86,8 +89,6 @@ def resolve_data_path(item: str, default_split: Optional[str] = None) -> list[st
 def _preprocess_hint(item: str, full: str) -> str:
     """The command that writes the missing file where the key looks (verl's default is ~/data/rlhf/gsm8k, its
     preprocess scripts' ~/data/gsm8k: name the folder, so the two never disagree)."""
-    from npu_rl.data.preprocess import CONVERTERS
-
     names = sorted(CONVERTERS)
     name = next((n for n in names if n in item.lower()), None)
     if name is None or os.path.basename(full) not in ("train.parquet", "test.parquet"):
@@ -259,8 +260,6 @@ def data_files_problems(key: str, files: object) -> list[str]:
 
 
 def _check_builtin(item: str) -> None:
-    from npu_rl.data.builtin import check_builtin
-
     check_builtin(item)  # generating a built-in set is the run's job, not validation's
 
 
@@ -270,8 +269,6 @@ MULTIMODAL_COLUMNS = ("images", "videos", "audios")  # verl's data.image_key / v
 def multimodal_problems(key: str, paths: list[str]) -> list[str]:
     """Rows that carry images / videos / audio (verl's geo3k layout): refused, since prompts are read as text only
     and the media would be dropped without a word."""
-    from npu_rl.data.io import read_rows
-
     problems = []
     for path in paths:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from npu_rl.data.arith import ArithSpec
+from npu_rl.data.arith import ArithSpec, generate_arith
 
 TOOL_TASK_DEFAULTS = {"operators": "*", "min_digits": 3, "max_digits": 3, "num_train": 1000, "num_test": 64}
 SYSTEM_PROMPT = ("You are a careful assistant with a calculator tool. Never multiply in your head: call the "
@@ -46,6 +46,4 @@ def tool_task_spec(kwargs: dict[str, Any]) -> ArithSpec:
 
 
 def generate_tool_task(spec: ArithSpec) -> dict[str, list[dict[str, Any]]]:
-    from npu_rl.data.arith import generate_arith
-
     return {split: [to_tool_row(r) for r in rows] for split, rows in generate_arith(spec).items()}

@@ -1,8 +1,8 @@
 """Every torch_npu / vLLM-Ascend / triton-ascend name our code relies on, as data.
 
-Two consumers: ``tests/test_real_packages.py`` checks each fact against what was read from the real releases
+Two consumers: ``tests/device/test_real_packages.py`` checks each fact against what was read from the real releases
 (``tests/data/ascend_wheels.json``, recorded by ``tests/ascend_wheel_facts.py``; with ``NPU_RL_SLOW=1`` it downloads
-them again and compares); the stand-in ``torch_npu`` of the fast tests (``tests/test_device.py``) builds its
+them again and compares); the stand-in ``torch_npu`` of the fast tests (``tests/device/test_device.py``) builds its
 functions from :data:`TORCH_NPU_SIGNATURES` and exposes only :data:`TORCH_NPU_DEVICE_API`, so a call our code makes
 with a wrong keyword fails here too. Add a fact whenever the code starts using a new name.
 """

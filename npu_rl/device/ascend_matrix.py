@@ -6,7 +6,7 @@ built for (vLLM-Ascend's wheels do not declare that pin: it is checked from this
 torch_npu, triton-ascend (None: the table says N/A; releases before v0.13.0 did not pin one).
 
 Per-release facts read from the vllm-ascend sources (tags in the mirror) and from the wheels
-(tests/test_real_packages.py re-checks them):
+(tests/device/test_real_packages.py re-checks them):
 
 - ``numpy<2.0.0`` is required through v0.19.1rc1 (requirements.txt); from v0.20.2rc1 numpy is unpinned.
 - ``NPUWorker.reload_weights`` exists from v0.24.0rc1 (forwards to the runner, which takes ``weights_iterator``).

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from npu_rl.device import flops
+from npu_rl.device import flops, npu_patches
 
 VALID_DEVICES = ("auto", "npu", "cuda", "cpu")
 
@@ -280,7 +280,6 @@ def select_backend(requested: str | None = None) -> Backend:
         if not ok:
             raise DeviceUnavailableError(f"DEVICE=npu was requested but {why}. To use an NPU: {_NPU_INSTALL_HINT}.")
         backend = make_backend("npu")
-        from npu_rl.device import npu_patches
 
         npu_patches.apply_once()
         return backend

@@ -15,12 +15,12 @@ the driver's counters would read 0 (the driver holds no device).
 
 from __future__ import annotations
 
+from npu_rl.device import get_backend
+
 KEYS = ("max_memory_allocated_gb", "max_memory_reserved_gb", "cpu_memory_used_gb")
 
 
 def process_memory_stats(reset: bool = True) -> dict[str, float]:
-    from npu_rl.device import get_backend
-
     backend = get_backend()
     backend.synchronize()
     stats = backend.memory_stats_gb()

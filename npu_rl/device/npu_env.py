@@ -36,7 +36,7 @@ loading guard. Not set (they do nothing useful or harm): ``HCCL_EXEC_TIMEOUT=180
 1836 s; ``HCCL_CONNECT_TIMEOUT`` (default 120 s) is raised in ``scripts/atlas/env.sh`` for large clusters.
 
 None of this has run on an Ascend NPU here; the names and keys are checked against the real wheels
-(tests/test_real_packages.py, recorded in ``npu_rl/device/ascend_facts.py``).
+(tests/device/test_real_packages.py, recorded in ``npu_rl/device/ascend_facts.py``).
 """
 
 from __future__ import annotations

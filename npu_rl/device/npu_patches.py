@@ -18,7 +18,7 @@ fact (a transformers release that renames a class or stops looking the rotary fu
 applied", with the reason, instead of silently running the eager code).
 
 None of this has been run on Ascend hardware in this repository's CI (no NPU there); the selection and the
-patching mechanism are tested with a stand-in ``torch_npu`` module (tests/test_device.py).
+patching mechanism are tested with a stand-in ``torch_npu`` module (tests/device/test_device.py).
 """
 
 from __future__ import annotations

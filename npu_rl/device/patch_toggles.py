@@ -11,7 +11,7 @@
   layout of tensors created inside the context (activations), not of weights already loaded.
 
 On any other device the list is empty. NEVER RUN ON AN NPU: written against torch_npu's documented API and the
-patch module's own code; on CPU only the empty list and the context managers' save/restore run (tests/test_device.py
+patch module's own code; on CPU only the empty list and the context managers' save/restore run (tests/device/test_device.py
 style stand-ins are not used here).
 """
 

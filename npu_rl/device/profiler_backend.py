@@ -9,7 +9,7 @@ activities a device has, and the range markers of nsys.
   ``analyse_flag``: parse the raw data into the timeline at the end of the phase, or leave it for an offline
   ``torch_npu.profiler.profiler.analyse``), and ``mstx`` in ``contents`` (``_ExperimentalConfig(mstx=True)`` and a
   ``torch_npu.npu.mstx`` range named after the phase, for msprof / MindStudio). Names checked against torch_npu
-  2.7.1 / 2.10.0.post4 / 2.14.0 (tests/test_real_packages.py); never run on an NPU here.
+  2.7.1 / 2.10.0.post4 / 2.14.0 (tests/device/test_real_packages.py); never run on an NPU here.
 - nsys: NVTX ranges (``torch.cuda.nvtx``) around each phase and ``torch.cuda.profiler.start/stop`` around each
   profiled step, so ``nsys profile --capture-range=cudaProfilerApi`` records exactly those steps. CUDA only.
 """

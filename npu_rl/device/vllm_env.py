@@ -39,7 +39,9 @@ from dataclasses import dataclass
 
 import torch
 
-from npu_rl.device.backend import get_backend
+from npu_rl.device.backend import _env_switch, get_backend
+from npu_rl.device.npu_env import ascend_additional_config, set_expandable_segments, set_nz_for_vllm
+from npu_rl.utils.logs import DropHarmless, configure_vllm_logging
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +110,12 @@ def vllm_additional_config(caps: VllmDeviceCapabilities, *, sleep_mode: bool,
     """``LLM(additional_config=...)`` on this device (None: leave vLLM's default, i.e. the user's own or none)."""
     if caps.device != "npu":
         return user
-    from npu_rl.device.npu_env import ascend_additional_config
 
     return ascend_additional_config(sleep_mode=sleep_mode, user=user)
 
 
 def expandable_segments_wanted(device: str) -> bool:
     """Training with expandable segments on NPU (``NPU_RL_EXPANDABLE_SEGMENTS=0`` turns it off)."""
-    from npu_rl.device.backend import _env_switch
-
     return device == "npu" and _env_switch("NPU_RL_EXPANDABLE_SEGMENTS", True)
 
 
@@ -124,7 +123,6 @@ def allocator_for_rollout(device: str, awake: bool) -> bool:
     """Expandable segments off while the engine is awake, on while training; returns whether a setting was made."""
     if not expandable_segments_wanted(device):
         return False
-    from npu_rl.device.npu_env import set_expandable_segments
 
     return set_expandable_segments(not awake)
 
@@ -132,8 +130,6 @@ def allocator_for_rollout(device: str, awake: bool) -> bool:
 def quiet_known_vllm_messages() -> None:
     """Make sure every handler of vLLM's logger drops the harmless messages (npu_rl.utils.logs.HARMLESS); the
     logging config written by prepare_vllm_environment already does, unless the user brought their own."""
-    from npu_rl.utils.logs import DropHarmless
-
     for handler in logging.getLogger("vllm").handlers:
         if not any(isinstance(f, DropHarmless) for f in handler.filters):
             handler.addFilter(DropHarmless())
@@ -147,7 +143,6 @@ def prepare_vllm_environment(graph_mode: bool, device: str | None = None,
     _set_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "the engine runs in the worker process")
     if "VLLM_LOGGING_LEVEL" not in os.environ:  # vLLM's INFO lines on every start and sync drown the trainer's
         _set_env("VLLM_LOGGING_LEVEL", "WARNING", "quiet in-process engine (set VLLM_LOGGING_LEVEL=INFO for more)")
-    from npu_rl.utils.logs import configure_vllm_logging
 
     configure_vllm_logging()  # stderr, that level, harmless messages dropped: set before vLLM configures itself
     if caps.device == "cpu":
@@ -156,7 +151,5 @@ def prepare_vllm_environment(graph_mode: bool, device: str | None = None,
         _bind_all_threads()
         _init_amx_once()
     elif caps.device == "npu":
-        from npu_rl.device.npu_env import set_nz_for_vllm
-
         set_nz_for_vllm(sleep_mode=caps.sleep_mode and free_cache_engine)
     return caps

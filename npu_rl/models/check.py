@@ -14,6 +14,8 @@ import json
 import os
 import struct
 
+from npu_rl.models.loader import is_builtin
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer.tiktoken",
                    "qwen.tiktoken")
 
@@ -89,8 +91,6 @@ def config_json_problem(folder: str) -> str | None:
 
 def model_path_problems(path: str, need_tokenizer: bool = True) -> list[str]:
     """Everything wrong with the model folder ``path`` (a built-in model name: nothing; it is converted on use)."""
-    from npu_rl.models.loader import is_builtin
-
     if is_builtin(str(path)):
         return []
     folder = os.path.abspath(os.path.expanduser(str(path)))

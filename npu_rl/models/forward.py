@@ -20,6 +20,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+import npu_rl.kernels
+from npu_rl.models.lora import output_bias, output_weight
+from npu_rl.parallel.packing import prepare_packed_inputs
+
 
 @dataclass
 class LogprobOptions:
@@ -76,8 +80,6 @@ def _output_weight_and_bias(module: torch.nn.Module) -> tuple[torch.Tensor, torc
     """The output layer's weight and bias; a LoRA on the output layer (a PEFT layer around it) contributes its
     ``scale * B @ A`` while its adapter is on, so both kernels see the effective weight."""
     if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
-        from npu_rl.models.lora import output_bias, output_weight
-
         return output_weight(module), output_bias(module)
     return module.weight, getattr(module, "bias", None)
 
@@ -103,8 +105,6 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
                              "set actor_rollout_ref.model.use_fused_kernels=False")
         weight, bias = _output_weight_and_bias(module)
         if options.use_fused_kernels:
-            import npu_rl.kernels
-
             logprobs, entropy = npu_rl.kernels.linear_logprob_entropy(
                 flat_hidden, weight, flat_targets, temperature=temp, backend=options.fused_backend)
             if not options.compute_entropy:
@@ -192,8 +192,6 @@ def packed_response_logprobs(
     Every per-token tensor (targets, temperature, the rows to project) is sliced exactly like the input ids, so each
     rank's hidden states line up with their own targets and temperatures (verl #5957 sliced the ids only).
     """
-    from npu_rl.parallel.packing import prepare_packed_inputs
-
     options = options or LogprobOptions()
     batch, width = input_ids.shape
     response_length = responses.shape[1]
@@ -217,8 +215,6 @@ def packed_response_logprobs(
 def packed_response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            position_ids: torch.Tensor, response_length: int, sp_group=None) -> torch.Tensor:
     """:func:`response_values` without padding (and split over the Ulysses group)."""
-    from npu_rl.parallel.packing import prepare_packed_inputs
-
     inputs = prepare_packed_inputs(input_ids, attention_mask, position_ids, sp_group=sp_group)
     with inputs.attention() as layout:
         out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from npu_rl.core import POLICY_LOSSES, PolicyLossInputs, masked_mean
 from npu_rl.core.aggregation import LossOutput
 from npu_rl.kernels import BACKENDS as KERNEL_BACKENDS  # model.fused_kernel_options.impl_backend
+import npu_rl.kernels
 
 
 
@@ -24,8 +25,6 @@ def implementation_name(backend: str) -> str:
 def _fused_vanilla(backend: str):
     def fused_vanilla_policy_loss(inputs: PolicyLossInputs) -> LossOutput:
         """Dual-clip PPO (see ``npu_rl.core.policy_loss``) and, with ``inputs.ref_logprobs``, the per-token KL."""
-        import npu_rl.kernels
-
         ref = inputs.ref_logprobs
         out = npu_rl.kernels.policy_loss_and_kl(
             inputs.logprobs, inputs.old_logprobs, inputs.advantages, ref, clip_ratio_low=inputs.clip_ratio_low,

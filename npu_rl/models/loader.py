@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
+from npu_rl.models import hub
 from npu_rl.utils.dtypes import to_dtype
+from npu_rl.utils.paths import apply_umask
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +83,6 @@ def _convert_gguf_locked(name: str, out_dir: str) -> None:
         gen.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else gen.eos_token_id
         gen.save_pretrained(tmp)
-        from npu_rl.utils.paths import apply_umask
-
         apply_umask(tmp)  # mkdtemp made it 0700
         os.replace(tmp, out_dir)
     finally:
@@ -93,8 +93,6 @@ def resolve_model_path(path: str) -> str:
     """An existing HF folder for ``path``: a local folder (``~`` expanded), a built-in model (converted on first
     use), or a Hugging Face Hub id (``owner/name[@revision]``: the cached snapshot, downloaded once when online;
     ``npu_rl.models.hub``). Other schemes (``hdfs://`` ...) are refused with the reason."""
-    from npu_rl.models import hub
-
     path = str(path)
     if is_builtin(path):
         out_dir = os.path.join(cache_dir(), "models", path.lower())
@@ -132,8 +130,6 @@ def _local_model_folder(folder: str) -> str:
 def local_model_folder(path: str) -> str | None:
     """The folder ``path`` names on this machine without converting or downloading: a local folder, or a Hub id's
     cached snapshot; None otherwise."""
-    from npu_rl.models import hub
-
     folder = os.path.expanduser(str(path))
     if os.path.exists(folder) or hub.refused_scheme(str(path)):
         return folder if os.path.isdir(folder) else None
@@ -144,8 +140,6 @@ def local_model_folder(path: str) -> str | None:
 def check_model_path(path: str) -> str | None:
     """Validation of a model path without loading or converting anything: the local folder, or the cached Hub
     snapshot (None when online and not cached yet: the Hub was asked that the repo exists)."""
-    from npu_rl.models import hub
-
     path = str(path)
     if is_builtin(path):
         return None  # converted on first use; not at validation

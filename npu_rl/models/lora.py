@@ -40,6 +40,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from npu_rl.config.errors import ConfigError
+from npu_rl.models.loader import cache_dir, check_model_path, is_builtin, load_causal_lm
+from npu_rl.parallel.weights import full_tensor, hf_model_class, save_hf_state_dict
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the HF model
@@ -385,8 +389,6 @@ def adapter_disabled(model: nn.Module):
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
-    from npu_rl.parallel.weights import full_tensor
-
     return full_tensor(tensor.detach() if not tensor.requires_grad else tensor)
 
 
@@ -484,8 +486,6 @@ def merged_named_weights(model: nn.Module, *, dtype: torch.dtype | None = None,
 def check_resume_adapter(role_dir: str, model_cfg: Any, key: str = "actor_rollout_ref.model") -> None:
     """Before a resume loads anything: the checkpoint's adapter (``role_dir/lora_adapter``) was trained with the
     same ``lora_rank`` as this config asks for (a full-weight checkpoint with none); ``ConfigError`` names the key."""
-    from npu_rl.config.errors import ConfigError
-
     spec = LoraSpec.from_config(model_cfg, key)
     adapter = os.path.join(role_dir, "lora_adapter")
     if not os.path.isdir(adapter):
@@ -526,8 +526,6 @@ def save_adapter(model: nn.Module, out_dir: str, base_path: str | None = None) -
 
 def load_adapter_model(base_path: str, adapter_path: str, dtype: str | torch.dtype = "fp32") -> nn.Module:
     """A base model folder plus a PEFT adapter folder, checked to fit, as a PEFT model (adapter on, eval mode)."""
-    from npu_rl.models.loader import load_causal_lm
-
     config = read_adapter_config(adapter_path)
     model = load_causal_lm(base_path, dtype=dtype)
     spec = LoraSpec(rank=int(config["r"]), alpha=float(config.get("lora_alpha", 16)),
@@ -541,8 +539,6 @@ def load_adapter_model(base_path: str, adapter_path: str, dtype: str | torch.dty
 def merge_adapter(base_path: str, adapter_path: str, out_dir: str, dtype: torch.dtype | None = None,
                   tokenizer: Any = None) -> str:
     """base + adapter -> a plain HF folder with the adapter merged into the weights (``W + scale * B @ A``)."""
-    from npu_rl.parallel.weights import save_hf_state_dict
-
     model = load_adapter_model(base_path, adapter_path, dtype="fp32")
     base = hf_model(model)
     state_dict = {name: t.detach().clone() for name, t in merged_named_weights(model, dtype=dtype)}
@@ -554,7 +550,6 @@ def export_merged_folder(model: nn.Module, out_dir: str, *, tokenizer: Any = Non
     """A (sharded) PEFT model as a plain HF folder with the adapter merged, written by rank 0. Collective."""
     import torch.distributed as dist
 
-    from npu_rl.parallel.weights import save_hf_state_dict
 
     writer = not dist.is_initialized() or dist.get_rank() == 0
     state_dict = {}
@@ -570,8 +565,6 @@ def export_merged_folder(model: nn.Module, out_dir: str, *, tokenizer: Any = Non
 
 
 def _hf_class(model: nn.Module) -> type:
-    from npu_rl.parallel.weights import hf_model_class
-
     return hf_model_class(model)
 
 
@@ -584,7 +577,6 @@ def check_against_model(model_cfg: Any, key: str = "actor_rollout_ref.model") ->
         return
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from npu_rl.models.loader import cache_dir, check_model_path, is_builtin
 
     path = str(model_cfg.path)
     if is_builtin(path):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from npu_rl.device import get_backend
 from npu_rl.parallel.ulysses import heads_from_sequence, kv_repeat_factor, sequence_from_heads
 from npu_rl.parallel.varlen_kernels import VarlenKernel, resolve_kernel, sdpa_varlen  # noqa: F401 (re-export)
 
@@ -77,8 +78,6 @@ def varlen_attention(layout: VarlenLayout):
 def select_varlen_kernel() -> VarlenKernel:
     """The override (tests), else the device layer's hook, else the first usable kernel of the device layer's
     preference list (``Backend.packed_attention_kernels``; logged once per process)."""
-    from npu_rl.device import get_backend
-
     if _OVERRIDE[0] is not None:
         return _OVERRIDE[0]
     backend = get_backend()

@@ -41,12 +41,12 @@ from torch.distributed.tensor import DTensor
 from npu_rl.config.schema import RefFSDPConfig
 from npu_rl.device import get_backend
 from npu_rl.parallel.mesh import ParallelMesh
+from npu_rl.parallel.mesh import build_mesh
+from npu_rl.utils.dtypes import to_dtype
 STRATEGIES = ("fsdp", "fsdp2")  # the roles' strategy: both mean FSDP2 (fully_shard) here
 
 
 def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
-    from npu_rl.utils.dtypes import to_dtype
-
     return None if value is None else to_dtype(value)
 
 
@@ -124,8 +124,6 @@ def apply_fsdp2_from_config(model: nn.Module, fsdp_config: Any, *, sp_size: int 
                             mesh: ParallelMesh | None = None, layer_classes: list[str] | None = None) -> nn.Module:
     """:func:`apply_fsdp2` with the settings of an ``fsdp_config`` node and (unless ``mesh`` is given) a mesh
     built from its ``fsdp_size`` and ``sp_size`` (the role's ``ulysses_sequence_parallel_size``). Collective."""
-    from npu_rl.parallel.mesh import build_mesh
-
     mesh = mesh or build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config))
     return apply_fsdp2(model, mesh, FSDPSettings.from_config(fsdp_config), layer_classes=layer_classes)
 
@@ -184,14 +182,3 @@ def optimizer_step(optimizer: torch.optim.Optimizer, settings: FSDPSettings) -> 
     """``optimizer.step()`` honouring ``optimizer_offload``: the one call the trainer needs."""
     with optimizer_on_device(optimizer, settings):
         optimizer.step()
-
-
-# ---------------------------------------------------------------------------------------------- model offload
-def offload_model(model: nn.Module) -> None:
-    """Move the sharded parameters (and gradients) to host memory, e.g. while a colocated rollout runs."""
-    model.to("cpu")
-    get_backend().empty_cache()
-
-
-def load_model(model: nn.Module, device: torch.device | None = None) -> None:
-    model.to(device or get_backend().device())

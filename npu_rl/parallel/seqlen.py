@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from npu_rl.device import get_backend
 from npu_rl.parallel.dist import is_distributed
 from npu_rl.protocol import Batch
 
@@ -97,8 +98,6 @@ def partition_by_token_budget(seqlens: Sequence[int], max_token_len: int, *, min
 
 
 def _dp_sync_max(group: dist.ProcessGroup | None) -> Callable[[int], int]:
-    from npu_rl.device import get_backend
-
     def sync(value: int) -> int:
         t = torch.tensor([value], device=get_backend().device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)

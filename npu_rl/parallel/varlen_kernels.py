@@ -30,6 +30,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from npu_rl.device.npu_attention import npu_fusion_kernel
+
 logger = logging.getLogger(__name__)
 
 VarlenKernel = Callable[..., torch.Tensor]
@@ -177,8 +179,6 @@ def kernel_by_name(name: str, *, accelerator: bool = False) -> VarlenKernel | No
             return None
         return flex_kernel(compiled=accelerator)
     if name == "npu_fusion":
-        from npu_rl.device.npu_attention import npu_fusion_kernel
-
         return npu_fusion_kernel()
     raise ValueError(f"unknown packed-attention kernel {name!r}; expected one of {', '.join(KERNEL_NAMES)}")
 

@@ -14,6 +14,10 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from npu_rl.config.derived import build_plan
+from npu_rl.core import estimator_needs
+from npu_rl.device import get_backend
+from npu_rl.models.loader import cache_dir, is_builtin
 from npu_rl.plan.memory import (
     GIB,
     DeviceSpec,
@@ -57,7 +61,6 @@ def model_shape(path: str, model_config: str | None = None, key: str = "actor_ro
     """``model.path`` -> its shape, without converting or downloading anything."""
     if model_config:
         return shape_from_config_json(os.path.expanduser(model_config))
-    from npu_rl.models.loader import cache_dir, is_builtin
 
     if is_builtin(path):
         folder = os.path.join(cache_dir(), "models", path.lower())
@@ -264,9 +267,6 @@ def _tokens(rows: int | None, dynamic: bool, max_tokens: int, sp: int, seq: int,
 def inputs_from_config(config, *, model_config: str | None = None, critic_model_config: str | None = None,
                        devices_per_node: int | None = None) -> JobInputs:
     """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`."""
-    from npu_rl.config.derived import build_plan
-    from npu_rl.core import estimator_needs
-
     # the memory plan reads no bypass-loss settings: None for them
     run = build_plan(config, estimator_needs(config.algorithm.adv_estimator), None)
     arr, data = config.actor_rollout_ref, config.data
@@ -324,8 +324,6 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
 
 def this_device() -> str:
     """The planner's name for the device this machine would use (the device layer's answer)."""
-    from npu_rl.device import get_backend
-
     backend = get_backend()
     if not backend.is_accelerator:
         return "cpu"

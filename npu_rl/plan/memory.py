@@ -38,7 +38,7 @@ from npu_rl.device.vllm_env import DEFAULT_CPU_KVCACHE_GIB
 
 GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
-FUSED_LOGITS_CHUNK = 1 * GIB  # the fused log-prob kernels' gradient chunk (npu_rl/kernels)
+FUSED_LOGITS_CHUNK = 1 * GIB  # the fused log-prob kernels' gradient chunk (kernels/)
 PLAIN_CHUNK_ROWS = 4096  # models/forward.py LogprobOptions.chunk_rows
 ENGINE_OVERHEAD = 1 * GIB  # vLLM's profiled activations, graphs and allocator slack inside its share
 

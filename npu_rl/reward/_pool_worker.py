@@ -11,6 +11,8 @@ import pickle
 import sys
 from multiprocessing.connection import Connection
 
+from npu_rl.reward.pool import Outcome, execute
+
 
 def main(argv: list[str]) -> int:
     import signal
@@ -18,7 +20,6 @@ def main(argv: list[str]) -> int:
     # Ctrl-C reaches the whole foreground process group: the trainer finishes its step (and this row) before it
     # stops, then closes the pipe, which ends this worker. So SIGINT is not for us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from npu_rl.reward.pool import Outcome, execute
 
     inbox = Connection(int(argv[0]), writable=False)
     outbox = Connection(int(argv[1]), readable=False)

@@ -39,6 +39,7 @@ from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
 from npu_rl.reward.pool import InProcessRunner, Outcome, ProcessPoolRunner
 from npu_rl.reward.score_fn import RewardFunctionError, ScoreFnSpec
+from npu_rl.reward.scorers import check_data_sources
 from npu_rl.utils.deadline import Deadline
 from npu_rl.utils.registry import Registry
 
@@ -141,8 +142,6 @@ class RuleRewardManager:
             if gt is None:
                 raise ValueError(f"reward manager: row {i} (data_source={data_sources[i]!r}) has no ground truth")
         if self.settings.score_fn.path is None:
-            from npu_rl.reward.scorers import check_data_sources
-
             check_data_sources(data_sources)
         rows = [dict(data_source=ds, solution_str=t, ground_truth=gt, extra_info=dict(ei or {}))
                 for ds, t, gt, ei in zip(data_sources, texts, ground_truths, extra_infos)]

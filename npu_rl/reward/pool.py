@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
 
 from npu_rl.reward.math_utils import outer_alarm_active
-from npu_rl.reward.score_fn import ScoreFnSpec, run_score_fn
+from npu_rl.reward.score_fn import RewardFunctionError, ScoreFnSpec, run_score_fn
 from npu_rl.utils.deadline import AlarmTimeout, Deadline, alarm, can_alarm
 from npu_rl.utils.exit_guard import ExitAttempt, guard_exits
 
@@ -159,7 +159,6 @@ class _Worker:
             raise RuntimeError(f"a reward worker exited at start (exit code {code}); see its stderr above") from None
         if kind != "ready":
             self.kill()
-            from npu_rl.reward.score_fn import RewardFunctionError
 
             raise RewardFunctionError(f"loading {spec.describe()} in a reward worker failed: {message}")
 

@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from npu_rl.reward import scorers
 from npu_rl.utils.imports import load_module_from_file
 
 ROW_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -52,8 +53,6 @@ class ScoreFnSpec:
     def load(self) -> Callable[..., Any]:
         """The callable, loaded in this process; errors name the file and the function."""
         if self.path is None:
-            from npu_rl.reward import scorers
-
             return scorers.default_batch_compute_score if self.batched else scorers.default_compute_score
         path = os.path.abspath(os.path.expanduser(self.path))
         if os.path.isdir(path):

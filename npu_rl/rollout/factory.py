@@ -14,8 +14,12 @@ from typing import Sequence
 import torch
 
 from npu_rl.config.schema import RolloutConfig
+from npu_rl.device import get_backend
+from npu_rl.models.loader import resolve_model_path
 from npu_rl.rollout.base import RolloutEngine, SamplingParams
+from npu_rl.rollout.hf import HFRolloutEngine
 from npu_rl.rollout.utils import to_plain
+from npu_rl.rollout.vllm_engine import VllmRolloutEngine
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +80,6 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
     ``decode_steps``: the decoded steps the run will take (training steps x response length), for
     :func:`compiled_decode_pays`; a short run decodes eagerly.
     """
-    from npu_rl.models.loader import resolve_model_path
-
     name = str(rollout_config.name).lower()
     if name not in ROLLOUT_ENGINES:
         raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not a rollout engine; expected one of "
@@ -89,12 +91,8 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
         name = "hf"
     folder = resolve_model_path(model_path)
     if name == "vllm":
-        from npu_rl.rollout.vllm_engine import VllmRolloutEngine
-
         return VllmRolloutEngine(rollout_config, folder, pad_token_id=tokenizer.pad_token_id, lora_rank=lora_rank)
 
-    from npu_rl.device import get_backend
-    from npu_rl.rollout.hf import HFRolloutEngine
 
     hf_kwargs = to_plain(rollout_config.engine_kwargs.hf) or {}
     compiled = (allow_compile and not rollout_config.enforce_eager and get_backend().compiled_decode

@@ -55,6 +55,8 @@ from npu_rl.rollout.base import Generation, SamplingParams, TokenCompletion, Tok
 from npu_rl.rollout.utils import (assemble_rollout_batch, check_token_requests, device_memory_used_gb,
                                  first_stop_response_mask, left_padded_prompts)
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten
+from npu_rl.models.loader import load_causal_lm
+from npu_rl.models.lora import has_lora_layers
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +146,6 @@ class HFRolloutEngine:
     def from_pretrained(cls, model_path: str, pad_token_id: int, dtype: str | torch.dtype = "fp32",
                         device: torch.device | str | None = None, **kwargs) -> HFRolloutEngine:
         """An engine with its own copy of the model (``update_weights`` copies into it)."""
-        from npu_rl.models.loader import load_causal_lm
-
         module = load_causal_lm(model_path, dtype=dtype, device=device or get_backend().device())
         return cls(module, pad_token_id, shares_actor_module=False, **kwargs)
 
@@ -159,7 +159,6 @@ class HFRolloutEngine:
         """Whether this generate decodes with the static cache and a compiled forward (module docstring)."""
         if not self.compiled_decode or "cache_implementation" in self.generate_kwargs:
             return False
-        from npu_rl.models.lora import has_lora_layers
 
         # FSDP2's per-layer hooks are not traced; PEFT's adapter layers under compile are not verified
         return not (is_sharded(module) or has_lora_layers(module))

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
+from npu_rl.device import get_backend
 from npu_rl.protocol import Batch
 
 
@@ -126,8 +127,6 @@ def rollout_probs_diff_metrics(
 
 def device_memory_used_gb() -> float:
     """Memory in use on this process's device (GiB), from the device layer: total - free (host memory on CPU)."""
-    from npu_rl.device import get_backend
-
     free, total = get_backend().mem_get_info()
     return (total - free) / 2**30
 

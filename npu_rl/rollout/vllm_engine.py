@@ -67,6 +67,8 @@ from npu_rl.rollout.utils import (assemble_rollout_batch, check_token_requests, 
                                  first_stop_response_mask, to_plain)
 from npu_rl.rollout.vllm_weights import choose_path, push_weights
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
+from npu_rl.rollout.partial import generate_in_segments
+from npu_rl.rollout.vllm_lora import install_tensor_loader, lora_llm_kwargs, lora_request, register_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +223,6 @@ class VllmRolloutEngine:
                                    f"{', '.join(missing)} from the environment; launch with torchrun or set them in "
                                    "each worker")
         if self.lora_rank:
-            from npu_rl.rollout.vllm_lora import install_tensor_loader, lora_llm_kwargs
-
             self.llm_kwargs.update(lora_llm_kwargs(self.lora_rank))
             install_tensor_loader()
             if self.caps.device == "cpu":  # measured on the embedded default: docs/benchmarks.md
@@ -266,8 +266,6 @@ class VllmRolloutEngine:
         """``should_stop``: the offline ``LLM`` cannot stop inside a call, so the response is generated in segments
         and ``should_stop`` checked between them (:func:`npu_rl.rollout.partial.generate_in_segments`)."""
         if should_stop is not None:
-            from npu_rl.rollout.partial import generate_in_segments
-
             if self.tp_size > 1:  # the ranks of a TP group must submit the same requests: one decision for all
                 raise NotImplementedError("interruptible generation (partial rollouts) with "
                                           "tensor_model_parallel_size > 1 is not built")
@@ -442,8 +440,6 @@ class VllmRolloutEngine:
                        ) -> dict[str, float]:
         """Load the actor's LoRA adapter (PEFT-named host tensors + its PEFT config dict) in place of the previous
         one, from memory (:mod:`npu_rl.rollout.vllm_lora`); skipped when ``version`` is the loaded one."""
-        from npu_rl.rollout.vllm_lora import lora_request, register_adapter
-
         if not self.takes_lora_tensors:
             raise RuntimeError("update_adapter: this vllm engine was started without LoRA (lora_rank=0)")
         if self.adapter_is_current(version):

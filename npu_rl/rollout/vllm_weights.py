@@ -42,6 +42,8 @@ from typing import Any, Iterable
 
 import torch
 
+from npu_rl.device.npu_env import effective_weight_nz_mode
+
 logger = logging.getLogger(__name__)
 
 RELOAD = "reload_weights"
@@ -141,7 +143,6 @@ def ascend_weight_nz_mode(additional_config) -> int:
     (0.20.2rc1 and later), else what the release reads (``npu_rl.device.npu_env.effective_weight_nz_mode``)."""
     import importlib.metadata
 
-    from npu_rl.device.npu_env import effective_weight_nz_mode
 
     try:
         from vllm_ascend.ascend_config import get_ascend_config

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any, Protocol  # noqa: F401
 
+from npu_rl.tracking.backends import PACKAGES, make_backend
+
 # The step line's default keys (prefixes): the losses appear when the algorithm has them (actor/kl_loss with
 # use_kl_loss, critic/vf_loss with a critic). trainer.console_keys replaces the list.
 CONSOLE_KEYS = (
@@ -87,7 +89,6 @@ class Tracker:
         self.generations_path = os.path.join(run_dir, "val_generations.jsonl")
         self._generations_offset = 0
         self.backends: list[TrackerBackend] = []
-        from npu_rl.tracking.backends import PACKAGES
 
         for name in loggers:
             try:
@@ -104,7 +105,6 @@ class Tracker:
             return ConsoleBackend(console_write, console_keys)
         if name in ("file", "jsonl"):
             return JsonlBackend(self.jsonl_path)
-        from npu_rl.tracking.backends import PACKAGES, make_backend
 
         if name in PACKAGES:
             return make_backend(name, self.run_dir, project, experiment, config)

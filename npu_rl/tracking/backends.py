@@ -31,6 +31,8 @@ import os
 import sys
 from typing import Any
 
+from npu_rl.utils.paths import check_output_dir
+
 # logger name -> (import name, pip requirement)
 PACKAGES = {
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -111,7 +113,6 @@ def tracker_folder_problems(loggers: list[str], env: dict[str, str] | None = Non
     with rc 0)."""
     from urllib.parse import urlparse
 
-    from npu_rl.utils.paths import check_output_dir
 
     env = os.environ if env is None else env
     problems = []

@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+import npu_rl
 from npu_rl.utils.redact import ENV_KEYS_ATTRIBUTE, MASK, env_interpolated_keys, mask_env_values, redact_argv, \
     redact_environment, redact_mapping
 
@@ -65,7 +66,6 @@ def save_run_record(run_dir: str, config: Any, command: list[str] | None = None)
     command (``["npu-rl", "train", ...]``); default: from ``sys.argv``."""
     from omegaconf import OmegaConf
 
-    import npu_rl
 
     os.makedirs(run_dir, exist_ok=True)
     paths = {"config": os.path.join(run_dir, "config.yaml"), "command": os.path.join(run_dir, "command.json"),

@@ -30,8 +30,14 @@ from typing import Any
 import torch
 
 from npu_rl.config.async_schema import staleness_versions, streaming_batch_size
+from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
+from npu_rl.controller.worker_group import WorkerSpec
+from npu_rl.device import get_backend
+from npu_rl.device.npu_env import worker_process_env
+from npu_rl.parallel.weight_transport import PushSignal
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.rollout.partial import response_lengths, scatter_rows, split_complete_groups
+from npu_rl.workers.rollout_pool import RolloutPoolWorker
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +84,6 @@ class RolloutPool:
         """Partial rollouts: host the push signal in this process and connect every rollout rank to it."""
         import ray
 
-        from npu_rl.parallel.weight_transport import PushSignal
 
         self.signal = PushSignal(ray.util.get_node_ip_address(), 0, is_master=True)
         self.group.rollout.connect_push_signal(self.signal.host, self.signal.port)
@@ -535,11 +540,6 @@ def build_rollouts(config, plan, group, prompts):
 
     import ray
 
-    from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
-    from npu_rl.controller.worker_group import WorkerSpec
-    from npu_rl.device import get_backend
-    from npu_rl.device.npu_env import worker_process_env
-    from npu_rl.workers.rollout_pool import RolloutPoolWorker
 
     if not ray.is_initialized():
         init = config.ray_kwargs.ray_init

@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import Optional
 
+from npu_rl.utils.redact import redact_argv
+
 _COMMAND: Optional[list[str]] = None  # the command line that started this run, for the resume hint
 
 
@@ -31,7 +33,6 @@ def resume_command(extra: list[str]) -> str:
     """The command that started this run, without its resume keys, plus ``extra``."""
     argv = _COMMAND if _COMMAND is not None else ["npu-rl", "train", *sys.argv[1:]]
     kept = [a for a in argv if not a.lstrip("+").startswith(("trainer.resume_mode=", "trainer.resume_from_path="))]
-    from npu_rl.utils.redact import redact_argv
 
     return shlex.join(redact_argv(kept + extra))  # printed: secrets masked (give them again, e.g. from the env)
 

@@ -12,39 +12,29 @@ import errno
 import sys
 
 from npu_rl.config.loader import ConfigError, load_config, to_yaml
+from npu_rl.trainer.arguments import parse_args
 from npu_rl.trainer.preflight import check, load_checked, plan_for
-
-
-def parse_args(argv: list[str], default_config: str) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
-        prog="npu-rl train",
-        description="Run RL training. Overrides use verl's keys, e.g. actor_rollout_ref.actor.optim.lr=1e-6 "
-                    "algorithm.adv_estimator=grpo preset=dapo.",
-    )
-    parser.add_argument("--config-name", "-cn", default=default_config,
-                        help=f"YAML under configs/ (default: {default_config})")
-    parser.add_argument("--config-path", "-cp", default=None, help="a folder of your own YAML configs")
-    parser.add_argument("--cfg", choices=("job", "all"), default=None,
-                        help="print the resolved config and check it, without training")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides (Hydra syntax)")
-    return parser.parse_known_args(argv)
+from npu_rl.compat.verl.translate import translate_overrides
+from npu_rl.config.reference import ignored_settings
+from npu_rl.plan.job import plan_config, this_device
+from npu_rl.trainer.checkpoint import DiskFullError, disk_full_error
+from npu_rl.trainer.interrupt import set_command
+from npu_rl.trainer.ppo_trainer import NonFiniteLossError
+from npu_rl.trainer.preflight import load_embedded_aware
+from npu_rl.trainer.run import run
+from npu_rl.utils.safe_load import CorruptFileError
 
 
 def load_verl_config(overrides: list[str], config_name: str, config_path: str | None, notes: list[str]):
     """The config of a verl-style command line, unchecked: verl's keys translated (:mod:`npu_rl.compat.verl`), then
     loaded (``--cfg job`` prints it before the checks; ``npu-rl migrate`` reads it). Training goes through
     :func:`npu_rl.trainer.preflight.load_checked`, which translates the same way and checks everything."""
-    from npu_rl.compat.verl.translate import translate_overrides
-    from npu_rl.trainer.preflight import load_embedded_aware
-
     return load_embedded_aware(translate_overrides(overrides, notes), config_name, config_path, notes)
 
 
 def _notes(config, args: argparse.Namespace) -> list[str]:
     """Notes on keys with no effect that the user set: a config file we ship is the baseline, so its own values
     (chosen by us, not the user) never produce one; a user's own config folder is compared with the schema."""
-    from npu_rl.config.reference import ignored_settings
-
     baseline = None
     if args.config_path is None:
         try:
@@ -56,8 +46,6 @@ def _notes(config, args: argparse.Namespace) -> list[str]:
 
 def memory_verdict(config) -> str:
     """``npu-rl plan``'s one line for this config on this machine's device (npu_rl/plan), or why there is none."""
-    from npu_rl.plan.job import plan_config, this_device
-
     try:
         return plan_config(config, this_device()).verdict()
     except (ValueError, FileNotFoundError) as exc:
@@ -67,7 +55,6 @@ def memory_verdict(config) -> str:
 def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
          module: str = "npu_rl.trainer.main_ppo") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from npu_rl.trainer.interrupt import set_command
 
     prog = ["npu-rl", "train"] if default_config == "quickstart" else [sys.executable, "-m", module]
     set_command(prog + argv)
@@ -95,14 +82,10 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
     except ConfigError as exc:
         print(f"npu-rl: {exc}", file=sys.stderr)
         return 2
-    from npu_rl.trainer.run import run
 
     print(f"npu-rl: config {args.config_name!r}" + (" (the embedded default; --config-name ppo_trainer gives verl's "
           "defaults)" if args.config_name == "quickstart" else ""), file=sys.stderr)
-    from npu_rl.utils.safe_load import CorruptFileError
 
-    from npu_rl.trainer.checkpoint import DiskFullError
-    from npu_rl.trainer.ppo_trainer import NonFiniteLossError
 
     entry = ["npu-rl", "train"] if default_config == "quickstart" else ["python", "-m", module]
     try:
@@ -111,8 +94,6 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
         print(f"npu-rl: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        from npu_rl.trainer.checkpoint import disk_full_error
-
         full = exc if isinstance(exc, DiskFullError) else disk_full_error(exc, config.trainer.default_local_dir) \
             if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else None
         if full is None:

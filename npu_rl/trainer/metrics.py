@@ -1,4 +1,4 @@
-"""Step metrics with the keys verl users know (REFERENCE.md), read off the device in one transfer per step."""
+"""Step metrics with the keys verl users know (verl's metric names; docs/trainer.md lists them), read off the device in one transfer per step."""
 
 from __future__ import annotations
 

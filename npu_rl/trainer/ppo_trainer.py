@@ -44,6 +44,14 @@ from npu_rl.trainer.validation import validate
 from npu_rl.utils.flops import step_flops
 from npu_rl.trainer.profiling import StepProfiler
 from npu_rl.utils.timer import PhaseTimer
+from npu_rl.config.async_schema import streaming_batch_size
+from npu_rl.device.memory_report import memory_metrics, process_memory_stats
+from npu_rl.models.lora import check_resume_adapter
+from npu_rl.parallel.seqlen import balance_batch
+from npu_rl.rollout.utils import rollout_probs_diff_metrics
+from npu_rl.trainer.interrupt import InterruptGuard, stop_after_interrupt
+from npu_rl.trainer.validation import dump_generations
+from npu_rl.utils.dtypes import to_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +66,6 @@ def total_training_steps(config: PPOConfig, batches_per_epoch: int) -> int:
     if config.trainer.total_training_steps is not None:
         return config.trainer.total_training_steps
     if config.async_training.mode == "fully_async":
-        from npu_rl.config.async_schema import streaming_batch_size
-
         prompts = config.rollout.total_rollout_steps or \
             batches_per_epoch * (config.data.gen_batch_size or 1) * config.trainer.total_epochs
         return max(1, prompts // streaming_batch_size(config))
@@ -111,8 +117,6 @@ class PPOTrainer:
     def fit(self) -> int:
         """Train to ``total_steps``; returns the process exit code (130 / 143 after SIGINT / SIGTERM: the step in
         progress finishes and is saved, see ``trainer/interrupt.py``)."""
-        from npu_rl.trainer.interrupt import InterruptGuard
-
         with InterruptGuard() as self.interrupt:
             return self._fit()
 
@@ -145,12 +149,10 @@ class PPOTrainer:
             progress.set_postfix(_postfix(step_metrics, self.last_val_metrics))
             if self.interrupt.requested:
                 progress.close()
-                from npu_rl.trainer.interrupt import stop_after_interrupt
 
                 return stop_after_interrupt(self, self.interrupt, saved)
         progress.close()
         if self.interrupt.requested:  # during validation before the first step
-            from npu_rl.trainer.interrupt import stop_after_interrupt
 
             return stop_after_interrupt(self, self.interrupt, True)
         return self._all_updates_skipped()
@@ -164,7 +166,6 @@ class PPOTrainer:
             update_metrics = self._update(batch, timer)
             update_metrics |= self.rollouts.after_update()  # an asynchronous mode may push the weights here
         if self.config.trainer.rollout_data_dir and self.tokenizer is not None:  # every rollout, one file per step
-            from npu_rl.trainer.validation import dump_generations
 
             path = os.path.join(self.config.trainer.rollout_data_dir, f"{self.global_step}.jsonl")
             dump_generations(batch, self.tokenizer, path, self.global_step)
@@ -235,8 +236,6 @@ class PPOTrainer:
         algo = self.config.algorithm
         metrics: dict[str, Any] = {}
         if self.config.trainer.balance_batch:
-            from npu_rl.parallel.seqlen import balance_batch
-
             batch, balance_metrics = balance_batch(batch, self.plan.actor.dp_size)
             metrics |= balance_metrics
         if algo.rollout_correction.bypass_mode:  # old log-probs := the rollout's (no recomputation)
@@ -248,8 +247,6 @@ class PPOTrainer:
             kept = ["old_logprobs"] + (["sum_pi_squared"] if "sum_pi_squared" in old else [])
             batch = batch.union(old.select(kept))
             if "rollout_logprobs" in batch:
-                from npu_rl.rollout.utils import rollout_probs_diff_metrics
-
                 metrics |= rollout_probs_diff_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
                                                       batch["response_mask"])
             batch, correction_metrics = correct_batch(batch, self.config)  # weights, rejection, rollout_corr/*
@@ -294,7 +291,6 @@ class PPOTrainer:
             return {}
         seqlens = batch["attention_mask"].sum(-1).tolist()
         flops = step_flops(self.model_config, seqlens) * self.config.actor_rollout_ref.actor.ppo_epochs
-        from npu_rl.utils.dtypes import to_dtype
 
         dtype = to_dtype(self.config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype)
         peak = self.backend.peak_flops(dtype) * self.roles.num_devices
@@ -302,8 +298,6 @@ class PPOTrainer:
 
     def _memory_metrics(self) -> dict[str, float]:
         """Peak memory of every worker rank this step (max over ranks, and per rank); resets their counters."""
-        from npu_rl.device.memory_report import memory_metrics, process_memory_stats
-
         report = getattr(self.roles.actor_rollout, "memory_stats", None)
         per_rank = report() if report is not None else [process_memory_stats()]
         return memory_metrics(per_rank)
@@ -371,7 +365,6 @@ class PPOTrainer:
         path = self.checkpoints.resume_dir(cfg.resume_mode, cfg.resume_from_path)
         if path is None:
             return
-        from npu_rl.models.lora import check_resume_adapter
 
         check_resume_adapter(f"{path}/actor", self.config.actor_rollout_ref.model)  # a rank change, named
         state = load_trainer_state(path)

@@ -25,13 +25,21 @@ from __future__ import annotations
 import os
 import sys
 
+from npu_rl.agent.validate import agent_config_problems
+from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.derived import RunPlan, build_plan, plan_problems
 from npu_rl.config.errors import ConfigError
 from npu_rl.config.loader import load_config
 from npu_rl.config.rollout_correction import rollout_correction_problems
 from npu_rl.config.rules import slice_problems
 from npu_rl.config.schema import PPOConfig
+from npu_rl.core import estimator_needs
+from npu_rl.device import DeviceUnavailableError, select_backend
 from npu_rl.trainer.checkpoint import MARKER, checkpoint_space_problem, remove_path, saved_steps, step_dir
+from npu_rl.trainer.checks.device import device_problems
+from npu_rl.trainer.checks.files import file_problems
+from npu_rl.trainer.checks.names import estimator_resolves, name_problems
+from npu_rl.trainer.rollout_correction import correction_spec
 from npu_rl.utils.paths import check_name_component, check_output_dir
 
 
@@ -40,8 +48,6 @@ def load_checked(overrides: list[str] | None = None, config_name: str = "ppo_tra
     """Translate verl's keys (:func:`npu_rl.compat.verl.translate.translate_overrides`), load and check (see the
     module docstring). ``notes`` (a list) receives one line per verl key that was renamed, dropped or reinterpreted,
     and one per value the plan reads differently from the key as written."""
-    from npu_rl.compat.verl.translate import translate_overrides
-
     config = load_embedded_aware(translate_overrides(list(overrides or []), notes), config_name, config_path, notes)
     plan = _plan(config, strict=False)
     check(config, plan, check_paths=check_paths, check_device=check_device)
@@ -70,7 +76,6 @@ def host_dtype_overrides(config: PPOConfig, config_name: str, config_path: str |
     """The overrides that make one of our embedded defaults compute in fp32 on a CPU without native bf16, or []."""
     if config_name not in EMBEDDED_DEFAULTS or config_path is not None:
         return []
-    from npu_rl.device import DeviceUnavailableError, select_backend
 
     try:
         backend = select_backend(config.trainer.device if config.trainer.device != "auto" else None)
@@ -104,10 +109,6 @@ def plan_for(config: PPOConfig) -> RunPlan:
 def _plan(config: PPOConfig, strict: bool) -> RunPlan:
     """``strict=False``: for checking a config that may be wrong; what does not resolve (an unknown estimator, bad
     rollout-correction settings) is left out of the plan, and the checks report it."""
-    from npu_rl.core import estimator_needs
-    from npu_rl.trainer.checks.names import estimator_resolves
-    from npu_rl.trainer.rollout_correction import correction_spec
-
     needs = estimator_needs(config.algorithm.adv_estimator) if strict or estimator_resolves(config) else frozenset()
     rc, bypass = config.algorithm.rollout_correction, None
     if rc.bypass_mode:
@@ -122,11 +123,6 @@ def _plan(config: PPOConfig, strict: bool) -> RunPlan:
 def check(config: PPOConfig, plan: RunPlan | None = None, check_paths: bool = True, check_device: bool = True) -> None:
     """Raise ConfigError listing every problem of ``config`` (``plan``: its plan, built here when not given).
     ``check_paths``: the files it reads and writes; ``check_device``: the device it asks for."""
-    from npu_rl.agent.validate import agent_config_problems
-    from npu_rl.trainer.checks.device import device_problems
-    from npu_rl.trainer.checks.files import file_problems
-    from npu_rl.trainer.checks.names import estimator_resolves, name_problems
-
     plan = plan or _plan(config, strict=False)
     problems = slice_problems(config)
     if estimator_resolves(config):

@@ -29,7 +29,7 @@ import contextlib
 import json
 import logging
 import os
-from typing import Any, Iterator
+from typing import Iterator
 
 from npu_rl.config.profiler_schema import role_profilers, uses_precision_debugger  # noqa: F401 (re-export)
 from npu_rl.device import profiler_backend as dev

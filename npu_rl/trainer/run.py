@@ -8,36 +8,49 @@ import os
 import sys
 import time
 
+from npu_rl.agent.validate import agent_row_problems
 from npu_rl.config.derived import RunPlan, as_list, world_size
+from npu_rl.config.errors import ConfigError
 from npu_rl.config.schema import PPOConfig
+from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
+from npu_rl.controller.worker_group import LocalWorkerGroup
+from npu_rl.controller.worker_group import use_ray as controller_uses_ray
+from npu_rl.data.loader import build_dataloader
+from npu_rl.device import get_backend
+from npu_rl.device.npu_env import worker_process_env
+from npu_rl.models.loader import load_tokenizer
+from npu_rl.reward import build_reward_manager
+from npu_rl.tracking import Tracker
+from npu_rl.tracking.plot import plot_runs
+from npu_rl.tracking.run_record import recorded_config, save_run_record
+from npu_rl.trainer.async_rollouts import build_rollouts
+from npu_rl.trainer.checkpoint import latest_step, step_dir
+from npu_rl.trainer.interrupt import resume_command
+from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
+from npu_rl.trainer.preflight import check, plan_for, prepare_run_folder
+from npu_rl.trainer.sampling import PromptStream
+from npu_rl.utils.redact import install_log_redaction
+from npu_rl.workers.roles import worker_specs
 
 logger = logging.getLogger(__name__)
 
 
 def use_ray(config: PPOConfig) -> bool:
-    from npu_rl.controller.worker_group import use_ray as controller_uses_ray
-
     return controller_uses_ray(config.trainer.controller, world_size(config))
 
 
 def build_worker_group(config: PPOConfig, plan: RunPlan):
     """Every role colocated on the same devices (hybrid engine): one group, one process per device."""
-    from npu_rl.controller.worker_group import LocalWorkerGroup
-    from npu_rl.workers.roles import worker_specs
-
     roles = worker_specs(config, plan)
     if not use_ray(config):
         return LocalWorkerGroup(roles)
     import ray
 
-    from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
 
     if not ray.is_initialized():
         init = config.ray_kwargs.ray_init
         kwargs = {k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})}
         ray.init(**kwargs)
-    from npu_rl.device import get_backend
-    from npu_rl.device.npu_env import worker_process_env
 
     pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
     rollout = config.actor_rollout_ref.rollout
@@ -69,9 +82,6 @@ def write_ray_timeline(config: PPOConfig) -> str | None:
 def check_rows(config: PPOConfig, datasets) -> None:
     """What the data rows ask for that the config does not offer (an agent loop or interaction by name), before any
     model loads; a row never names code to run."""
-    from npu_rl.agent.validate import agent_row_problems
-    from npu_rl.config.errors import ConfigError
-
     problems = agent_row_problems(config, [(where, row) for ds in datasets for where, row in zip(ds.sources, ds.rows)])
     if problems:
         raise ConfigError(problems)
@@ -129,8 +139,6 @@ def run(config: PPOConfig, argv: list[str] | None = None, checked: bool = False)
 
 def latest_checkpoint(config: PPOConfig) -> str | None:
     """The newest saved step's folder under ``trainer.default_local_dir`` that exists, else None."""
-    from npu_rl.trainer.checkpoint import latest_step, step_dir
-
     root = os.path.abspath(os.path.expanduser(config.trainer.default_local_dir))
     try:
         step = latest_step(root)
@@ -141,21 +149,11 @@ def latest_checkpoint(config: PPOConfig) -> str | None:
 
 def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = False) -> RunResult:
     """Train with ``config`` (checked first unless ``checked``); what the run produced."""
-    from npu_rl.data.loader import build_dataloader
-    from npu_rl.device import get_backend
-    from npu_rl.models.loader import load_tokenizer
-    from npu_rl.reward import build_reward_manager
-    from npu_rl.tracking import Tracker
-    from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
-    from npu_rl.trainer.preflight import check, plan_for, prepare_run_folder
-    from npu_rl.trainer.sampling import PromptStream
-
     if not checked:
         check(config)
     plan = plan_for(config)
     prepare_run_folder(config)  # before anything loads: a folder in the way or another run's checkpoints
     logging.basicConfig(level=os.environ.get("NPU_RL_LOG_LEVEL", "WARNING"), stream=sys.stderr)
-    from npu_rl.utils.redact import install_log_redaction
 
     install_log_redaction()  # what the run logs never shows a secret (URL credentials, *_API_KEY values ...)
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
@@ -186,7 +184,6 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
         roles.reward_model = group.reward_model
 
     run_dir = run_dir_for(config)
-    from npu_rl.tracking.run_record import recorded_config, save_run_record
 
     save_run_record(run_dir, config, argv)
     tracker = Tracker(as_list(config.trainer.logger), config.trainer.project_name, config.trainer.experiment_name,
@@ -194,7 +191,6 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
                       console_keys=config.trainer.console_keys)
     print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
           f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
-    from npu_rl.trainer.async_rollouts import build_rollouts
 
     rollouts = build_rollouts(config, plan, group, prompts)  # sync: the colocated engine; else a rollout pool
     trainer = PPOTrainer(config, plan, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
@@ -225,9 +221,6 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
 
 def _worker_lost(config: PPOConfig, exc: Exception) -> None:
     """A rank died (a node went down): say so, where the last whole checkpoint is, and how to resume."""
-    from npu_rl.trainer.checkpoint import latest_step
-    from npu_rl.trainer.interrupt import resume_command
-
     root = os.path.abspath(config.trainer.default_local_dir)
     try:
         step = latest_step(root)
@@ -242,8 +235,6 @@ def _worker_lost(config: PPOConfig, exc: Exception) -> None:
 def _draw_curves(run_dir: str) -> None:
     """curves.png / curves.html in the run folder (npu-rl plot); a failure to draw never fails the run."""
     try:
-        from npu_rl.tracking.plot import plot_runs
-
         png, page = plot_runs([run_dir])
         print(f"npu-rl: curves: {png} ({os.path.basename(page)} beside it; npu-rl plot RUN_DIR... compares runs)",
               file=sys.stderr)

@@ -16,10 +16,20 @@ from npu_rl.config.schema import ActorConfig, ModelConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl_loss, resolved_clip_ratios
 from npu_rl.models.forward import LogprobOptions
+from npu_rl.models.fused_losses import implementation_name
 from npu_rl.models.loader import load_causal_lm
-from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora, is_lora_model, merged_named_weights
+from npu_rl.models.lora import (
+    ADAPTER_NAME,
+    LoraSpec,
+    adapter_disabled,
+    adapter_tensors,
+    apply_lora,
+    is_lora_model,
+    merged_named_weights,
+)
 from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch, WorkerOutput
+from npu_rl.rollout.vllm_lora import peft_config_dict
 from npu_rl.workers.engine import MicroLoss, TrainingEngine, UpdateSettings
 from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
@@ -65,8 +75,6 @@ class ActorWorker:
         self.engine: TrainingEngine | None = None
         self.loss_implementation = None
         if model_cfg.use_fused_kernels:
-            from npu_rl.models.fused_losses import implementation_name  # registers the fused implementations
-
             self.loss_implementation = implementation_name(model_cfg.fused_kernel_options.impl_backend)
 
     @register(Dispatch.ALL)
@@ -196,8 +204,5 @@ class ActorWorker:
 
     def adapter_for_rollout(self) -> tuple[dict[str, torch.Tensor], dict]:
         """LoRA: the adapter's full tensors on the host (PEFT keys) and its PEFT config as a dict. Collective."""
-        from npu_rl.models.lora import ADAPTER_NAME, adapter_tensors
-        from npu_rl.rollout.vllm_lora import peft_config_dict
-
         tensors = {key: tensor.clone() for key, tensor in adapter_tensors(self.model, device="cpu")}
         return tensors, peft_config_dict(self.model.peft_config[ADAPTER_NAME])

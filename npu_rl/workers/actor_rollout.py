@@ -14,6 +14,10 @@ from npu_rl.config.derived import RunPlan
 from npu_rl.config.schema import ActorConfig, ModelConfig, RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.models.loader import load_tokenizer, stop_token_ids
+from npu_rl.models.lora import export_merged_folder, has_lora_output_layer
+from npu_rl.parallel.dist import rank
+from npu_rl.parallel.weight_transport import join_weight_group, send_weights
+from npu_rl.parallel.weights import export_hf_folder
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
 from npu_rl.workers.actor import ActorWorker
@@ -86,8 +90,6 @@ class ActorRolloutWorker(ReportsMemory):
         return WorkerOutput(out, metrics)
 
     def _check_lora_rollout(self) -> None:
-        from npu_rl.models.lora import has_lora_output_layer
-
         model = self.actor.model
         if (self.actor.is_lora and str(self.rollout_cfg.name).lower() == "vllm" and has_lora_output_layer(model)
                 and getattr(model.config, "tie_word_embeddings", False)):
@@ -115,9 +117,6 @@ class ActorRolloutWorker(ReportsMemory):
     @register(Dispatch.ALL)
     def join_weight_group(self, backend: str, host: str, port: int, world_size: int) -> None:
         """Rank 0 joins the group spanning it and the rollout ranks (it hosts the store at ``host:port``)."""
-        from npu_rl.parallel.dist import rank
-        from npu_rl.parallel.weight_transport import join_weight_group
-
         self.weight_group = None
         if rank() == 0:
             device = self.actor.engine.device if backend != "gloo" else "cpu"
@@ -127,8 +126,6 @@ class ActorRolloutWorker(ReportsMemory):
     def send_weights(self) -> dict[str, float]:
         """The current policy to the rollout pool, in buckets (the gather is collective over the trainer ranks;
         rank 0 sends). Returns ``weight_sync/*`` metrics on rank 0."""
-        from npu_rl.parallel.weight_transport import send_weights
-
         tensors = self.actor.named_full_weights()
         if self.weight_group is None:  # ranks > 0 take part in the gather only
             for _ in tensors:
@@ -163,10 +160,7 @@ class ActorRolloutWorker(ReportsMemory):
     @register(Dispatch.ALL)
     def export_hf(self, path: str) -> None:
         """The current policy as a plain Hugging Face folder (model + tokenizer), gathered from shards. Collective."""
-        from npu_rl.parallel.weights import export_hf_folder
-
         if self.actor.is_lora:  # the adapter merged into the base weights
-            from npu_rl.models.lora import export_merged_folder
 
             export_merged_folder(self.actor.model, path, tokenizer=self.tokenizer)
             return

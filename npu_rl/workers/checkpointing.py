@@ -12,6 +12,7 @@ import os
 import warnings
 
 from npu_rl.device import get_backend
+from npu_rl.models.lora import is_lora_model, save_adapter
 from npu_rl.parallel.checkpoint import load_checkpoint, save_checkpoint
 
 LORA_ADAPTER_DIR = "lora_adapter"
@@ -30,8 +31,6 @@ def save_worker_state(path: str, model, optimizer, scheduler, contents=("model",
     """With LoRA only the adapter and its optimizer state are saved (the base is the model folder, unchanged),
     plus the adapter as a PEFT folder in ``lora_adapter/`` (what ``npu-rl merge`` and ``npu-rl eval`` read; listed in
     the role's manifest, so both verify it before reading)."""
-    from npu_rl.models.lora import is_lora_model, save_adapter
-
     lora = is_lora_model(model)
     extra = {"scheduler": scheduler.state_dict(), "rng": get_backend().rng_state()} if "extra" in contents else None
     if lora:  # first: the role's manifest (written when save_checkpoint completes) then lists lora_adapter/* too
@@ -42,8 +41,6 @@ def save_worker_state(path: str, model, optimizer, scheduler, contents=("model",
 
 
 def load_worker_state(path: str, model, optimizer, scheduler, contents=("model", "optimizer", "extra")) -> None:
-    from npu_rl.models.lora import is_lora_model
-
     with _quiet_single_process():
         extra = load_checkpoint(path, model, optimizer, load_optimizer="optimizer" in contents,
                                 trainable_only=is_lora_model(model))

@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from npu_rl.core import loss_denominators
+from npu_rl.device import get_backend
 from npu_rl.models.forward import (
     LogprobOptions,
     packed_response_logprobs,
@@ -81,8 +82,6 @@ OPTIMIZERS = ("adamw", "adam")  # optim.optimizer, any case: both build torch.op
 def build_optimizer(model: torch.nn.Module, optim_config) -> torch.optim.Optimizer:
     """AdamW over the parameters that require gradients (``optim.lr``, ``betas``, ``eps``, ``weight_decay``); the
     implementation (fused / foreach) is the device layer's choice (``Backend.optimizer_kwargs``)."""
-    from npu_rl.device import get_backend
-
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=optim_config.lr, betas=tuple(optim_config.betas), eps=optim_config.eps,
                              weight_decay=optim_config.weight_decay, **get_backend().optimizer_kwargs(params))

@@ -18,6 +18,14 @@ import torch
 from npu_rl.device import get_backend
 from npu_rl.utils.dtypes import to_dtype
 from npu_rl.protocol import Batch
+from npu_rl.models.loader import resolve_model_path
+from npu_rl.models.lora import has_lora_layers
+from npu_rl.parallel import apply_fsdp2_from_config, build_mesh, dist
+from npu_rl.parallel.attention import use_varlen_attention
+from npu_rl.parallel.dist import default_group
+from npu_rl.parallel.fsdp import FSDPSettings, mesh_fsdp_size, optimizer_step
+from npu_rl.parallel.seqlen import restore_order as restore, split_by_token_budget
+from npu_rl.parallel.sharded_load import has_safetensors, load_sharded_weights, real_tensors
 
 
 @dataclass
@@ -32,9 +40,6 @@ def split_micro_batches(batch: Batch, how: MicroBatching) -> tuple[list[Batch], 
     With several ranks, every rank gets the same number of token-budget micro-batches: each forward of a sharded
     model is a collective, so the counts must agree."""
     if how.use_dynamic_bsz:
-        from npu_rl.parallel.dist import default_group
-        from npu_rl.parallel.seqlen import split_by_token_budget
-
         return split_by_token_budget(batch, how.max_token_len, dp_group=default_group())
     size = how.micro_batch_size or len(batch)
     return batch.split(size), None
@@ -44,7 +49,6 @@ def restore_order(outputs: list[torch.Tensor], partitions: list[list[int]] | Non
     """Concatenate micro-batch outputs and undo a token-budget regrouping."""
     if partitions is None:
         return torch.cat(outputs)
-    from npu_rl.parallel.seqlen import restore_order as restore
 
     return restore(outputs, partitions)
 
@@ -90,8 +94,6 @@ def compile_elementwise_blocks(model: torch.nn.Module) -> int:
     update on the H200 (docs/benchmarks.md) put unfused elementwise work at 19-25% of its time. Attention stays
     eager (the packed path carries a per-batch layout). Blocks holding LoRA layers are left alone. Returns how many
     blocks were compiled."""
-    from npu_rl.models.lora import has_lora_layers
-
     count = 0
     for name, module in model.named_modules():
         kind = type(module).__name__
@@ -108,10 +110,6 @@ def sharded_load_folder(path: str) -> str | None:
     the role then builds its model on the meta device (``device="meta"`` in models/loader.py) and hands this folder
     to :class:`ModelRunner`, which parallelises the meta model and reads each rank's slices
     (:mod:`npu_rl.parallel.sharded_load`). A folder of ``*.bin`` weights keeps the plain load on every rank."""
-    from npu_rl.models.loader import resolve_model_path
-    from npu_rl.parallel import dist
-    from npu_rl.parallel.sharded_load import has_safetensors
-
     dist.init_distributed(single_process_group=False)
     folder = resolve_model_path(path)
     return folder if dist.world_size() > 1 and has_safetensors(folder) else None
@@ -141,29 +139,21 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, fsdp_config, trainable: bool = True, sp_size: int = 1,
                  use_remove_padding: bool = False, compile_blocks: bool = False, weights_folder: str | None = None,
                  init_seed: int = 0):
-        from npu_rl.parallel import dist
-
         self.backend = get_backend()
         self.device = self.backend.device()
         self.param_dtype = to_dtype(fsdp_config.mixed_precision.param_dtype)
         self.world_size = dist.world_size()
-        from npu_rl.parallel.fsdp import FSDPSettings, mesh_fsdp_size
 
         self.fsdp_settings = FSDPSettings.from_config(fsdp_config)
         # Ulysses needs the packed (varlen) forward too: the sequence is split after padding is removed.
         self.packed = use_remove_padding or sp_size > 1
         if self.packed:
-            from npu_rl.parallel.attention import use_varlen_attention
-
             use_varlen_attention(model)
         self.mesh = None
         if is_on_meta(model) and (weights_folder is None or self.world_size == 1):
             raise ValueError("a model built on the meta device is loaded shard by shard: give weights_folder "
                              "(several ranks only; see sharded_load_folder)")
         if self.world_size > 1:
-            from npu_rl.parallel import apply_fsdp2_from_config, build_mesh
-            from npu_rl.parallel.sharded_load import load_sharded_weights, real_tensors
-
             self.mesh = build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config))
             kept = real_tensors(model) if weights_folder is not None else None  # buffers, adapters: full values
             self.model = apply_fsdp2_from_config(model, fsdp_config, sp_size=sp_size, mesh=self.mesh)
@@ -215,8 +205,6 @@ class ModelRunner:
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()``; with ``fsdp_config.optimizer_offload`` the states come to the device for the step
         and go back to host memory after it."""
-        from npu_rl.parallel.fsdp import optimizer_step
-
         optimizer_step(optimizer, self.fsdp_settings)
         self.master_to_compute()
 

@@ -32,6 +32,7 @@ from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
 from npu_rl.rollout.partial import continue_rows, response_lengths, unfinished_rows
 from npu_rl.workers.memory import ReportsMemory
+from npu_rl.device import get_backend
 
 
 class RolloutPoolWorker(ReportsMemory):
@@ -61,8 +62,6 @@ class RolloutPoolWorker(ReportsMemory):
     @register(Dispatch.ALL, blocking=False)
     def join_weight_group(self, backend: str, host: str, port: int, world_size: int) -> None:
         """Rollout rank r is rank r + 1 of the weight group (rank 0 is the trainer's rank 0)."""
-        from npu_rl.device import get_backend
-
         device = get_backend().device() if backend != "gloo" else torch.device("cpu")
         self.weights = join_weight_group(backend, host, port, rank() + 1, world_size, device)
 

@@ -12,7 +12,11 @@ call="$1"
 root="$PWD"
 src="$root/.whl/src"
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
-export PYTHONPATH="/tmp/site:$src" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# npu-rl is installed from the carried tree (setup.py maps the top-level kernels/ and configs/ into the package), not
+# put on PYTHONPATH; the image has setuptools and wheel, and the machine reaches no index.
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/npu_rl_site "$src" \
+  > "$out/install_npu_rl.log" 2>&1 || { echo "installing npu-rl from $src failed:"; tail -5 "$out/install_npu_rl.log"; }
+export PYTHONPATH="/tmp/site:/tmp/npu_rl_site" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_HOME=/tmp/hf NPU_RL_CACHE=/tmp/npu_rl_cache VLLM_CACHE_ROOT=/tmp/vllm_cache
 npu() { python3 -m npu_rl.cli "$@"; }
 step() {  # step NAME TIMEOUT_S CMD...: one check, its log under $out, its time and exit code printed

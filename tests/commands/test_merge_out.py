@@ -10,7 +10,7 @@ import pytest
 
 from npu_rl.commands.merge import main as merge
 from npu_rl.utils.paths import replace_problems
-from tests.faults.test_checkpoints import _save_step
+from tests.trainer.test_checkpoints import _save_step
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -1,4 +1,4 @@
-"""The core stays pure: no host syncs, no collectives, no device names, small files (STYLE.md)."""
+"""The core stays pure: no host syncs, no collectives, no device names, small files."""
 
 from __future__ import annotations
 

@@ -23,13 +23,13 @@ def _launched_kernels() -> set[str]:
     """Names of the @triton.jit functions the launchers call with a grid (``name[grid](...)``)."""
     names = set()
     for file in ("triton_linear.py", "policy_triton.py"):
-        text = open(os.path.join(REPO_ROOT, "npu_rl", "kernels", file), encoding="utf-8").read()
+        text = open(os.path.join(REPO_ROOT, "kernels", file), encoding="utf-8").read()
         names |= set(re.findall(r"\b(_\w+)\[[^\]]*\]\(", text))
     return names
 
 
 def test_the_lowering_covers_every_launched_kernel():
-    text = open(os.path.join(REPO_ROOT, "npu_rl", "kernels", "ascend_lowering.py"), encoding="utf-8").read()
+    text = open(os.path.join(REPO_ROOT, "kernels", "ascend_lowering.py"), encoding="utf-8").read()
     launched = _launched_kernels()
     assert launched == {"_fwd_kernel", "_bwd_kernel", "_fwd", "_bwd"}
     for name in launched:

@@ -18,6 +18,8 @@ from tests.kernels.conftest import ON_CPU
 from tests.kernels.parity import make_problem, rel_err
 
 VOCABS = [151_936, 32_001, 49_152]
+# Triton's CPU interpreter takes ~20 s for one 151,936-column case: those run in tests/e2e/test_kernels_full_vocab.py
+TRITON_VOCABS = [32_001, 49_152]
 FP32_TOL = 2e-5  # relative; float32 sums over up to 152k columns
 NAMES = ("logprobs", "entropy", "dhidden", "dweight")
 
@@ -65,14 +67,14 @@ def test_torch_backend_matches_plain(vocab, dtype, device):
 
 @pytest.mark.triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("vocab", TRITON_VOCABS)
 def test_triton_fused_matches_plain(vocab, dtype, device, needs_triton):
     check_parity("triton", vocab, dtype, device, num_tokens=19 if ON_CPU else 257, hidden_size=32 if ON_CPU else 96)
 
 
 @pytest.mark.triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("vocab", [151_936, 32_001])
+@pytest.mark.parametrize("vocab", [32_001])
 def test_triton_mm_matches_plain(vocab, dtype, device, needs_triton):
     check_parity("triton_mm", vocab, dtype, device, num_tokens=19 if ON_CPU else 257,
                  hidden_size=32 if ON_CPU else 96, vocab_chunk_size=50_000)

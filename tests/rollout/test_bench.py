@@ -41,9 +41,9 @@ def test_bench_takes_a_random_weight_shape_and_the_hf_variants(tmp_path, monkeyp
 def test_compiled_hf_and_vllm_are_refused_in_one_process(monkeypatch, capsys):
     from npu_rl.device import backend as backend_module
 
-    monkeypatch.setattr("npu_rl.device.get_backend", lambda: backend_module.make_backend("cpu"))
+    monkeypatch.setattr(backend_module, "_BACKEND", backend_module.make_backend("cpu"))
     assert bench.compiled_with_vllm(["hf_eager", "vllm"]) is None and bench.compiled_with_vllm(["hf"]) is None
     assert bench.main(["--engines", "hf_compiled,vllm"]) == 2
     assert "cannot share a process" in capsys.readouterr().err
-    monkeypatch.setattr("npu_rl.device.get_backend", lambda: backend_module.make_backend("cuda"))
+    monkeypatch.setattr(backend_module, "_BACKEND", backend_module.make_backend("cuda"))
     assert bench.compiled_with_vllm(["hf", "vllm"])  # hf compiles on CUDA

@@ -218,26 +218,6 @@ def test_device_layer_chooses_compiled_decode(monkeypatch):
     assert make_backend("cpu").compiled_decode
 
 
-def test_packed_attention_model_compiles_without_graph_breaks_and_decodes_like_sdpa(eos_model):
-    """A model set to the packed-attention implementation (remove-padding) is sdpa outside packed mode; under
-    ``torch.compile`` it must trace as one graph (it once read a context variable in every layer: a graph break per
-    layer, and compiled decoding ran at eager speed), and its generation equals the plain model's."""
-    import copy
-
-    from npu_rl.parallel.attention import ATTN_IMPLEMENTATION, use_varlen_attention
-
-    model, tokenizer = eos_model
-    packed = use_varlen_attention(copy.deepcopy(model)).eval()
-    ids = make_prompts(tokenizer)["input_ids"]
-    logits = torch.compile(packed, fullgraph=True)(input_ids=ids).logits  # raises on a graph break
-    assert_close(logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
-    prompts = make_prompts(tokenizer)
-    out = HFRolloutEngine(packed, tokenizer.pad_token_id, compiled_decode=True).generate(prompts, greedy()).batch
-    assert packed.config._attn_implementation == ATTN_IMPLEMENTATION
-    eager = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy()).batch
-    assert torch.equal(out["responses"], eager["responses"])
-
-
 def test_token_lists_take_a_budget_each_and_match_one_prompt_generations(eos_model):
     """The agent loops' path: requests of different lengths in one call, each cut to its own budget; greedy, each
     equals generating that prompt alone (up to its budget), and the metrics come back with the call."""
@@ -274,7 +254,7 @@ def test_factory_builds_an_eager_hf_engine_for_a_short_run(monkeypatch, eos_mode
     model, tokenizer = eos_model
     monkeypatch.delenv("NPU_RL_COMPILED_DECODE", raising=False)
     cuda_like = backend_module.make_backend("cuda")
-    monkeypatch.setattr("npu_rl.device.get_backend", lambda: cuda_like)
+    monkeypatch.setattr(backend_module, "_BACKEND", cuda_like)  # what get_backend() returns, wherever it is imported
     config = RolloutConfig(name="hf")
     short = build_rollout_engine(config, eos_model_dir, model, tokenizer, decode_steps=15 * 24)
     long = build_rollout_engine(config, eos_model_dir, model, tokenizer, decode_steps=200 * 256)

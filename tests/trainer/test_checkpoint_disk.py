@@ -22,7 +22,7 @@ from npu_rl.parallel.checkpoint import save_checkpoint
 from npu_rl.trainer.checkpoint import MARKER, CheckpointManager, DiskFullError
 from npu_rl.trainer.ppo_trainer import PPOTrainer
 from tests.conftest import REPO_ROOT
-from tests.faults.test_checkpoints import _model_and_optimizer
+from tests.trainer.test_checkpoints import _model_and_optimizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

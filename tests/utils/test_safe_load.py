@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, Metadata
 
 from npu_rl.parallel.checkpoint import MODEL_OPTIM_DIR, load_checkpoint, merge_checkpoint
 from npu_rl.utils.safe_load import UnsafeFileError, restricted_unpickle
-from tests.faults.test_checkpoints import _model_and_optimizer, _rehash, _save_step
+from tests.trainer.test_checkpoints import _model_and_optimizer, _rehash, _save_step
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "dcp_metadata_enum_getattr.pickle")
 

@@ -11,7 +11,7 @@ from npu_rl.trainer.preflight import plan_for
 from npu_rl.protocol import Batch
 from npu_rl.workers.actor import ActorWorker
 from npu_rl.workers.model_runner import MicroBatching
-from tests.lora.common import actor_batch
+from tests.models.lora.common import actor_batch
 from tests.trainer.conftest import base_overrides
 
 

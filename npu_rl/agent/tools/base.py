@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from npu_rl.agent.user_code import check_timeout
+
 
 @dataclass
 class ToolResponse:
@@ -69,7 +71,6 @@ class BaseTool:
         if schema is None:
             raise ValueError(f"{type(self).__name__} needs a tool_schema (it has no default one)")
         self.tool_schema = schema
-        from npu_rl.agent.user_code import check_timeout
 
         self.timeout_s = check_timeout(self.config.get("timeout", self.default_timeout_s), f"tool {schema.name!r}")
         self._instances: dict[str, dict[str, Any]] = {}

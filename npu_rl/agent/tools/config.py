@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from npu_rl.agent.tools.base import BaseTool, FunctionSchema
+from npu_rl.utils.imports import load_object
 
 BUILTIN_TOOLS = {
     "calculator": "npu_rl.agent.tools.calculator.CalculatorTool",
@@ -66,8 +67,6 @@ def read_yaml_mapping(path: str, what: str) -> dict[str, Any]:
 
 
 def load_class(class_name: Any, base: type, where: str) -> type:
-    from npu_rl.utils.imports import load_object
-
     if not isinstance(class_name, str) or not class_name:
         raise ToolConfigError(f"{where}: class_name must be a dotted path or path/to/file.py:ClassName")
     target = BUILTIN_TOOLS.get(class_name, class_name) if base is BaseTool else class_name

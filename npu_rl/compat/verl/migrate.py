@@ -15,6 +15,8 @@ import shlex
 from dataclasses import dataclass
 
 from npu_rl.compat.verl.keys import ascend_notes, classify, is_off, refused_value
+from npu_rl.compat.verl.script import ENTRY_POINTS
+from npu_rl.config.loader import suggest_key
 from npu_rl.utils.redact import is_secret_name, redact_text
 
 KIND_LABELS = {"implemented": "supported", "alias": "mapped", "no_effect": "no effect", "refused": "refused",
@@ -111,8 +113,6 @@ def npu_rl_module(entry_point: str | None) -> tuple[str, str | None]:
 
 def entry_point_rows(module: str) -> list[Row]:
     """A refused row for a recipe's own trainer (none for main_ppo, its DAPO entry point and the async trainers)."""
-    from npu_rl.compat.verl.script import ENTRY_POINTS
-
     if module in ENTRY_POINTS:
         return []
     return [Row(f"-m {module}", module, "refused", f"{module} is a recipe's own trainer (its own loop and config), "
@@ -147,8 +147,6 @@ def classify_override(override: str) -> Row:
         else:
             row.detail = f"{status.why}; instead: {status.instead}"
     else:
-        from npu_rl.config.loader import suggest_key
-
         hint = suggest_key(key)
         row.detail = "not a key of verl's tree or npu-rl's" + (f"; did you mean {hint!r}?" if hint else "")
     return row

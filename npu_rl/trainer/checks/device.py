@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 
 from npu_rl.config.schema import PPOConfig
+from npu_rl.device import select_backend
+from npu_rl.trainer.profiling import check_profiler_config
 
 
 def device_problems(config: PPOConfig) -> list[str]:
-    from npu_rl.device import select_backend
-    from npu_rl.trainer.profiling import check_profiler_config
-
     requested = config.trainer.device
     try:
         backend = select_backend(requested if requested != "auto" else None)

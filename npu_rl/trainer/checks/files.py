@@ -18,21 +18,25 @@ import os
 from typing import Any
 
 from npu_rl.config.derived import as_list
+from npu_rl.data.dataset import ground_truth_of
+from npu_rl.data.io import read_rows
+from npu_rl.data.sources import data_files_problems, multimodal_problems, resolve_data_path
+from npu_rl.models.check import model_path_problems
+from npu_rl.models.kinds import actor_model_problem, reward_function_problem, reward_model_problem
+from npu_rl.models.loader import check_model_path, is_builtin, local_model_folder
+from npu_rl.models.lora import check_against_model
+from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
 from npu_rl.trainer.checks.names import Problems
 
 MAX_LISTED = 3
 
 
 def file_problems(config, use_critic: bool) -> list[str]:
-    from npu_rl.data.sources import data_files_problems
-
     p = Problems()
     for key in ("train_files", "val_files"):
         p += data_files_problems(key, getattr(config.data, key))
     p.attempt(lambda: _check_model_path(config.actor_rollout_ref.model.path), "actor_rollout_ref.model.path: ")
     if config.actor_rollout_ref.model.lora_rank > 0:
-        from npu_rl.models.lora import check_against_model
-
         p.attempt(lambda: check_against_model(config.actor_rollout_ref.model))
     if use_critic:
         p.attempt(lambda: _check_model_path(config.critic.model.path), "critic.model.path: ")
@@ -45,16 +49,12 @@ def file_problems(config, use_critic: bool) -> list[str]:
 
 
 def _check_model_path(path: str) -> None:
-    from npu_rl.models.loader import check_model_path
-
     check_model_path(path)  # a local folder, the embedded model or a Hub id (npu_rl.models.hub)
 
 
 def _resolved_data(config, files_key: str) -> list[str]:
     """The local files of ``data.<files_key>`` (globs, save_to_disk folders, DatasetDict roots, hf:// already
     fetched by the path check); built-in sets and entries the path check reports are left out."""
-    from npu_rl.data.sources import resolve_data_path
-
     resolved = []
     for item in as_list(getattr(config.data, files_key)):
         if str(item).startswith("builtin://"):
@@ -69,10 +69,6 @@ def _resolved_data(config, files_key: str) -> list[str]:
 def _capability_problems(config) -> list[str]:
     """Runs accepted by the schema that cannot do what they ask: a vision-language actor or image rows, a
     generative reward model (npu_rl.models.kinds, npu_rl.data.sources.multimodal_problems)."""
-    from npu_rl.data.sources import multimodal_problems
-    from npu_rl.models.kinds import actor_model_problem, reward_function_problem, reward_model_problem
-    from npu_rl.models.loader import is_builtin, local_model_folder
-
     problems = []
     actor_path = str(config.actor_rollout_ref.model.path)
     folder = None if is_builtin(actor_path) else local_model_folder(actor_path)
@@ -92,9 +88,6 @@ def _capability_problems(config) -> list[str]:
 
 
 def _model_problems(config, use_critic: bool) -> list[str]:
-    from npu_rl.models.check import model_path_problems
-    from npu_rl.models.loader import is_builtin, local_model_folder
-
     keys = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path, True)]
     if use_critic:
         keys.append(("critic.model.path", config.critic.model.path, False))
@@ -110,9 +103,6 @@ def _model_problems(config, use_critic: bool) -> list[str]:
 def _data_problems(config) -> list[str]:
     if config.custom_reward_function.path or config.reward_model.enable:
         return []  # the user's function or a reward model decides what a data source or a ground truth may be
-    from npu_rl.data.dataset import ground_truth_of
-    from npu_rl.data.io import read_rows
-    from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
 
     key = str(config.data.reward_fn_key)
     problems = []

@@ -7,6 +7,28 @@ from typing import Callable
 from npu_rl.config.derived import as_list
 from npu_rl.config.errors import ConfigError
 from npu_rl.config.schema import PPOConfig
+from npu_rl.controller.worker_group import CONTROLLERS
+from npu_rl.core import (
+    ADV_ESTIMATORS,
+    KL_CONTROLLER_TYPES,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    check_kl_type,
+    estimator_needs,
+)
+from npu_rl.data.dataset import TRUNCATION_MODES
+from npu_rl.kernels import BACKENDS
+from npu_rl.models.lora import LoraSpec, check_spec
+from npu_rl.parallel.fsdp import STRATEGIES
+from npu_rl.reward import check_reward_config
+from npu_rl.rollout.factory import ROLLOUT_ENGINES
+from npu_rl.tracking.backends import LOGGERS, check_trackers
+from npu_rl.trainer.checkpoint import RESUME_MODES
+from npu_rl.trainer.rollout_correction import correction_spec
+from npu_rl.trainer.sampling import FILTER_METRICS
+from npu_rl.utils.dtypes import DTYPES
+from npu_rl.utils.lr_schedule import SCHEDULES
+from npu_rl.workers.engine import OPTIMIZERS
 
 CAUGHT = (ValueError, TypeError, ImportError, AttributeError, FileNotFoundError, OSError)
 
@@ -29,8 +51,6 @@ class Problems(list):
 def estimator_resolves(config: PPOConfig) -> bool:
     """Whether ``algorithm.adv_estimator`` names an estimator (an unknown one is reported by the registry check;
     the checks that depend on what it needs are skipped until it resolves)."""
-    from npu_rl.core import ADV_ESTIMATORS
-
     try:
         ADV_ESTIMATORS.get(config.algorithm.adv_estimator)
     except CAUGHT:
@@ -48,19 +68,6 @@ def name_problems(config: PPOConfig, use_critic: bool) -> list[str]:
 
 
 def _choices(p: Problems, config: PPOConfig) -> None:
-    from npu_rl.controller.worker_group import CONTROLLERS
-    from npu_rl.core import KL_CONTROLLER_TYPES
-    from npu_rl.data.dataset import TRUNCATION_MODES
-    from npu_rl.kernels import BACKENDS
-    from npu_rl.parallel.fsdp import STRATEGIES
-    from npu_rl.rollout.factory import ROLLOUT_ENGINES
-    from npu_rl.tracking.backends import LOGGERS, check_trackers
-    from npu_rl.trainer.checkpoint import RESUME_MODES
-    from npu_rl.trainer.sampling import FILTER_METRICS
-    from npu_rl.utils.dtypes import DTYPES
-    from npu_rl.utils.lr_schedule import SCHEDULES
-    from npu_rl.workers.engine import OPTIMIZERS
-
     arr = config.actor_rollout_ref
     p.choice("data.truncation", config.data.truncation, TRUNCATION_MODES)
     p.choice("actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES)
@@ -95,10 +102,6 @@ def _choices(p: Problems, config: PPOConfig) -> None:
 
 
 def _registries(p: Problems, config: PPOConfig, use_critic: bool) -> None:
-    from npu_rl.core import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, check_kl_type
-    from npu_rl.reward import check_reward_config
-    from npu_rl.trainer.rollout_correction import correction_spec
-
     arr = config.actor_rollout_ref
     p.attempt(lambda: ADV_ESTIMATORS.check(config.algorithm.adv_estimator))
     p.attempt(lambda: POLICY_LOSSES.check(arr.actor.policy_loss.loss_mode))
@@ -120,8 +123,6 @@ def _registries(p: Problems, config: PPOConfig, use_critic: bool) -> None:
 
 def _estimator_inputs(p: Problems, config: PPOConfig) -> None:
     """What the newer estimators / losses need that the trainer does not produce on its own."""
-    from npu_rl.core import estimator_needs
-
     algo, actor = config.algorithm, config.actor_rollout_ref.actor
     if estimator_resolves(config) and "sum_pi_squared" in estimator_needs(algo.adv_estimator) \
             and not actor.calculate_sum_pi_squared:
@@ -141,8 +142,6 @@ def _estimator_inputs(p: Problems, config: PPOConfig) -> None:
 
 
 def _lora(p: Problems, config: PPOConfig, use_critic: bool) -> None:
-    from npu_rl.models.lora import LoraSpec, check_spec
-
     p.extend(check_spec(LoraSpec.from_config(config.actor_rollout_ref.model)))
     critic = LoraSpec.from_config(config.critic.model, key="critic.model")
     if critic.enabled and use_critic:

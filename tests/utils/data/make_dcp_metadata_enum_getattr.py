@@ -5,7 +5,7 @@ import enum, os, pickle, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
-from tests.faults.test_checkpoints import _model_and_optimizer
+from tests.trainer.test_checkpoints import _model_and_optimizer
 from npu_rl.utils.safe_load import restricted_unpickle
 
 class Pickler(pickle.Pickler):
