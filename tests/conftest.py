@@ -8,12 +8,19 @@ import signal
 import pytest
 import torch
 
+from npu_rl.device.backend import select_backend
+
 # A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler; the
 # Ctrl-C tests (tests/e2e/test_interrupt.py) test what a user at a terminal gets, so the suite starts from Python's usual handler.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 torch.set_num_threads(1)
+
+# On a machine without an accelerator the Triton kernels run in Triton's interpreter, which must be switched on before
+# Triton or any kernel module is imported (by any test module: transformers imports Triton when it is installed).
+if select_backend().name == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -33,7 +33,7 @@ def test_lora_train_merge_eval(tiny_model_dir, tmp_path, reward_file, capsys):
 
 
 def test_lora_grpo_learns_on_a_tiny_model(tiny_model_dir, tmp_path, reward_file):
-    """The LoRA twin of tests/trainer/test_trainer.py's learning test, with the KL loss on (reference = the actor
+    """The LoRA twin of tests/e2e/test_trainer.py's learning test, with the KL loss on (reference = the actor
     with its adapter off): the mean reward of the last 4 steps beats the first 4 by the same margin. The reward
     counts one token, so the adapter includes lm_head (through the swapped head); with 'all-linear' alone the mean
     reward rose only from 0.01 to 0.04 in 16 steps at lr 1e-2 or 5e-2."""

@@ -1,6 +1,6 @@
 """Kernel tests run on the process's device: the accelerator when there is one (compiled Triton), else the CPU, where
-Triton kernels run in its interpreter. TRITON_INTERPRET must be set before any kernel module is imported; the
-kernel modules import Triton lazily, so setting it here, at collection, is early enough."""
+Triton kernels run in its interpreter (TRITON_INTERPRET=1, set by tests/conftest.py before any test module imports
+Triton)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import torch
 from npu_rl.device import get_backend
 
 ON_CPU = get_backend().name == "cpu"
-if ON_CPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
