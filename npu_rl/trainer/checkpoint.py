@@ -54,8 +54,9 @@ LOW_SPACE_BYTES = 64 << 20  # below this much free space, a failed save is taken
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
-    """``exc`` and everything behind it: causes, contexts, and the per-rank failures that DCP's
-    ``CheckpointException`` (a ``BaseException``) carries as ``{rank: (exception, traceback)}``."""
+    """``exc`` and everything behind it: causes, contexts, a Ray task error's ``cause`` (a save on a Ray worker),
+    and the per-rank failures that DCP's ``CheckpointException`` (a ``BaseException``) carries as
+    ``{rank: (exception, traceback)}``."""
     found, todo, seen = [], [exc], set()
     while todo:
         cause = todo.pop()
@@ -64,6 +65,9 @@ def _causes(exc: BaseException) -> list[BaseException]:
         seen.add(id(cause))
         found.append(cause)
         todo += [cause.__cause__, cause.__context__]
+        remote = getattr(cause, "cause", None)  # Ray's RayTaskError: what the worker raised
+        if isinstance(remote, BaseException):
+            todo.append(remote)
         failures = getattr(cause, "failures", None)
         if isinstance(failures, dict):
             todo += [f[0] if isinstance(f, tuple) else f for f in failures.values() if isinstance(f, (tuple,

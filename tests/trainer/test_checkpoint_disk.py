@@ -19,7 +19,7 @@ import pytest
 import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
 from npu_rl.parallel.checkpoint import save_checkpoint
-from npu_rl.trainer.checkpoint import MARKER, CheckpointManager, DiskFullError
+from npu_rl.trainer.checkpoint import MARKER, CheckpointManager, DiskFullError, disk_full_error
 from npu_rl.trainer.ppo_trainer import PPOTrainer
 from tests.conftest import REPO_ROOT
 from tests.trainer.test_checkpoints import _model_and_optimizer
@@ -79,3 +79,17 @@ def test_a_file_size_limit_is_said_and_the_tmp_folder_removed(tmp_path):
         result.stdout
     assert "(ulimit -f allows 100000 bytes): raise it (ulimit -f unlimited)" in result.stdout
     assert sorted(os.listdir(root)) == ["global_step_1", MARKER]
+
+
+def test_a_full_disk_on_a_ray_worker_is_recognised(tmp_path):
+    """A save on a Ray worker reaches the driver as RayTaskError, plain (``.cause``) or as an instance of the cause."""
+    from ray.exceptions import RayTaskError
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    dcp_error = CheckpointException("save failed", {0: (OSError(errno.ENOSPC, "No space left on device",
+                                                                str(tmp_path / "x.distcp")), None)})
+    remote = RayTaskError("save_checkpoint", "traceback", dcp_error)
+    for exc in (remote, remote.as_instanceof_cause()):
+        full = disk_full_error(exc, str(tmp_path))
+        assert isinstance(full, DiskFullError) and f"disk full at {tmp_path / 'x.distcp'}" in full.strerror
+    assert disk_full_error(RayTaskError("f", "tb", ValueError("other")), str(tmp_path)) is None
