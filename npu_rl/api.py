@@ -77,7 +77,11 @@ def reward_reference(fn: RewardFunc) -> str:
         return fn
     if not callable(fn):
         raise TypeError(f"reward_funcs entries must be functions or 'file.py:name' strings, got {type(fn).__name__}")
-    qualname = getattr(fn, "__qualname__", None) or repr(fn)
+    qualname = getattr(fn, "__qualname__", None)
+    if qualname is None:  # a functools.partial, a callable object: no name to find it by in another process
+        raise TypeError(f"reward function {fn!r:.100} is a {type(fn).__name__} (a callable without a name of its own): "
+                        "reward workers find a function by its module and name (it is not pickled), so wrap it in "
+                        "a function defined at the top level of a module or of your script")
     if getattr(fn, "__name__", "") == "<lambda>" or "<locals>" in qualname or "." in qualname:
         kind = "a lambda" if "<lambda>" in qualname else "defined inside a function or class"
         raise TypeError(f"reward function {qualname!r} is {kind}: reward workers find a function by its module and "
