@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import npu_rl.reward.combined as combined
 from npu_rl.config.schema import PPOConfig
 from npu_rl.data.io import write_parquet
+from npu_rl.data.sources import DATA_SUFFIXES
 from npu_rl.trainer.preflight import check, load_checked
 from npu_rl.trainer.run import train
 
@@ -76,7 +77,11 @@ def reward_reference(fn: RewardFunc) -> str:
         return fn
     if not callable(fn):
         raise TypeError(f"reward_funcs entries must be functions or 'file.py:name' strings, got {type(fn).__name__}")
-    qualname = getattr(fn, "__qualname__", None) or repr(fn)
+    qualname = getattr(fn, "__qualname__", None)
+    if qualname is None:  # a functools.partial, a callable object: no name to find it by in another process
+        raise TypeError(f"reward function {fn!r:.100} is a {type(fn).__name__} (a callable without a name of its own): "
+                        "reward workers find a function by its module and name (it is not pickled), so wrap it in "
+                        "a function defined at the top level of a module or of your script")
     if getattr(fn, "__name__", "") == "<lambda>" or "<locals>" in qualname or "." in qualname:
         kind = "a lambda" if "<lambda>" in qualname else "defined inside a function or class"
         raise TypeError(f"reward function {qualname!r} is {kind}: reward workers find a function by its module and "
@@ -135,13 +140,26 @@ def _to_row(row: Any, index: int, what: str) -> dict[str, Any]:
             "reward_model": {"style": reward_model.get("style", "rule"), "ground_truth": truth}, "extra_info": extra}
 
 
+def _looks_like_data_path(path: str) -> bool:
+    """A path or URI ``data.*_files`` reads (it need not exist yet: validation says so, naming it)."""
+    return (os.path.exists(os.path.expanduser(path)) or "://" in path
+            or path.split("?")[0].lower().endswith(DATA_SUFFIXES + ("*",)))
+
+
 def _data_path(dataset: Any, out_dir: str, name: str) -> Union[str, list[str]]:
     """A path (or list of paths) as given, or rows written as parquet under ``out_dir``."""
     if isinstance(dataset, (str, os.PathLike)):
         return os.fspath(dataset)
     if isinstance(dataset, (list, tuple)) and dataset and all(isinstance(d, (str, os.PathLike)) for d in dataset):
-        return [os.fspath(d) for d in dataset]
-    if hasattr(dataset, "to_list") and callable(dataset.to_list):
+        paths = [os.fspath(d) for d in dataset]
+        stray = next((p for p in paths if not _looks_like_data_path(p)), None)
+        if stray is not None:  # a list of prompts given as plain strings, read as file names
+            raise TypeError(f"{name}: {stray!r:.80} is neither a file nor a data set path, and a list of strings is "
+                            "read as data files; give rows as dicts with a 'prompt' and a 'ground_truth'")
+        return paths
+    if hasattr(dataset, "to_dict") and hasattr(dataset, "columns"):
+        rows = dataset.to_dict("records")  # a pandas DataFrame (iterating one yields its column names)
+    elif hasattr(dataset, "to_list") and callable(dataset.to_list):
         rows = dataset.to_list()  # datasets.Dataset
     elif isinstance(dataset, Iterable) and not isinstance(dataset, (dict, bytes)):
         rows = list(dataset)

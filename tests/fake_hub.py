@@ -221,3 +221,49 @@ def offline_env(monkeypatch, home: str) -> None:
     monkeypatch.setenv("HF_HOME", home)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+class SilentHub:
+    """A server on 127.0.0.1 that accepts every connection and never answers a byte: a Hub or mirror that hangs.
+    The kernel completes the TCP handshake from the listen backlog; connections are also accepted and held so a
+    client's request is read by nobody and answered by nothing."""
+
+    def __init__(self):
+        import socket
+
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(64)
+        self._held: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self.connections = 0
+
+    @property
+    def port(self) -> int:
+        return self._socket.getsockname()[1]
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        self._socket.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            self._held.append(conn)
+
+    def start(self) -> "SilentHub":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for conn in self._held:
+            conn.close()
+        self._socket.close()

@@ -18,7 +18,8 @@ The metrics returned beside the batch have verl's ``num_turns/{min,max,mean}`` a
 A loop that raises (``SystemExit`` included), or returns something else than an ``AgentOutput``, fails only its own
 sample: logged naming the row and the loop, counted in ``agent_loop/failed_samples``, kept in the batch with an
 empty response (mask 0: nothing is trained on it). A batch in which every sample failed raises, naming the first
-failure, so a run never ends "finished" with nothing trained. An engine error fails the whole rollout.
+failure, so a run never ends "finished" with nothing trained. An engine error fails the whole rollout, and so does a loop, tool or interaction that calls ``os._exit``: an
+error naming the row, the loop and the function (``user_code.py``), never a silent end of the trainer.
 
 A loop that awaits something of its own that never completes would hold every other sample (the server waits for
 all live loops): each sample's own time -- wall time minus the time it waits on the model, which is shared with the
@@ -41,10 +42,11 @@ import torch
 
 from npu_rl.agent.loops import (AgentContext, AgentOutput, AgentSample, AgentSampleError, TokenOutput,
                                 row_agent_loop)
-from npu_rl.agent.user_code import run_agents_loop
+from npu_rl.agent.user_code import UserCodeExit, run_agents_loop
 from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import Generation
+from npu_rl.utils.exit_guard import ExitAttempt
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,10 @@ class EngineError(RuntimeError):
     def __init__(self, message: str, original: BaseException):
         super().__init__(message)
         self.original = original
+
+
+class AgentExitError(RuntimeError):
+    """User code of an agent loop (the loop, a tool, an interaction) called ``os._exit``: the rollout stops."""
 
 
 class SampleClock:
@@ -162,6 +168,11 @@ async def _run_one(loop: Any, name: str, sample: AgentSample) -> AgentOutput:
         out = await loop.run(sample)
     except (KeyboardInterrupt, asyncio.CancelledError, GeneratorExit, EngineError):
         raise  # the user's interrupt, a cancelled run or sample, an abandoned one collected, or the engine down
+    except UserCodeExit as exc:  # a tool or an interaction of this loop
+        raise AgentExitError(f"row {sample.row}: agent loop {name!r}: {exc}") from None
+    except ExitAttempt as exc:  # the loop's own code (run_agents_loop guards the agents' loop)
+        raise AgentExitError(f"row {sample.row}: agent loop {name!r} called {exc}, which would have ended the "
+                             "trainer") from None
     except BaseException as exc:  # noqa: BLE001 - SystemExit in a user's loop included: a failed sample, counted
         return failed_output(sample, name, exc)
     if not isinstance(out, AgentOutput):
@@ -180,6 +191,9 @@ async def _run_all(context: AgentContext, server: TurnBatchingServer, names: Seq
             loops[name] = row_agent_loop(name)(context)
         except (KeyboardInterrupt, SystemExit):
             raise
+        except ExitAttempt as exc:
+            raise AgentExitError(f"agent loop {name!r}: making it called {exc}, which would have ended the "
+                                 "trainer") from None
         except Exception as exc:  # noqa: BLE001 - refused at start-up already; here each of its rows fails
             problems[name] = exc
     finished: set[int] = set()

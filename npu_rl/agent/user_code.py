@@ -14,6 +14,15 @@ daemon thread nobody joins, so ``asyncio.run`` and the interpreter exit never wa
 executor is joined at both). A tool loop that missed a deadline is given up (stopped once it is free again) and the
 next call starts a fresh one, so one stuck call cannot make every later call time out (the old loop finishes
 the calls still on it, then ends).
+
+User code must not end the process either (``npu_rl/utils/exit_guard.py``, as for an in-process reward): every call
+runs under ``guard_exits`` in the thread that runs it, and so does the agents' loop itself (a user's agent loop).
+``os._exit`` there raises :class:`UserCodeExit`, which no ``except Exception`` of ours swallows: the rollout stops
+with an error naming the row, the loop and the function (the run ends non-zero, never with a silent status 0).
+``SystemExit`` and ``KeyboardInterrupt`` raised by a tool or an interaction fail that call only
+(:class:`UserCodeError`): they never reach an event loop, where asyncio would re-raise them and stop the loop (the
+tool loop's thread: every later call would time out; the agents' loop: the rollout would read them as Ctrl-C).
+A ``KeyboardInterrupt`` in those threads is always the code's own: signals are delivered to the main thread.
 """
 
 from __future__ import annotations
@@ -26,12 +35,52 @@ import math
 import threading
 from typing import Any, Callable, Optional
 
+from npu_rl.utils.exit_guard import ExitAttempt, guard_exits
 
 logger = logging.getLogger(__name__)
 
 
 class UserCodeTimeout(Exception):
     """A tool's or an interaction's call did not answer within its deadline."""
+
+
+class UserCodeError(Exception):
+    """A tool or an interaction raised ``SystemExit`` / ``KeyboardInterrupt``: that call failed, nothing more."""
+
+
+class UserCodeExit(BaseException):
+    """User code called ``os._exit``: the rollout stops with this error (a ``BaseException``, so no ``except
+    Exception`` on the way turns it into a failed call), the message naming the function."""
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    owner = getattr(fn, "__self__", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return f"{type(owner).__name__}.{getattr(fn, '__name__', name)}" if owner is not None else name
+
+
+def _exit_to_error(fn: Callable[..., Any], exc: BaseException) -> BaseException:
+    if isinstance(exc, ExitAttempt):
+        return UserCodeExit(f"{_name(fn)} called {exc}, which would have ended the trainer")
+    if isinstance(exc, SystemExit):
+        return UserCodeError(f"{_name(fn)} raised SystemExit({exc.code!r})")
+    return UserCodeError(f"{_name(fn)} raised KeyboardInterrupt itself")
+
+
+def _guarded_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    with guard_exits():
+        try:
+            return fn(*args, **kwargs)
+        except (ExitAttempt, SystemExit, KeyboardInterrupt) as exc:
+            raise _exit_to_error(fn, exc) from None
+
+
+async def _guarded_coroutine(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    with guard_exits():  # the tool loop's thread runs only user code: guarded across the awaits too
+        try:
+            return await fn(*args, **kwargs)
+        except (ExitAttempt, SystemExit, KeyboardInterrupt) as exc:
+            raise _exit_to_error(fn, exc) from None
 
 
 class _ToolLoop:
@@ -89,7 +138,7 @@ def _in_daemon_thread(fn: Callable[..., Any], args: tuple, kwargs: dict) -> asyn
 
     def work():
         try:
-            result = fn(*args, **kwargs)
+            result = _guarded_call(fn, args, kwargs)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting loop, which decides
             outcome = (future.set_exception, exc)
         else:
@@ -120,11 +169,11 @@ async def call_user_code(fn: Callable[..., Any], *args: Any, timeout_s: float, *
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
         tool_loop = _tool_loop()
         try:
-            pending = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), tool_loop.loop)
+            pending = asyncio.run_coroutine_threadsafe(_guarded_coroutine(fn, args, kwargs), tool_loop.loop)
         except RuntimeError:  # that loop was given up meanwhile
             _give_up(tool_loop)
             tool_loop = _tool_loop()
-            pending = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), tool_loop.loop)
+            pending = asyncio.run_coroutine_threadsafe(_guarded_coroutine(fn, args, kwargs), tool_loop.loop)
         waiting = asyncio.wrap_future(pending)
     else:
         tool_loop = None
@@ -171,7 +220,8 @@ def run_agents_loop(main: Any, grace_s: float = 1.0) -> Any:
     loop.set_default_executor(_DaemonThreads())
     try:
         asyncio.set_event_loop(loop)
-        return loop.run_until_complete(main)
+        with guard_exits():  # a user's agent loop runs on this thread: os._exit raises ExitAttempt (runner names it)
+            return loop.run_until_complete(main)
     finally:
         try:
             left = [t for t in asyncio.all_tasks(loop) if not t.done()]

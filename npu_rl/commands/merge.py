@@ -10,9 +10,11 @@ folder itself in PEFT format (``PeftModel.from_pretrained(base, DIR)`` loads it)
 CHECKPOINT a base model folder merges that adapter into it.
 
 Every file read is first checked against the checkpoint's manifest (the adapter too). ``--out`` must be a new or an
-empty folder (``--force`` replaces what is there); the model is written into a temporary folder beside it and moved
-into place only when complete, so an interrupted or failed merge never leaves a half-written model, and a folder
-that holds another model is never written into.
+empty folder (``--force`` replaces a folder holding model files alone, e.g. a previous merge, and never one that is
+or holds a home folder, the working directory, a mount point, the checkpoint being merged, a run's checkpoints or
+any other file: those are refused, naming what would have been deleted); the model is written into a temporary
+folder beside it and moved into place only when complete, so an interrupted or failed merge never leaves a
+half-written model, and a folder that holds another model is never written into.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from npu_rl.parallel.checkpoint import HF_DIR, merge_checkpoint
 from npu_rl.parallel.manifest import verify_manifest
 from npu_rl.trainer.checkpoint import latest_step, step_dir
 from npu_rl.utils.dtypes import to_dtype
-from npu_rl.utils.paths import apply_umask, check_output_dir
+from npu_rl.utils.paths import apply_umask, check_output_dir, check_replaceable
 from npu_rl.utils.safe_load import CorruptFileError
 from npu_rl.workers.checkpointing import LORA_ADAPTER_DIR
 
@@ -63,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
 
     dtype = to_dtype(args.dtype) if args.dtype else None
     try:
-        out = check_merge_out(args.out, args.force)
         source = args.checkpoint if args.adapter else resolve_checkpoint(args.checkpoint, args.role)
-        with staged_output(out) as staging:
+        read = tuple(p for p in (source, args.adapter, args.base) if p and os.path.exists(p))  # files read
+        keep = tuple(p for p in (args.checkpoint,) if os.path.exists(p)) + read  # e.g. the run folder given
+        out = check_merge_out(args.out, args.force, keep, read)
+        with staged_output(out, keep, read) as staging:
             if args.adapter:
                 merge_lora(args.checkpoint, args.adapter, staging, dtype)
             else:
@@ -78,20 +82,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_merge_out(out: str, force: bool) -> str:
-    """``--out``: a folder that can be made, and new or empty unless ``force`` (it would be replaced whole)."""
+def check_merge_out(out: str, force: bool, keep: tuple[str, ...] = (), within: tuple[str, ...] = ()) -> str:
+    """``--out``: a folder that can be made, and new or empty unless ``force``; an existing one is replaced whole,
+    so it may hold only model files (``check_replaceable``), none of the inputs ``keep`` and lie in none of the
+    folders read, ``within``."""
     full = check_output_dir(out, "--out")
     if os.path.isdir(full) and os.listdir(full) and not force:
         raise FileExistsError(f"--out {full} is not empty (it holds {', '.join(sorted(os.listdir(full))[:5])}"
                               f"{' ...' if len(os.listdir(full)) > 5 else ''}); give a new folder, or --force to "
                               "replace it")
+    if os.path.isdir(full):
+        check_replaceable(full, "--out", keep, within)
     return full
 
 
 @contextlib.contextmanager
-def staged_output(out: str):
+def staged_output(out: str, keep: tuple[str, ...] = (), within: tuple[str, ...] = ()):
     """A temporary folder beside ``out`` to write into; on success it replaces ``out`` (``out`` is removed first,
-    only then), on failure it is removed and ``out`` is left as it was."""
+    only then, and only when ``check_replaceable`` still allows it), on failure it is removed and ``out`` is left as
+    it was."""
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.merging-", dir=parent)
@@ -99,6 +108,7 @@ def staged_output(out: str):
         yield staging
         apply_umask(staging)  # mkdtemp made it 0700: the merged model gets the user's umask like any folder
         if os.path.isdir(out):
+            check_replaceable(out, "--out", keep, within)  # again: the merge took minutes, and the folder is not ours
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.replaced-", dir=parent)
             os.rename(out, os.path.join(old, "previous"))
             os.rename(staging, out)

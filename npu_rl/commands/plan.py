@@ -1,8 +1,13 @@
 """``npu-rl plan [--device h200] [key=value ...]``: will this job fit? The per-device memory of each phase of one
 step (rollout, log-probs, reference, critic, update), the peak, whether it fits the named device, the one or two
 keys that would make it fit, and the host memory per node; for a mixture of experts also the total and active
-parameters, the expert shards under ``--ep`` and the all-to-all buffers and routed activations. Nothing is loaded: model shapes come from config.json
-(``--model-config FILE`` for a Hub id that is not on this machine). The arithmetic: npu_rl/plan/memory.py."""
+parameters, the expert shards under ``--ep`` and the all-to-all buffers and routed activations. Nothing is loaded:
+model shapes come from config.json (``--model-config FILE`` for a Hub id that is not on this machine). The
+arithmetic: npu_rl/plan/memory.py.
+
+The config is checked first with training's own value checks (``--cfg job``'s, without the files and the device):
+0 or a negative number of devices, lengths <= 0, a micro-batch of 0, a tensor-parallel size that does not divide the
+devices are refused, naming the key, as ``npu-rl train`` refuses them, never planned as "fits"."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import sys
 from npu_rl.config.loader import ConfigError, load_config
 from npu_rl.plan.job import plan_config, this_device
 from npu_rl.plan.memory import DEVICES
+from npu_rl.trainer.preflight import check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = load_config(args.overrides, args.config_name, args.config_path)
+        check(config, check_paths=False, check_device=False)  # training's value checks, before any arithmetic
         result = plan_config(config, args.device or this_device(), model_config=args.model_config,
                              critic_model_config=args.critic_model_config, ep=args.ep)
     except (ConfigError, ValueError, FileNotFoundError) as exc:

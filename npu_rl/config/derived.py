@@ -231,6 +231,8 @@ def plan_problems(config: PPOConfig, plan: RunPlan) -> list[str]:
     arr = config.actor_rollout_ref
     n = arr.rollout.n
     world = world_size(config)
+    if world < 1:
+        return []  # TrainerConfig.check names nnodes / n_gpus_per_node; nothing divides over no device
     sp = arr.actor.ulysses_sequence_parallel_size
     if sp < 1 or world % sp:
         return [f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp} must divide the number of devices "

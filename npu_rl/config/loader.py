@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from npu_rl.config.errors import ConfigError
 from npu_rl.config.introspect import schema_fields as _fields
 from npu_rl.config.schema import PPOConfig
-from npu_rl.utils.redact import redact_mapping
+from npu_rl.utils.redact import ENV_KEYS_ATTRIBUTE, env_interpolated_keys, mark_env_keys, mask_env_values, redact_mapping
 
 __all__ = ["ConfigError", "all_keys", "check_key", "compose", "load_config", "suggest_key", "to_dataclass", "to_yaml"]
 
@@ -203,11 +203,13 @@ def _explain(exc: BaseException) -> str:
 
 
 def to_dataclass(cfg: DictConfig) -> PPOConfig:
-    """Resolve interpolations and build the typed config object."""
+    """Resolve interpolations and build the typed config object, which remembers the places filled from the
+    environment (``${oc.env:...}``): every record of the config masks them (``npu_rl.utils.redact``)."""
     try:
-        return OmegaConf.to_object(cfg)
+        config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError(_explain(exc)) from exc
+    return mark_env_keys(config, env_interpolated_keys(OmegaConf.to_container(cfg, resolve=False)))
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
@@ -223,4 +225,5 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
 def to_yaml(config: PPOConfig | DictConfig) -> str:
     """The config as YAML to print (``--cfg job``): interpolations left as written, secrets masked."""
     node = OmegaConf.structured(config) if dataclasses.is_dataclass(config) else config
-    return OmegaConf.to_yaml(OmegaConf.create(redact_mapping(OmegaConf.to_container(node, resolve=False))))
+    tree = mask_env_values(OmegaConf.to_container(node, resolve=False), getattr(config, ENV_KEYS_ATTRIBUTE, ()))
+    return OmegaConf.to_yaml(OmegaConf.create(redact_mapping(tree)))

@@ -2,6 +2,11 @@
 where the slice sits in the tree, e.g. ``critic.optim``) returning one problem per broken rule, each naming the
 full key and what to change. :func:`slice_problems` walks the tree and asks every slice.
 
+One rule holds for every key of the schema typed ``float`` (or a list of floats, or Optional): its value is a finite
+number. NaN and inf mean nothing a run can use (a NaN ``min_lr_ratio`` skips every update; an infinite ``eps``
+fails inside the optimizer after the models load), so they are refused by this rule, naming the key, wherever a
+slice's own rules say nothing about that key. A slice's ``check`` adds the ranges (``> 0``, ``[0, 1]`` ...).
+
 Which names a key may take (engines, estimators, loggers ...) is not a rule of the slice: the code that implements
 the names holds their list, and the preflight (``npu_rl.trainer.preflight``) asks it there.
 """
@@ -9,7 +14,9 @@ the names holds their list, and the preflight (``npu_rl.trainer.preflight``) ask
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
 from typing import Any
 
 
@@ -23,9 +30,41 @@ def broken(*rules: tuple[bool, str]) -> list[str]:
     return [message for ok, message in rules if not ok]
 
 
+@functools.lru_cache(maxsize=None)
+def _float_fields(cls: type) -> tuple[tuple[str, bool], ...]:
+    """(name, is a list) of the fields of ``cls`` typed float, Optional[float], list[float] or Optional[list[float]]."""
+    out = []
+    for name, hint in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is typing.Union \
+            else [hint]
+        if len(args) != 1:
+            continue
+        (inner,) = args
+        if inner is float:
+            out.append((name, False))
+        elif typing.get_origin(inner) is list and typing.get_args(inner) == (float,):
+            out.append((name, True))
+    return tuple(out)
+
+
+def non_finite_problems(node: Any, key: str, own: list[str]) -> list[str]:
+    """The one rule of every float key (module docstring): keys a message in ``own`` already names are skipped."""
+    problems = []
+    for name, is_list in _float_fields(type(node)):
+        value = getattr(node, name)
+        values = value if is_list and isinstance(value, (list, tuple)) else [value]
+        full = f"{key}{name}"
+        if value is None or all(finite(v) for v in values) or any(p.startswith(f"{full}=") for p in own):
+            continue
+        problems.append(f"{full}={value} must be a finite number (NaN and inf are not values a run can use)")
+    return problems
+
+
 def slice_problems(node: Any, key: str = "") -> list[str]:
-    """Every slice's ``check(key)`` under ``node`` (a config dataclass), parents before their children."""
+    """Every slice's ``check(key)`` under ``node`` (a config dataclass), parents before their children, and the
+    finite-number rule of every float key."""
     problems = list(node.check(key.rstrip("."))) if hasattr(node, "check") else []
+    problems += non_finite_problems(node, key, problems)
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         if dataclasses.is_dataclass(value):

@@ -152,8 +152,21 @@ class OptimConfig:
     """verl's older name for lr_scheduler_type; wins when set"""
 
     def check(self, key: str) -> list[str]:
+        betas = self.betas if isinstance(self.betas, (list, tuple)) else []
         return broken((finite(self.lr) and self.lr >= 0, f"{key}.lr={self.lr} must be >= 0 and finite (an "
-                       "infinite learning rate turns every weight to NaN at the first update)"))
+                       "infinite learning rate turns every weight to NaN at the first update)"),
+                      (not finite(self.weight_decay) or self.weight_decay >= 0,
+                       f"{key}.weight_decay={self.weight_decay} must be >= 0"),
+                      (not finite(self.eps) or self.eps > 0, f"{key}.eps={self.eps} must be > 0"),
+                      (len(betas) == 2 and all(not finite(b) or 0 <= b < 1 for b in betas),
+                       f"{key}.betas={self.betas} must be two numbers in [0, 1)"),
+                      (not finite(self.lr_warmup_steps_ratio) or 0 <= self.lr_warmup_steps_ratio <= 1,
+                       f"{key}.lr_warmup_steps_ratio={self.lr_warmup_steps_ratio} must be in [0, 1]"),
+                      (not finite(self.min_lr_ratio) or 0 <= self.min_lr_ratio <= 1,
+                       f"{key}.min_lr_ratio={self.min_lr_ratio} must be in [0, 1] (the floor of the schedule as "
+                       "a share of lr)"),
+                      (not finite(self.num_cycles) or self.num_cycles >= 0,
+                       f"{key}.num_cycles={self.num_cycles} must be >= 0"))
 
 
 @dataclass
@@ -488,6 +501,9 @@ class RolloutConfig:
             (0 < self.top_p <= 1, f"{key}.top_p={self.top_p} must be in (0, 1]"),
             (self.top_k == -1 or self.top_k >= 0, f"{key}.top_k must be -1 (off) or >= 0"),
             (self.sleep_level in (1, 2), f"{key}.sleep_level must be 1 or 2"),
+            (self.update_weights_bucket_megabytes > 0,
+             f"{key}.update_weights_bucket_megabytes={self.update_weights_bucket_megabytes} must be > 0 (the size of "
+             "one bucket of weights sent to the rollout engine; default 512)"),
         )
 
 
@@ -702,6 +718,10 @@ class AlgorithmConfig:
     gdpo_reward_weights: Optional[list[float]] = None
     """gdpo: one weight per component (default: all 1)"""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+
+    def check(self, key: str) -> list[str]:
+        return broken((not finite(self.gamma) or 0 <= self.gamma <= 1, f"{key}.gamma={self.gamma} must be in [0, 1]"),
+                      (not finite(self.lam) or 0 <= self.lam <= 1, f"{key}.lam={self.lam} must be in [0, 1]"))
 
 
 # -------------------------------------------------------------------------------------------------------- trainer

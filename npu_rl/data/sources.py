@@ -19,6 +19,7 @@ reason. A Hub model id where a data file belongs, or a bare ``owner/name``, gets
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import json
@@ -30,7 +31,8 @@ from urllib.parse import parse_qsl, urlsplit
 from npu_rl.data.builtin import cache_dir, is_builtin, resolve_builtin
 from npu_rl.data.io import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, PARQUET_SUFFIXES, expand_path, is_hf_dataset_dir, \
     write_parquet
-from npu_rl.utils.hf_env import hub_cache_dir, is_offline
+from npu_rl.utils.hf_env import bound_client, describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, \
+    is_offline, shown_endpoint
 from npu_rl.data.builtin import check_builtin
 from npu_rl.data.io import read_rows
 from npu_rl.data.preprocess import CONVERTERS
@@ -152,11 +154,13 @@ def _resolve_hub(item: str) -> list[str]:
 
 
 def _hub_files(repo: str, revision: Optional[str], pattern: str, item: str) -> list[str]:
-    """Files of a Hub data set repo (a glob matches the repo's listing, or the cached snapshot offline)."""
-    from huggingface_hub import hf_hub_download, snapshot_download
+    """Files of a Hub data set repo (a glob matches the repo's listing, or the cached snapshot offline). Each request
+    about the repo (the listing, a file's metadata) is bounded by ``hub_call``; the bytes of a file then come with a
+    timeout on each read."""
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 
     cache = hub_cache_dir()
-    endpoint = os.environ.get("HF_ENDPOINT") or None
+    endpoint = hub_endpoint()
     try:
         if is_offline():
             folder = snapshot_download(repo, repo_type="dataset", revision=revision, cache_dir=cache,
@@ -166,26 +170,28 @@ def _hub_files(repo: str, revision: Optional[str], pattern: str, item: str) -> l
                 raise FileNotFoundError(pattern)
             return files
         if _GLOB.search(pattern):
-            from huggingface_hub import HfApi
-
-            import fnmatch
-
-            listing = HfApi(endpoint=endpoint).list_repo_files(repo, repo_type="dataset", revision=revision)
+            listing = hub_call(lambda: HfApi(endpoint=endpoint).list_repo_files(repo, repo_type="dataset",
+                                                                                revision=revision),
+                               f"{item!r}: listing the files of the data set repo {repo}", endpoint)
             names = sorted(n for n in listing if fnmatch.fnmatch(n, pattern))
             if not names:
                 raise ValueError(f"{item!r}: the pattern matches no file of the data set repo {repo} "
                                  f"(it has {len(listing)} files)")
         else:
             names = [pattern]
-        return [hf_hub_download(repo, name, repo_type="dataset", revision=revision, cache_dir=cache,
-                                endpoint=endpoint) for name in names]
-    except ValueError:
+        files = []
+        for name in names:
+            url = hf_hub_url(repo, name, repo_type="dataset", revision=revision, endpoint=endpoint)
+            hub_call(lambda: get_hf_file_metadata(url, timeout=hub_timeout_s(), retry_on_errors=False),
+                     f"{item!r}: the file {name} of the data set repo {repo}", endpoint)
+            files.append(hf_hub_download(repo, name, repo_type="dataset", revision=revision, cache_dir=cache,
+                                         endpoint=endpoint, etag_timeout=hub_timeout_s()))
+        return files
+    except (ValueError, TimeoutError):
         raise
     except Exception as exc:  # not cached offline; repo / file missing; no connection
-        where = "the Hub cache (" + cache + ", HF_HUB_OFFLINE is set)" if is_offline() else (endpoint or
-                                                                                              "https://huggingface.co")
-        raise FileNotFoundError(f"{item!r}: cannot get it from {where}: {type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        where = f"the Hub cache ({cache}, HF_HUB_OFFLINE is set)" if is_offline() else shown_endpoint(endpoint)
+        raise FileNotFoundError(f"{item!r}: cannot get it from {where}: {describe_error(exc)}") from exc
 
 
 def _hub_dataset(repo: str, config: Optional[str], split: str, revision: Optional[str], item: str) -> str:
@@ -201,13 +207,13 @@ def _hub_dataset(repo: str, config: Optional[str], split: str, revision: Optiona
     except ImportError as exc:
         raise ValueError(f"{item!r}: reading a Hub data set needs pip install datasets") from exc
     try:
+        bound_client(hub_timeout_s())  # each read of the download times out; the download itself takes its time
         data = load_dataset(repo, config, split=split, revision=revision)
     except Exception as exc:  # DatasetNotFoundError, ConnectionError, ValueError (unknown split) ...
         offline = (" HF_HUB_OFFLINE is set and datasets' cache has no copy of it: load it once online, or save it "
                    "with save_to_disk and give that folder.") if is_offline() else ""
-        raise FileNotFoundError(f"{item!r}: datasets.load_dataset({repo!r}, {config!r}, split={split!r}) failed: "
-                                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}.{offline}"
-                                ) from exc
+        raise FileNotFoundError(f"{item!r}: datasets.load_dataset({repo!r}, {config!r}, split={split!r}) failed "
+                                f"({shown_endpoint()}): {describe_error(exc)}.{offline}") from exc
     write_parquet(data.to_list(), path)
     return path
 

@@ -6,7 +6,8 @@ An id is resolved through huggingface_hub's cache, honouring its environment at 
 - ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``: where snapshots live;
 - ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``): only the cache is read; an id not cached fails at validation,
   naming the id and the cache folder;
-- ``HF_ENDPOINT``: the Hub (or a mirror) to download from, when online.
+- ``HF_ENDPOINT``: the Hub (or a mirror) to download from, when online (credentials in it are masked in messages);
+- ``NPU_RL_HUB_TIMEOUT_S`` (default 60): the most a request to it may take (``npu_rl.utils.hf_env.hub_call``).
 
 ``check_hub_model`` (validation, in the driver) asks the Hub whether the repo exists when it is not cached, so a run
 with a wrong id fails before anything heavy; ``resolve_hub_model`` (every rank, the rollout engine) reads the cache
@@ -26,7 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from npu_rl.utils.hf_env import hub_cache_dir, is_offline
+from npu_rl.utils.hf_env import describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, is_offline, \
+    shown_endpoint
 
 REFUSED_SCHEMES = ("hdfs", "s3", "gs", "gcs", "oss", "obs", "abfs", "az", "http", "https", "file", "ms", "modelscope")
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)?)(?:@(?P<rev>[\w./-]+))?$")
@@ -88,21 +90,25 @@ def cached_model(hub_id: HubId) -> Optional[str]:
 
 
 def _repo_files(hub_id: HubId, endpoint: Optional[str]) -> list[str]:
-    """The files of ``hub_id`` on the Hub (one API call); errors say which id and which Hub."""
+    """The files of ``hub_id`` on the Hub (one API call, bounded in time); errors say which id and which Hub."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
-    where = endpoint or "https://huggingface.co"
+    where = shown_endpoint(endpoint)
     try:
-        info = HfApi(endpoint=endpoint).model_info(hub_id.repo_id, revision=hub_id.revision)
+        info = hub_call(lambda: HfApi(endpoint=endpoint).model_info(hub_id.repo_id, revision=hub_id.revision,
+                                                                   timeout=hub_timeout_s()),
+                        f"{hub_id}: not a local folder, and asking the Hub about it failed", endpoint)
     except RevisionNotFoundError as exc:
         raise FileNotFoundError(f"{hub_id}: the Hub repo has no revision {hub_id.revision!r} ({where})") from exc
     except RepositoryNotFoundError as exc:
         raise FileNotFoundError(f"{hub_id}: not a local folder, and no such model repo on {where} (or it is "
                                 "private or gated: `hf auth login`)") from exc
-    except Exception as exc:  # connection refused (httpx's ConnectError), timeouts, proxies, HTTP 5xx
-        raise FileNotFoundError(f"{hub_id}: not a local folder, and {where} cannot be reached ({type(exc).__name__}: "
-                                f"{exc}); set HF_HUB_OFFLINE=1 to use only the cache ({hub_cache_dir()})") from exc
+    except TimeoutError as exc:
+        raise FileNotFoundError(str(exc)) from None
+    except Exception as exc:  # connection refused (httpx's ConnectError), proxies, HTTP 5xx
+        raise FileNotFoundError(f"{hub_id}: not a local folder, and {where} cannot be reached ({describe_error(exc)}"
+                                f"); set HF_HUB_OFFLINE=1 to use only the cache ({hub_cache_dir()})") from exc
     names = [s.rfilename for s in (info.siblings or [])]
     if "config.json" not in names:
         raise FileNotFoundError(f"{hub_id}: the Hub repo has no config.json: not a transformers model")
@@ -124,7 +130,7 @@ def fetch_model(hub_id: HubId) -> str:
     cache = hub_cache_dir()
     locks = os.path.join(cache, ".locks", "npu_rl")
     os.makedirs(locks, exist_ok=True)
-    endpoint = os.environ.get("HF_ENDPOINT") or None
+    endpoint = hub_endpoint()
     with FileLock(os.path.join(locks, hub_id.repo_id.replace("/", "--") + ".lock")):
         folder = cached_model(hub_id)  # another rank of this node may have fetched it while we waited
         if folder is not None:
@@ -134,8 +140,8 @@ def fetch_model(hub_id: HubId) -> str:
             folder = snapshot_download(hub_id.repo_id, revision=hub_id.revision, cache_dir=cache, endpoint=endpoint,
                                        allow_patterns=patterns)
         except Exception as exc:  # the connection dropped, the disk filled ...
-            raise FileNotFoundError(f"{hub_id}: download from {endpoint or 'https://huggingface.co'} failed: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+            raise FileNotFoundError(f"{hub_id}: download from {shown_endpoint(endpoint)} failed: "
+                                    f"{describe_error(exc)}") from exc
     return folder
 
 
@@ -166,5 +172,5 @@ def check_hub_model(hub_id: HubId) -> Optional[str]:
         return folder
     if is_offline():
         raise _not_cached(hub_id)
-    _repo_files(hub_id, os.environ.get("HF_ENDPOINT") or None)
+    _repo_files(hub_id, hub_endpoint())
     return None

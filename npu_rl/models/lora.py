@@ -137,6 +137,9 @@ def resolve_target_modules(model: nn.Module, target_modules: Any, exclude_module
 
 
 # ---------------------------------------------------------------------------------------------- adapter files
+MAX_LORA_SCALE = 1024.0  # lora_alpha / r (rsLoRA: / sqrt(r)); published adapters use 0.5-16
+
+
 def read_adapter_config(path: str) -> dict:
     folder = os.path.expanduser(path)
     config_file = os.path.join(folder, ADAPTER_CONFIG)
@@ -159,6 +162,15 @@ def read_adapter_config(path: str) -> dict:
         raise LoraConfigError(f"{config_file}: r={rank!r} must be a positive integer (the adapter's rank)")
     if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and math.isfinite(alpha) and alpha > 0):
         raise LoraConfigError(f"{config_file}: lora_alpha={alpha!r} must be a finite number > 0")
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    if scale > MAX_LORA_SCALE:  # B is zero at the start, so the weights alone do not show it: the first update would
+        raise LoraConfigError(f"{config_file}: lora_alpha={alpha:g} with r={rank} scales the adapter's update by "
+                              f"{scale:.3g}, past {MAX_LORA_SCALE:g} (adapters use 0.5-16): not a usable adapter; "
+                              "fix lora_alpha")
+    if config.get("modules_to_save"):
+        raise LoraConfigError(f"{config_file}: modules_to_save={config['modules_to_save']!r} (whole layers trained "
+                              "beside the adapter) is not supported: only the LoRA A/B matrices are loaded; merge "
+                              "the adapter into its base with PEFT (merge_and_unload) and train that model instead")
     return config
 
 

@@ -162,7 +162,11 @@ def load_sharded_weights(model: nn.Module, folder: str, device: torch.device, *,
             if shape != tuple(param.shape):
                 raise ValueError(f"{os.path.join(folder, file_name)}: {stored!r} has shape {list(shape)}, the model "
                                  f"({type(model).__name__}) needs {list(param.shape)}: config.json and weights disagree")
-            target.copy_(tensor_slice[index] if target.numel() else torch.empty(target.shape))
+            piece = tensor_slice[index] if target.numel() else torch.empty(target.shape)
+            if piece.is_floating_point() and not bool(torch.isfinite(piece).all()):  # on the host: no device sync
+                raise ValueError(f"{os.path.join(folder, file_name)}: {stored!r} holds NaN or infinite values: the "
+                                 "model's weights are not usable (a corrupt or diverged model)")
+            target.copy_(piece)
     modules = dict(model.named_modules())
     for name, _ in list(model.named_buffers()):
         module_name, _, attr = name.rpartition(".")

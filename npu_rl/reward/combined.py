@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from npu_rl.reward.score_fn import to_score_dict
+from npu_rl.reward.score_fn import RewardFunctionError, to_score_dict
 from npu_rl.utils.imports import load_object
 
 _LOADED: dict[str, Any] = {}
@@ -29,8 +29,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, r
         raise ValueError(f"reward_weights has {len(weights)} entries for {len(reward_funcs)} reward functions")
     results = []
     for ref in reward_funcs:
-        result = _function(ref)(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                                extra_info=extra_info, **kwargs)
+        try:
+            result = _function(ref)(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                                    extra_info=extra_info, **kwargs)
+        except Exception as exc:  # named as the user's function, not as this wrapper (the manager adds the row)
+            raise RewardFunctionError(f"reward function {ref} raised {type(exc).__name__}: {exc}") from exc
         results.append(to_score_dict(result, f"reward function {ref}"))
     if len(results) == 1 and weights[0] == 1.0:
         return results[0]

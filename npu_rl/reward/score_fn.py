@@ -12,7 +12,8 @@ The user's function has verl's signature, called with keyword arguments::
 
     compute_score(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs) -> list[float | dict]
 
-``run_score_fn`` calls it and checks what comes back: NaN/inf (or a number float32 cannot hold, such as 1e308), a
+``run_score_fn`` calls it and checks what comes back: NaN/inf (or a number the step cannot compute with in float32,
+|score| > 1e15: 3e38 fits a float32 but not its square), a
 wrong type or a dict without ``score`` raise
 ``RewardFunctionError`` naming the function, never a silently wrong score.
 """
@@ -116,7 +117,10 @@ def to_score_dict(result: Any, where: str) -> dict[str, Any]:
     return {"score": score, "acc": score}  # verl logs a bare float as acc too
 
 
-MAX_SCORE = 3.0e38  # float32's largest finite value is 3.4028e38
+# Scores are summed, averaged and normalised by their group's std in float32 (largest finite value 3.4e38): a score
+# of 3e38 fits a float32 but the sum of two, or its square in the std, does not (the step's advantages become NaN
+# and nothing trains). At 1e15 the square is 1e30, so even 10^8 of them sum within float32.
+MAX_SCORE = 1.0e15
 
 
 def _finite(value: Any, where: str) -> float:
@@ -125,8 +129,9 @@ def _finite(value: Any, where: str) -> float:
         if not math.isfinite(score):
             raise RewardFunctionError(f"{where} returned a non-finite score {score}")
         if abs(score) > MAX_SCORE:  # scores live in float32 tensors: 1e308 would become inf there
-            raise RewardFunctionError(f"{where} returned the score {score:g}, beyond float32's range "
-                                      f"(|score| <= {MAX_SCORE:g}); scores are summed and normalised in float32")
+            raise RewardFunctionError(f"{where} returned the score {score:g}, beyond what the step can compute with "
+                                      f"(|score| <= {MAX_SCORE:g}: scores are summed, and squared for the group's "
+                                      "std, in float32); scale the reward down")
         return score
     raise RewardFunctionError(f"{where} returned a {type(value).__name__} ({value!r:.80}); expected a float or a "
                               "dict with a float 'score'")

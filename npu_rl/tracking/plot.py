@@ -23,6 +23,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from npu_rl.utils.paths import check_output_dir
+
 # (title, y label, [metric keys in order of preference, or a prefix ending in "/" for "every key under it"])
 PANELS: list[tuple[str, str, list[str]]] = [
     ("Reward", "mean sequence score", ["critic/score/mean", "critic/rewards/mean"]),
@@ -318,8 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--labels", default=None, help="comma-separated legend labels, one per run")
     args = parser.parse_args(argv)
     try:
+        if args.out:
+            check_output_dir(args.out, "--out")  # a file in the way is said before the runs are read
         png, page = plot_runs(args.runs, args.out, args.name, args.labels.split(",") if args.labels else None)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:
         print(f"npu-rl plot: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import socket
 import sys
@@ -23,7 +22,8 @@ import time
 from typing import Any
 
 import npu_rl
-from npu_rl.utils.redact import MASK, is_secret_name, redact_argv, redact_environment, redact_mapping
+from npu_rl.utils.redact import ENV_KEYS_ATTRIBUTE, MASK, env_interpolated_keys, mask_env_values, redact_argv, \
+    redact_environment, redact_mapping
 
 _ENV_PREFIXES = ("DEVICE", "ASCEND_", "CUDA_VISIBLE", "NPU_RL_", "VLLM_", "HCCL_", "TASK_QUEUE", "RAY_ADDRESS",
                  "TENSORBOARD_DIR", "SWANLAB_", "MLFLOW_", "WANDB_", "CLEARML_", "TRACKIO_",
@@ -38,27 +38,16 @@ def recorded_environment(environ: dict[str, str] | None = None) -> dict[str, str
 
 
 def recorded_config(config: Any) -> dict[str, Any]:
-    """The config tree as it may be written down or handed to a tracker: resolved (``${oc.env:...}`` included),
-    then secrets masked. The run itself keeps the real values."""
+    """The config tree as it may be written down or handed to a tracker: resolved, then secrets masked, and every
+    value that came from ``${oc.env:...}`` masked whatever its key and whatever the variable (the places a loaded
+    config remembers, and those still written as interpolations). The run itself keeps the real values."""
     from omegaconf import OmegaConf
 
     node = OmegaConf.structured(config) if not OmegaConf.is_config(config) else config
     resolved = OmegaConf.to_container(node, resolve=True)
-    return redact_mapping(_mask_secret_interpolations(OmegaConf.to_container(node, resolve=False), resolved))
-
-
-_SECRET_ENV = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def _mask_secret_interpolations(raw: Any, resolved: Any) -> Any:
-    """A value written ``${oc.env:NAME}`` (or containing it) with a secret-named NAME is masked whatever its key."""
-    if isinstance(raw, dict) and isinstance(resolved, dict):
-        return {k: _mask_secret_interpolations(raw.get(k), v) for k, v in resolved.items()}
-    if isinstance(raw, list) and isinstance(resolved, list) and len(raw) == len(resolved):
-        return [_mask_secret_interpolations(r, v) for r, v in zip(raw, resolved)]
-    if isinstance(raw, str) and any(is_secret_name(n) for n in _SECRET_ENV.findall(raw)):
-        return MASK
-    return resolved
+    places = list(getattr(config, ENV_KEYS_ATTRIBUTE, ())) + env_interpolated_keys(
+        OmegaConf.to_container(node, resolve=False))
+    return redact_mapping(mask_env_values(resolved, places))
 
 
 def command_line(argv: list[str] | None = None) -> list[str]:

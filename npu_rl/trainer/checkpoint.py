@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import resource
 import shutil
 import sys
 from dataclasses import dataclass
@@ -52,15 +53,56 @@ _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 LOW_SPACE_BYTES = 64 << 20  # below this much free space, a failed save is taken to be a full disk
 
 
-def disk_full_error(exc: BaseException, path: str) -> DiskFullError | None:
-    """``exc`` (or what caused it: DCP wraps the OSError in its own errors) as a ``DiskFullError`` naming ``path``,
-    or None when the failure is something else."""
-    seen, cause = set(), exc
-    while cause is not None and id(cause) not in seen:
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and everything behind it: causes, contexts, a Ray task error's ``cause`` (a save on a Ray worker),
+    and the per-rank failures that DCP's ``CheckpointException`` (a ``BaseException``) carries as
+    ``{rank: (exception, traceback)}``."""
+    found, todo, seen = [], [exc], set()
+    while todo:
+        cause = todo.pop()
+        if cause is None or id(cause) in seen:
+            continue
         seen.add(id(cause))
-        if isinstance(cause, OSError) and cause.errno in _FULL:
-            break
-        cause = cause.__cause__ or cause.__context__
+        found.append(cause)
+        todo += [cause.__cause__, cause.__context__]
+        remote = getattr(cause, "cause", None)  # Ray's RayTaskError: what the worker raised
+        if isinstance(remote, BaseException):
+            todo.append(remote)
+        failures = getattr(cause, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values() if isinstance(f, (tuple,
+                                                                                                         BaseException))]
+    return found
+
+
+def _file_at_limit(path: str, limit: int) -> str | None:
+    """A file under ``path`` that reached the file-size limit ``limit`` (its write was cut there)."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                if os.path.getsize(full) >= limit:
+                    return full
+            except OSError:
+                continue
+    return None
+
+
+def disk_full_error(exc: BaseException, path: str) -> DiskFullError | None:
+    """``exc`` (or what is behind it: DCP wraps the OSError in its own errors) as a ``DiskFullError`` naming the
+    file, when a full disk or the file-size limit (``ulimit -f``) made the write fail; None when the failure is
+    something else. ``path``: the folder being written, still in place (its files tell which one hit the limit)."""
+    causes = _causes(exc)
+    oserrors = [c for c in causes if isinstance(c, OSError)]
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    too_big = next((c for c in oserrors if c.errno == errno.EFBIG), None)
+    at_limit = _file_at_limit(path, limit) if limit != resource.RLIM_INFINITY else None
+    if too_big is not None or at_limit is not None:
+        where = getattr(too_big, "filename", None) or at_limit or path
+        shown = f"{limit} bytes" if limit != resource.RLIM_INFINITY else "a file-size limit"
+        return DiskFullError(errno.EFBIG, f"file-size limit reached at {where} (ulimit -f allows {shown}): raise "
+                                          "it (ulimit -f unlimited) or save smaller checkpoints, then resume")
+    cause = next((c for c in oserrors if c.errno in _FULL), None)
     free = free_bytes(path)
     if cause is None and (free is None or free >= LOW_SPACE_BYTES):
         return None

@@ -353,9 +353,10 @@ class PPOTrainer:
             if self.plan.use_critic:
                 self.roles.critic.save_checkpoint(f"{tmp}/critic")
             return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
-        except Exception as exc:
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
+            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            full = None if interrupted else disk_full_error(exc, tmp)  # before the partial folder goes
             self.checkpoints.abandon(tmp)  # latest stays on the previous step
-            full = disk_full_error(exc, tmp)
             if full is not None:  # said in words, not as DCP's "enforce fail ... unexpected pos"
                 raise full from exc
             raise

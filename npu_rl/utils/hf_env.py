@@ -1,11 +1,31 @@
-"""The Hugging Face environment, read at call time (huggingface_hub reads it once, at import): offline mode and the
-Hub cache folder. One reading for models (``npu_rl.models.hub``) and data (``npu_rl.data.sources``)."""
+"""The Hugging Face environment, read at call time (huggingface_hub reads it once, at import): offline mode, the
+Hub cache folder, the endpoint, and the bound on every call to it. One reading for models (``npu_rl.models.hub``)
+and data (``npu_rl.data.sources``).
+
+A Hub or mirror that accepts a connection and never answers would hold a run forever: huggingface_hub's shared
+client has no timeout (``model_info``, file listings), and a file's metadata request is retried with a 60 s timeout
+five times. So every metadata call (a repo's info, a listing, a file's metadata) runs under ``hub_call``: it ends
+within ``NPU_RL_HUB_TIMEOUT_S`` seconds (default 60) whatever the library does inside, with an error naming the id
+or path and the endpoint (credentials masked, in huggingface_hub's own log lines too); and the shared client gets that timeout for each read, so a byte
+transfer that stalls ends too (a download that keeps moving is not cut: a large model takes its time).
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import threading
+from typing import Callable, TypeVar
+
+from npu_rl.utils.redact import install_log_redaction, redact_text, redact_url
 
 _TRUE = ("1", "ON", "YES", "TRUE")
+DEFAULT_ENDPOINT = "https://huggingface.co"
+TIMEOUT_VARIABLE = "NPU_RL_HUB_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 60.0
+_T = TypeVar("_T")
+_client_timeout: list[float] = []  # the timeout the shared client was given (set_client_factory closes the old)
+_client_lock = threading.Lock()
 
 
 def is_offline() -> bool:
@@ -20,3 +40,79 @@ def hub_cache_dir() -> str:
         return os.path.expanduser(os.path.expandvars(os.environ["HF_HUB_CACHE"]))
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
     return os.path.join(os.path.expanduser(os.path.expandvars(home)), "hub")
+
+
+def hub_endpoint() -> str | None:
+    """``HF_ENDPOINT`` (a mirror), or None for the Hub itself."""
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def shown_endpoint(endpoint: str | None = None) -> str:
+    """The endpoint as a message may show it: credentials in the URL masked."""
+    return redact_url(endpoint or hub_endpoint() or DEFAULT_ENDPOINT)
+
+
+def hub_timeout_s() -> float:
+    """``NPU_RL_HUB_TIMEOUT_S``: seconds one Hub call may take (a positive, finite number)."""
+    raw = os.environ.get(TIMEOUT_VARIABLE)
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{TIMEOUT_VARIABLE}={raw!r} must be a positive number of seconds")
+    return value
+
+
+def bound_client(timeout: float) -> None:
+    """Give huggingface_hub's shared HTTP client ``timeout`` seconds for connecting and for each read."""
+    import httpx2  # huggingface_hub's own HTTP package
+    from huggingface_hub.utils import _http
+
+    install_log_redaction()  # huggingface_hub logs each retried URL, an HF_ENDPOINT's credentials included
+    with _client_lock:
+        if _client_timeout == [timeout]:
+            return
+
+        def factory():
+            client = _http.default_client_factory()
+            client.timeout = httpx2.Timeout(timeout)
+            return client
+
+        _http.set_client_factory(factory)
+        _client_timeout[:] = [timeout]
+
+
+def hub_call(call: Callable[[], _T], what: str, endpoint: str | None = None) -> _T:
+    """``call()`` (a request to the Hub about ``what``), ended after ``hub_timeout_s()`` with a ``TimeoutError``
+    naming ``what`` and the endpoint. The call runs in a daemon thread: one that the library keeps retrying is left
+    to end on its own (its reads time out too), never waited for."""
+    timeout = hub_timeout_s()
+    bound_client(timeout)
+    result: dict = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread as it is
+            result["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"npu-rl hub call: {what}", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"{what}: {shown_endpoint(endpoint)} did not answer within {timeout:g} s "
+                           f"({TIMEOUT_VARIABLE}); check the network or the mirror, or set HF_HUB_OFFLINE=1 to use "
+                           f"only the cache ({hub_cache_dir()})")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: first line`` of an exception from a Hub call, URL credentials and secrets masked."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return redact_text(f"{type(exc).__name__}: {text}")

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import pwd
 import tempfile
+
+# What a model folder (or a PEFT adapter folder) written by save_pretrained / npu-rl merge holds: a folder holding
+# only these may be replaced whole; anything else in it (a dotfile, a sub-folder, notes) is somebody's and stays.
+MODEL_FILE_PATTERNS = ("*.json", "*.safetensors", "*.bin", "*.model", "*.tiktoken", "*.jinja", "merges.txt",
+                       "vocab.txt", "README.md")
 
 
 def check_output_dir(path: str, key: str, *, must_be_empty: bool = False) -> str:
@@ -74,3 +81,63 @@ def check_name_component(value: str, key: str) -> None:
     if text.startswith(("/", "~")) or ".." in parts or "\0" in text:
         raise ValueError(f"{key}={value!r} would put files outside the run folder (a '..' part or an absolute "
                          "path); use a plain name, e.g. with '-' or '_'")
+
+
+def _home_folders() -> set[str]:
+    homes = {os.path.expanduser("~"), os.environ.get("HOME") or "~"}
+    try:
+        homes.add(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:  # a uid without a passwd entry (containers)
+        pass
+    return {os.path.realpath(h) for h in homes if os.path.isabs(h)}
+
+
+def _contains(folder: str, path: str) -> bool:
+    """``path`` is ``folder`` or lies under it (both real paths)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def replace_problems(path: str, keep: tuple[str, ...] = (), within: tuple[str, ...] = ()) -> list[str]:
+    """What replacing the existing folder ``path`` whole would delete that no command of ours made: the folder
+    ``path`` is, or holds, a home folder, the working directory, a mount point, one of ``keep`` (the inputs being
+    read), or files that are not a model's (the run's checkpoints, dotfiles, sub-folders, anything unlisted in
+    ``MODEL_FILE_PATTERNS``); or it lies inside one of ``within`` (the folders whose files are read, e.g. the
+    checkpoint being merged: a folder of a run folder is fine, one of the checkpoint is not). Empty when ``path``
+    holds a model folder's files alone (a previous output)."""
+    real = os.path.realpath(path)
+    problems = []
+    if os.path.ismount(real):
+        problems.append(f"{real} is a mount point")
+    homes = sorted(h for h in _home_folders() if _contains(real, h))
+    if homes:
+        problems.append(f"the home folder {', '.join(homes)}")
+    if _contains(real, os.path.realpath(os.getcwd())):
+        problems.append(f"the working directory {os.getcwd()}")
+    for item in dict.fromkeys(keep + within):
+        item_real = os.path.realpath(item)
+        if _contains(real, item_real) or (item in within and _contains(item_real, real)):
+            problems.append(f"the input {item}")
+    names = sorted(os.listdir(real)) if os.path.isdir(real) else []
+    runs = [n for n in names if n.startswith("global_step_") or n == "latest_checkpointed_iteration.txt"]
+    if runs:
+        problems.append(f"a run's checkpoints ({', '.join(runs[:5])}{' ...' if len(runs) > 5 else ''})")
+    others = [n for n in names if n not in runs and not _model_file(os.path.join(real, n))]
+    if others:
+        problems.append(f"files that are not a model's ({', '.join(others[:5])}{' ...' if len(others) > 5 else ''}"
+                        f"{f', {len(others)} in all' if len(others) > 5 else ''})")
+    return problems
+
+
+def _model_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return (not os.path.islink(path) and os.path.isfile(path) and not name.startswith(".")
+            and any(fnmatch.fnmatchcase(name, pattern) for pattern in MODEL_FILE_PATTERNS))
+
+
+def check_replaceable(path: str, key: str, keep: tuple[str, ...] = (), within: tuple[str, ...] = ()) -> None:
+    """Raise ``FileExistsError`` naming what would be deleted when the existing folder ``path`` may not be replaced
+    whole (``replace_problems``)."""
+    problems = replace_problems(path, keep, within)
+    if problems:
+        raise FileExistsError(f"{key} {path} will not be replaced: that would delete {'; '.join(problems)}. Give a "
+                              "new folder, an empty one, or one holding only a previous output (model files)")

@@ -5,6 +5,8 @@ Masked (replaced by ``<redacted>``):
 
 - credentials in a URL: ``https://user:pass@host`` -> ``https://<redacted>@host`` (the user part too: a token is
   often given as the user, ``https://<token>@host``);
+- a value the config took from the environment (``${oc.env:NAME}``, whatever NAME and whatever key it fills: the
+  value was in the environment, not in the config), by its place in the config tree (``mask_env_values``);
 - the value of a key whose name looks like a secret: ``*_API_KEY``, ``*_TOKEN``, ``*SECRET*``, ``*PASSWORD*`` /
   ``*PASSWD*``, ``*ACCESS_KEY``, ``*PRIVATE_KEY`` (case ignored; for a dotted key, its last part; a tokenizer's
   ``pad_token`` / ``eos_token`` ... is not a secret), wherever it
@@ -94,6 +96,56 @@ def redact_mapping(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(redact_mapping(v) for v in tree)
     return redact_text(tree) if isinstance(tree, str) else tree
+
+
+_ENV_INTERPOLATION = re.compile(r"\$\{\s*oc\.env\s*:")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")  # ${trainer.experiment_name}
+ENV_KEYS_ATTRIBUTE = "_npu_rl_env_keys"  # set on a loaded config object: the places filled from the environment
+
+
+def _strings(raw: Any, prefix: tuple = ()) -> list[tuple[tuple, str]]:
+    if isinstance(raw, Mapping):
+        return [item for key, value in raw.items() for item in _strings(value, prefix + (key,))]
+    if isinstance(raw, (list, tuple)):
+        return [item for i, value in enumerate(raw) for item in _strings(value, prefix + (i,))]
+    return [(prefix, raw)] if isinstance(raw, str) else []
+
+
+def env_interpolated_keys(raw: Any) -> list[tuple]:
+    """The places (key / index paths) in an unresolved config tree whose value comes from the environment: written
+    ``${oc.env:...}`` (or containing it), or interpolating such a place (``default_local_dir`` built from
+    ``${trainer.experiment_name}``), to any depth."""
+    strings = _strings(raw)
+    marked = {path for path, text in strings if _ENV_INTERPOLATION.search(text)}
+    while True:
+        dotted = {".".join(map(str, path)) for path in marked}
+        more = {path for path, text in strings if path not in marked
+                and any(ref.strip() in dotted for ref in _REFERENCE.findall(text))}
+        if not more:
+            return sorted(marked, key=str)
+        marked |= more
+
+
+def mark_env_keys(config: Any, keys: list[tuple]) -> Any:
+    """Remember on a loaded config object which of its places came from the environment (``mask_env_values``)."""
+    object.__setattr__(config, ENV_KEYS_ATTRIBUTE, tuple(keys))
+    return config
+
+
+def mask_env_values(tree: Any, keys: Any) -> Any:
+    """A copy of a config tree (dicts and lists) with the value at each place of ``keys`` masked."""
+    marked = {tuple(k) for k in keys}
+
+    def walk(node: Any, path: tuple) -> Any:
+        if path in marked and node is not None:
+            return MASK
+        if isinstance(node, Mapping):
+            return {k: walk(v, path + (k,)) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return type(node)(walk(v, path + (i,)) for i, v in enumerate(node))
+        return node
+
+    return walk(tree, ())
 
 
 def redact_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -53,10 +53,67 @@ def test_the_small_config_passes():
     ("actor_rollout_ref.rollout.agent.sample_timeout_s=-1", "actor_rollout_ref.rollout.agent.sample_timeout_s=-1"),
     ("actor_rollout_ref.rollout.agent.sample_timeout_s=inf", "actor_rollout_ref.rollout.agent.sample_timeout_s=inf"),
     ("actor_rollout_ref.rollout.agent.sample_timeout_s=nan", "actor_rollout_ref.rollout.agent.sample_timeout_s=nan"),
+    # issue 39: a bucket of 0 MB hung the one-step-off and fully-async weight sync after Ray started
+    ("actor_rollout_ref.rollout.update_weights_bucket_megabytes=0",
+     "actor_rollout_ref.rollout.update_weights_bucket_megabytes=0 must be > 0"),
+    ("actor_rollout_ref.rollout.update_weights_bucket_megabytes=-5",
+     "actor_rollout_ref.rollout.update_weights_bucket_megabytes=-5 must be > 0"),
 ])
 def test_non_finite_or_degenerate_numbers_are_refused_naming_the_key(override, key):
     found = problems(override)
     assert len(found) == 1 and found[0].startswith(key), found
+
+
+# issue 39: one rule for every float key of the schema (finite), not a rule per key; each was accepted before and
+# failed after the models loaded with torch's raw message, or never (a NaN min_lr_ratio skipped every update)
+@pytest.mark.parametrize("key, value", [
+    ("actor_rollout_ref.actor.optim.min_lr_ratio", "nan"), ("actor_rollout_ref.actor.optim.weight_decay", "nan"),
+    ("actor_rollout_ref.actor.optim.eps", "inf"), ("critic.optim.lr_warmup_steps_ratio", "nan"),
+    ("actor_rollout_ref.actor.optim.betas", "[0.9,nan]"), ("algorithm.gamma", "nan"), ("algorithm.lam", "-inf"),
+    ("reward_model.timeout_s", "inf"), ("reward_model.timeout_s", "nan"), ("reward_model.batch_timeout_s", "nan"),
+    ("async_training.staleness_threshold", "nan"), ("async_training.dynamic_schedule_deactivate_ratio", "nan"),
+    ("actor_rollout_ref.actor.policy_loss.clip_cov_ub", "inf"), ("algorithm.gdpo_reward_weights", "[1.0,inf]"),
+])
+def test_every_float_key_must_be_finite(key, value):
+    found = problems(f"{key}={value}")
+    assert len(found) == 1 and found[0].startswith(f"{key}=") and "finite" in found[0], found
+
+
+@pytest.mark.parametrize("override, words", [
+    ("actor_rollout_ref.actor.optim.min_lr_ratio=1.5", "min_lr_ratio=1.5 must be in [0, 1]"),
+    ("actor_rollout_ref.actor.optim.weight_decay=-0.1", "weight_decay=-0.1 must be >= 0"),
+    ("critic.optim.eps=0", "eps=0.0 must be > 0"),
+    ("actor_rollout_ref.actor.optim.betas=[0.9,1.0]", "betas=[0.9, 1.0] must be two numbers in [0, 1)"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=2", "lr_warmup_steps_ratio=2.0 must be in [0, 1]"),
+    ("algorithm.gamma=1.5", "algorithm.gamma=1.5 must be in [0, 1]"),
+])
+def test_float_keys_out_of_their_range_are_refused(override, words):
+    found = problems(override)
+    assert len(found) == 1 and words in found[0], found
+
+
+def test_every_float_key_of_the_schema_is_under_the_finite_rule():
+    """The rule reads the schema's types: a float key added tomorrow is covered without a line written for it."""
+    config = PPOConfig()
+    count = 0
+    for path, owner, name in _float_keys(config):
+        setattr(owner, name, [float("nan")] if isinstance(getattr(owner, name), list) else float("nan"))
+        count += 1
+    found = slice_problems(config)
+    for path, _, _ in _float_keys(PPOConfig()):
+        assert any(p.startswith(f"{path}=") for p in found), path
+    assert count >= 40
+
+
+def _float_keys(node, prefix=""):
+    from npu_rl.config.rules import _float_fields
+
+    for name, _ in _float_fields(type(node)):
+        yield f"{prefix}{name}", node, name
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _float_keys(value, f"{prefix}{f.name}.")
 
 
 @pytest.mark.parametrize("overrides", [

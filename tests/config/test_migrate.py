@@ -394,6 +394,26 @@ def test_secrets_are_never_expanded_from_the_environment(capsys, tmp_path, monke
     assert '"trainer.project_name=$HF_TOKEN"' in out
 
 
+def test_no_file_read_by_redirection_and_no_unnamed_variable_reaches_the_output(capsys, tmp_path, monkeypatch):
+    """issue 39: ``$(< ~/.token)`` printed the token, and ``declare -p`` / ``/proc/self/environ`` the whole
+    environment of the process; a variable the script names is still read."""
+    monkeypatch.setenv("PLANTED_PLAIN", "env-planted-value")
+    monkeypatch.setenv("MODEL_DIR", "/models")
+    token = tmp_path / "token"
+    token.write_text("tok-planted-file\n")
+    script = tmp_path / "run.sh"
+    script.write_text(f"X=`< {token}`\nread -r Y < {token}\nmapfile -t Z < \"{token}\"\nE=$(declare -p)\n"
+                      "python3 -m verl.trainer.main_ppo "
+                      f'trainer.experiment_name="$(< {token})" trainer.project_name="$X$Y${{Z[*]}}" '
+                      f'data.train_files=$(<{token}) "data.val_files=$(< /proc/self/environ)" '
+                      'actor_rollout_ref.model.path="$MODEL_DIR/q" "+custom_reward_function.reward_kwargs.e=$E" '
+                      "> log 2>&1\n")
+    main([str(script), "--skip-paths"])
+    out = capsys.readouterr().out
+    assert "planted" not in out, out
+    assert "actor_rollout_ref.model.path=/models/q" in out
+
+
 def test_unset_variables_are_named_and_read_as_bash_reads_them():
     reading = read_script('NAME=run_${ENGINE}\nENGINE=${ENGINE:-vllm}\npython3 -m verl.trainer.main_ppo '
                           'actor_rollout_ref.model.path="$MODEL_PATH/x" a=${B:-two} e=$ENGINE n=$NAME "${EXTRA[@]}"\n')

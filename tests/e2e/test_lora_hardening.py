@@ -112,7 +112,8 @@ def test_non_finite_adapter_weights_and_scales_are_refused_naming_the_file(tmp_p
     with pytest.raises(LoraConfigError, match=r"adapter_model.safetensors: tensor 'base_model.model.layer.lora_B."
                                               r"weight' holds NaN"):
         check_adapter_values(path, read_adapter_config(path))
-    path, _ = _adapter(tmp_path / "huge", lora_alpha=1e39)
+    path, tensors = _adapter(tmp_path / "huge")  # a usable lora_alpha, weights whose product is past float32
+    save_file({k: v * 1e20 for k, v in tensors.items()}, os.path.join(path, "adapter_model.safetensors"))
     with pytest.raises(LoraConfigError, match="past float32's range"):
         check_adapter_values(path, read_adapter_config(path))
 
@@ -121,6 +122,10 @@ def test_non_finite_adapter_weights_and_scales_are_refused_naming_the_file(tmp_p
     ('{"peft_type": "LORA", "r": 2, "lora_alpha": NaN}', "lora_alpha=nan must be a finite number"),
     ('{"peft_type": "LORA", "r": 0}', "r=0 must be a positive integer"),
     ('{"peft_type": "LORA", "r": 2,', "cannot be read as JSON"),
+    # issue 39: accepted before (B is zero at the start, so the weights did not show it), or a raw KeyError
+    ('{"peft_type": "LORA", "r": 8, "lora_alpha": 1e30}', "lora_alpha=1e\\+30 with r=8 scales the adapter's update"),
+    ('{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "modules_to_save": ["lm_head"]}',
+     r"modules_to_save=\['lm_head'\] \(whole layers trained beside the adapter\) is not supported"),
     (b"\xff\xfe\x00garbage", "cannot be read as JSON"),
 ])
 def test_an_unreadable_adapter_config_is_named(tmp_path, content, words):

@@ -105,3 +105,4 @@ def test_redact_mapping_and_names():
     assert [is_secret_name(n) for n in ("HF_TOKEN", "x.WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "MY_PASSWORD_FILE",
                                         "prompt_key", "pad_token", "max_tokens")] == [True] * 4 + [False] * 3
     assert redact_argv(["a", "WANDB_API_KEY=z"]) == ["a", f"WANDB_API_KEY={MASK}"]
+

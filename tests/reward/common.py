@@ -43,6 +43,10 @@ CUSTOM_FUNCTIONS = textwrap.dedent('''
         return 1e308  # finite in Python, inf in the float32 score tensor
 
 
+    def returns_3e38(data_source, solution_str, ground_truth, extra_info=None):
+        return 3e38  # float32 holds it, but a sum of two or its square (the group std) does not
+
+
     def returns_str(data_source, solution_str, ground_truth, extra_info=None):
         return "1.0"
 

@@ -62,6 +62,10 @@ def test_plot_names_what_is_wrong(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text("not json\n[1]\n")
     assert cli(["plot", str(tmp_path)]) == 2
     assert "no metrics rows to plot" in capsys.readouterr().err
+    run = _write_run(tmp_path / "run", steps=2, reward_slope=1.0)
+    (tmp_path / "a_file").write_text("")
+    assert cli(["plot", run, "--out", str(tmp_path / "a_file" / "pictures")]) == 2  # issue 39: a raw traceback
+    assert f"--out='{tmp_path / 'a_file' / 'pictures'}': {tmp_path / 'a_file'} is a file" in capsys.readouterr().err
 
 
 def test_corrupt_lines_are_skipped_and_counted(tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 The script runs in a restricted bash (``set -r``) with recording stubs: no ``PATH`` (every command is "not found"
 and goes to ``command_not_found_handle``, which records its words and fails as a missing program would), no output
-redirection, no ``cd``, no command named by a path, ``kill`` / ``history`` / ``fc`` switched off (and ``enable``, so
+redirection and no input redirection from a file (``$(< ~/.token)``, ``read T < f``: blanked, so no file's contents
+reach the output), no ``cd``, no command named by a path, ``kill`` / ``history`` / ``fc`` switched off (and ``enable``, so
 that they stay off), an empty working
 folder, ``/dev/null`` for input, and limits on time, memory, output and processes. So variables, ``export``, arrays, ``case``,
 ``if``, arithmetic, backticks and ``$(...)`` behave as bash has them, and the one command that matters (the trainer
@@ -11,8 +12,9 @@ that a missing program does not end the reading; ``set -u`` is on, so that a var
 sets is named (then read as empty, as bash would).
 
 What the reading cannot know is said in ``warnings``: a variable the script uses but nobody set (empty; give it
-with ``env``), the commands that were not run (their output is empty). Secrets are never read
-from the environment: a variable whose name looks like a secret (``*_API_KEY``, ``*_TOKEN`` ...: the rule of
+with ``env``), the commands that were not run (their output is empty). The script's bash sees only the variables
+of the environment that the script names (``declare -p`` or ``/proc/self/environ`` cannot list the rest of the
+process environment into an override). Secrets are never read from the environment: a variable whose name looks like a secret (``*_API_KEY``, ``*_TOKEN`` ...: the rule of
 :mod:`npu_rl.utils.redact`) is kept as ``$NAME``. A script that is not text, does not parse, runs too long or takes too much memory is refused
 (:class:`ScriptError`) naming the line where bash says.
 
@@ -114,11 +116,13 @@ def read_file(path: str) -> bytes:
         return f.read(MAX_BYTES + 1)
 
 
-def _environment(env: dict[str, str], placeholders: set[str]) -> dict[str, str]:
-    """What the script's bash sees: ``env`` without the shell's own switches; secrets and unset names as text."""
+def _environment(env: dict[str, str], placeholders: set[str], text: str) -> dict[str, str]:
+    """What the script's bash sees: the variables of ``env`` that ``text`` names, without the shell's own switches;
+    secrets and unset names as text."""
+    named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
     out = {}
     for name, value in env.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in _SHELL_VARIABLES or name.startswith("BASH"):
+        if name not in named or name in _SHELL_VARIABLES or name.startswith("BASH"):
             continue
         out[name] = f"${name}" if is_secret_name(name) else value
     out.update({name: "" for name in placeholders})  # unset: empty, as bash reads it (and ${X:-default} works)
@@ -271,25 +275,55 @@ def _skip_quoted(text: str, i: int) -> int:
     return i + 1
 
 
+def _substitutions(text: str, start: int, stop: int) -> list[tuple[int, int]]:
+    """The (start, stop) spans of the commands of ``$(...)`` and ``...`` substitutions in ``text[start:stop]`` (the
+    inside of a double-quoted string), outermost only."""
+    spans, i = [], start
+    while i < stop:
+        if text[i] == "\\":
+            i += 2
+        elif text.startswith("$(", i) and not text.startswith("$((", i):
+            depth, j = 1, i + 2
+            while j < stop and depth:
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                j += 1
+            spans.append((i + 2, j - 1 if depth == 0 else j))
+            i = j
+        elif text[i] == "`":
+            j = text.find("`", i + 1, stop)
+            j = stop if j < 0 else j
+            spans.append((i + 1, j))
+            i = j + 1
+        else:
+            i += 1
+    return spans
+
+
 def _target_end(text: str, i: int) -> int:
     """The index after the word (a redirection's target) that starts at or after ``text[i]``."""
     while i < len(text) and text[i] in " \t":
         i += 1
-    while i < len(text) and not text[i].isspace() and text[i] not in ";|&<>()":
+    while i < len(text) and not text[i].isspace() and text[i] not in ";|&<>()`":
         i = _skip_quoted(text, i) if text[i] in "'\"\\" else i + 1
     return i
 
 
-def without_output_redirections(text: str) -> str:
-    """``text`` with every redirection that writes a file (``> f``, ``2>> f``, ``&> f``, ``>| f``, ``<> f``)
-    blanked out, line breaks kept; duplications (``2>&1``), ``>(...)``, ``(( a > b ))`` and ``[[ a > b ]]`` stay.
-    Restricted bash refuses a command that writes a file; the trainer call often has ``> log 2>&1``."""
+def without_file_redirections(text: str) -> str:
+    """``text`` with every redirection that writes a file (``> f``, ``2>> f``, ``&> f``, ``>| f``, ``<> f``) or
+    reads one (``< f``, ``$(< f)``, ``3< f``) blanked out, line breaks kept; duplications (``2>&1``, ``<&3``),
+    ``>(...)``, ``<(...)``, here-documents and here-strings (``<<``, ``<<<``), ``(( a > b ))`` and ``[[ a > b ]]``
+    stay. Restricted bash refuses a command that writes a file, and the trainer call often has ``> log 2>&1``; a file
+    read would put its contents (a token) into the printed overrides."""
     out, i, word_start = list(text), 0, True
     closers = {"((": "))", "[[": "]]"}
     while i < len(text):
         ch = text[i]
         if ch in "'\"\\":
-            i, word_start = _skip_quoted(text, i), False
+            end = _skip_quoted(text, i)
+            if ch == '"':  # "$(< f)" and "`< f`" are expanded inside double quotes
+                for start, stop in _substitutions(text, i + 1, min(end, len(text)) - 1):
+                    out[start:stop] = without_file_redirections(text[start:stop])
+            i, word_start = end, False
             continue
         if ch == "#" and word_start:
             i = text.find("\n", i) if "\n" in text[i:] else len(text)
@@ -302,7 +336,11 @@ def without_output_redirections(text: str) -> str:
         if word_start and ch.isdigit():
             while i < len(text) and text[i].isdigit():
                 i += 1
-        operator = re.match(r"&>>|&>|>>|>\||<>|>(?![(&])|>&(?![0-9-])", text[i:])
+        here = re.match(r"<<<|<<", text[i:])
+        if here:  # a here-string or here-document: text of the script itself, not a file
+            i, word_start = i + here.end(), False
+            continue
+        operator = re.match(r"&>>|&>|>>|>\||<>|>(?![(&])|>&(?![0-9-])|<(?![(&])", text[i:])
         if operator and (i == start or text[i] in "<>"):
             end = _target_end(text, i + operator.end())
             for j in range(start, end):
@@ -355,8 +393,8 @@ def read_script(text: str, env: dict[str, str] | None = None) -> ScriptReading:
     nounset = True
     for _ in range(MAX_PASSES):
         declares = "".join(f"declare -a {name}=(); " for name in sorted(arrays)) + ("" if nounset else "builtin set +u; ")
-        program = _PREAMBLE.replace("{declares}", declares) + "\n" + without_output_redirections(text)
-        record, stderr, status = _run_bash(program, _environment(env or {}, placeholders),
+        program = _PREAMBLE.replace("{declares}", declares) + "\n" + without_file_redirections(text)
+        record, stderr, status = _run_bash(program, _environment(env or {}, placeholders, text),
                                            max(0.1, deadline - time.monotonic()))
         if status < 0 or "cannot allocate" in stderr:
             raise ScriptError(_limit_message(status, stderr))

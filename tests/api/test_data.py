@@ -1,0 +1,46 @@
+"""The Python API's arguments (``npu_rl.api``), before anything loads (issue 39): a pandas DataFrame is read as rows,
+not as its column names; a list of strings that are not paths is refused in words (it is read as data files); a
+reward function without a name of its own (a partial, a callable object) is named for what it is."""
+
+from __future__ import annotations
+
+import functools
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from npu_rl.api import _data_path, reward_reference
+
+
+def test_a_dataframe_is_read_as_rows(tmp_path):
+    frame = pd.DataFrame({"prompt": ["1+1?", "2+2?"], "ground_truth": ["2", "4"]})
+    path = _data_path(frame, str(tmp_path), "train_dataset")
+    rows = pq.read_table(path).to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["2", "4"] and rows[1]["prompt"] == "2+2?"
+
+
+def test_a_list_of_prompt_strings_is_refused_in_words(tmp_path):
+    with pytest.raises(TypeError, match=r"train_dataset: 'What is 2\+2\?' is neither a file nor a data set path"):
+        _data_path(["What is 2+2?", "And 3+3?"], str(tmp_path), "train_dataset")
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"")
+    assert _data_path([str(data), "hf://datasets/o/n/x.parquet", "~/d/*.parquet"], str(tmp_path), "t") == [
+        str(data), "hf://datasets/o/n/x.parquet", "~/d/*.parquet"]
+
+
+class _Scorer:
+    def __call__(self, data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0
+
+
+def _score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
+    return scale
+
+
+@pytest.mark.parametrize("fn, kind", [(functools.partial(_score, scale=2.0), "partial"), (_Scorer(), "_Scorer")])
+def test_a_partial_or_a_callable_object_is_named_for_what_it_is(fn, kind):
+    """issue 39: both were called "defined inside a function" (their repr has a dot)."""
+    with pytest.raises(TypeError, match=f"is a {kind} \\(a callable without a name of its own\\)") as info:
+        reward_reference(fn)
+    assert "defined inside a function" not in str(info.value)

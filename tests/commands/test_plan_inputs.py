@@ -1,0 +1,46 @@
+"""``npu-rl plan`` checks its inputs as ``npu-rl train`` does before any arithmetic: 0 or a negative number of
+devices, lengths <= 0, a micro-batch of 0, a tensor-parallel size that does not divide the devices are refused
+naming the key (rc 2). Before (issue 39) it answered "fits" for each of them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from npu_rl.commands.plan import main as plan
+
+
+def _args(model_config, *overrides):
+    return ["--device", "h200", "--model-config", model_config, "algorithm.adv_estimator=grpo", *overrides]  # no critic
+
+
+@pytest.fixture(scope="module")
+def model_config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan_model") / "config.json"
+    path.write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+                                "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                                "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True,
+                                "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}))
+    return str(path)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.n_gpus_per_node=0", "trainer.nnodes and trainer.n_gpus_per_node must be >= 1"),
+    ("trainer.n_gpus_per_node=-8", "trainer.nnodes and trainer.n_gpus_per_node must be >= 1"),
+    ("data.max_prompt_length=-5", "data.max_prompt_length must be > 0"),
+    ("data.max_response_length=0", "data.max_response_length must be > 0"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0 must be > 0"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=3", "tensor_model_parallel_size=3 must divide the 8"),
+])
+def test_inputs_training_refuses_are_refused_naming_the_key(model_config, capsys, override, words):
+    assert plan(_args(model_config, override)) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err and "fits" not in captured.out.lower(), (captured.out, captured.err)
+
+
+def test_a_sound_config_is_still_planned(model_config, capsys):
+    assert plan(_args(model_config)) in (0, 1)
+    out = capsys.readouterr().out
+    assert "FIT" in out.upper() and os.path.basename(model_config) not in out  # the verdict, not an error
