@@ -147,7 +147,7 @@ class ModelRunner:
         self.device = self.backend.device()
         self.param_dtype = to_dtype(fsdp_config.mixed_precision.param_dtype)
         self.world_size = dist.world_size()
-        from npu_rl.parallel.fsdp import FSDPSettings, mesh_fsdp_size
+        from npu_rl.parallel.fsdp import FSDPSettings, mesh_ep_size, mesh_fsdp_size
 
         self.fsdp_settings = FSDPSettings.from_config(fsdp_config)
         # Ulysses needs the packed (varlen) forward too: the sequence is split after padding is removed.
@@ -164,7 +164,11 @@ class ModelRunner:
             from npu_rl.parallel import apply_fsdp2_from_config, build_mesh
             from npu_rl.parallel.sharded_load import load_sharded_weights, real_tensors
 
-            self.mesh = build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config))
+            from npu_rl.parallel.expert_parallel import check_expert_parallel
+
+            ep_size = mesh_ep_size(fsdp_config)
+            check_expert_parallel(model.config, ep_size)
+            self.mesh = build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config), ep_size=ep_size)
             kept = real_tensors(model) if weights_folder is not None else None  # buffers, adapters: full values
             self.model = apply_fsdp2_from_config(model, fsdp_config, sp_size=sp_size, mesh=self.mesh)
             if weights_folder is not None:
@@ -175,6 +179,9 @@ class ModelRunner:
             return
         if sp_size > 1:
             raise ValueError(f"ulysses_sequence_parallel_size={sp_size} needs as many devices; this worker is alone")
+        if mesh_ep_size(fsdp_config) > 1:
+            raise ValueError(f"fsdp_config.expert_parallel_size={mesh_ep_size(fsdp_config)} needs as many devices; "
+                             "this worker is alone")
         self.model = model.to(self.device)
         if {p.dtype for p in model.parameters()} == {self.param_dtype}:
             self.compute_model = self.model

@@ -1,0 +1,201 @@
+"""Expert parallelism (npu_rl/parallel/expert_parallel.py) on 2 gloo ranks, EP=2, against the one-process model.
+
+Tiny random Qwen3-MoE (8 experts, top-2, softmax routing) and DeepSeek-V3 (8 routed experts in 2 groups, top-2,
+sigmoid routing with the correction bias, a shared expert, a dense first layer, MLA) in float32. Each rank holds 4
+experts per MoE layer; the tokens of both ranks reach them by all-to-all.
+
+Tolerances: logits and gradients rtol=1e-5, atol=1e-6 (the one difference is the order of floating-point sums:
+the expert outputs are weighted after the combine, and FSDP averages the gradients over 2 ranks).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from npu_rl.parallel.expert_parallel import IMPLEMENTATION, check_expert_parallel, num_experts_of
+from npu_rl.parallel.mesh import check_parallel_sizes
+from tests.parallel.common import full_grads, make_batch, rank_and_world, rank_loss
+
+pytestmark = pytest.mark.dist
+TOL = dict(atol=1e-6, rtol=1e-5)
+NUM_EXPERTS = 8
+
+
+def qwen3_moe_config():
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                          num_experts=NUM_EXPERTS, num_experts_per_tok=2, norm_topk_prob=True,
+                          max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=0, eos_token_id=2,
+                          bos_token_id=None)
+
+
+def deepseek_v3_config():
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                            num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+                            num_key_value_heads=4, n_routed_experts=NUM_EXPERTS, n_shared_experts=1,
+                            num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                            q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                            v_head_dim=8, max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=0,
+                            eos_token_id=2, bos_token_id=None)
+
+
+CONFIGS = {"qwen3_moe": qwen3_moe_config, "deepseek_v3": deepseek_v3_config}
+
+
+def tiny_moe(kind: str, seed: int = 0, bias: str = "random"):
+    """A random model, the same on every rank (seeded); DeepSeek-V3's router drawn too. ``bias``: DeepSeek-V3's ``e_score_correction_bias``, a
+    buffer no initialiser draws: "random" (small values, so it changes the choice of experts) or "starve"
+    (experts 4-7, the second rank's, never chosen: that rank receives no token)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(CONFIGS[kind]()).float()
+    for module in model.modules():
+        if type(module).__name__.endswith("TopkRouter"):  # DeepSeek-V3's init leaves it at zero: all tokens tie
+            torch.nn.init.normal_(module.weight, std=0.2)
+        if hasattr(module, "e_score_correction_bias"):
+            if bias == "starve":
+                module.e_score_correction_bias[NUM_EXPERTS // 2:] = -100.0
+            else:
+                module.e_score_correction_bias.copy_(torch.randn(NUM_EXPERTS) * 0.1)
+    return model
+
+
+def logits_of(model, input_ids, mask) -> torch.Tensor:
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits
+
+
+def routed_counts(model, input_ids, mask) -> torch.Tensor:
+    """How many (token, k) pairs each expert of each MoE layer received in one forward: [layers, E]."""
+    counts = []
+
+    def hook(module, args, _output):
+        counts.append(torch.bincount(args[1].reshape(-1), minlength=NUM_EXPERTS))
+
+    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    handles = [m.register_forward_hook(hook) for m in experts]
+    logits_of(model, input_ids, mask)
+    for handle in handles:
+        handle.remove()
+    return torch.stack(counts)
+
+
+# ---------------------------------------------------------------------------------------------- on the ranks
+def ep_job(kind: str, bias: str = "random") -> dict:
+    from torch.distributed.tensor import DTensor
+
+    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh
+
+    rank, world_size = rank_and_world()
+    model = tiny_moe(kind, bias=bias)
+    input_ids, mask = make_batch()
+    counts = routed_counts(model, input_ids, mask)  # before the split: routing of the full batch
+    mesh = build_mesh(ep_size=2)
+    model = apply_fsdp2(model, mesh, FSDPSettings())
+    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    gate_up = experts[0].gate_up_proj
+    logits = logits_of(model, input_ids, mask)
+    rank_loss(model, input_ids, mask, rank, world_size).backward()
+    return {"logits": logits, "grads": full_grads(model), "counts": counts, "mesh": repr(mesh),
+            "implementation": {m.config._experts_implementation for m in experts},
+            "model_implementation": model.config._experts_implementation,
+            "placements": [repr(p) for p in gate_up.placements] if isinstance(gate_up, DTensor) else None,
+            "local_shape": tuple(gate_up.to_local().shape)}
+
+
+def reference(kind: str, bias: str = "random") -> dict:
+    model = tiny_moe(kind, bias=bias)
+    input_ids, mask = make_batch()
+    logits = logits_of(model, input_ids, mask)
+    rank_loss(model, input_ids, mask, 0, 1).backward()
+    return {"logits": logits, "grads": full_grads(model), "implementation": model.config._experts_implementation}
+
+
+def assert_parity(results: list[dict], ref: dict) -> None:
+    for result in results:
+        torch.testing.assert_close(result["logits"], ref["logits"], **TOL)
+        assert result["grads"].keys() == ref["grads"].keys()
+        for name, grad in ref["grads"].items():
+            torch.testing.assert_close(result["grads"][name], grad, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])
+def test_ep2_logits_and_gradients_equal_one_process(dist_pool2, kind):
+    results = dist_pool2.run(ep_job, kind)
+    ref = reference(kind)
+    assert_parity(results, ref)
+    first = results[0]
+    assert first["implementation"] == {IMPLEMENTATION}
+    assert first["model_implementation"] == ref["implementation"]  # the model's own config is left as it was
+    assert "ep=2" in first["mesh"]
+    # [E, 2I, H] = [8, 32, 32]: 4 experts per rank; FSDP over the 1-rank efsdp mesh keeps them whole
+    assert first["local_shape"] == (4, 32, 32)
+    assert first["placements"] == ["Shard(dim=1)", "Shard(dim=0)"]
+    # the parity covers a real exchange: both ranks' experts receive tokens in every MoE layer
+    counts = first["counts"]
+    assert (counts[:, :4].sum(1) > 0).all() and (counts[:, 4:].sum(1) > 0).all()
+    # and expert gradients that are not zero on both halves
+    name = next(n for n in ref["grads"] if n.endswith("experts.gate_up_proj"))
+    assert ref["grads"][name][:4].abs().sum() > 0 and ref["grads"][name][4:].abs().sum() > 0
+
+
+def test_ep2_when_one_rank_receives_no_token(dist_pool2):
+    """DeepSeek-V3 with the correction bias steering every token to the first group (experts 0-3): the second
+    rank's experts receive nothing, its all-to-all sends and receives zero rows, and the gradients still match."""
+    results = dist_pool2.run(ep_job, "deepseek_v3", "starve")
+    ref = reference("deepseek_v3", "starve")
+    assert (results[0]["counts"][:, 4:] == 0).all()
+    assert_parity(results, ref)
+    name = next(n for n in ref["grads"] if n.endswith("experts.gate_up_proj"))
+    assert results[0]["grads"][name][4:].abs().sum() == 0 and results[0]["grads"][name][:4].abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def test_ep_size_must_divide_experts_and_devices():
+    config = qwen3_moe_config()
+    assert num_experts_of(config) == NUM_EXPERTS and num_experts_of(deepseek_v3_config()) == NUM_EXPERTS
+    check_expert_parallel(config, 4)
+    with pytest.raises(ValueError, match=r"fsdp_config.expert_parallel_size=3 must divide the model's 8 experts"):
+        check_expert_parallel(config, 3)
+    from transformers import Qwen2Config
+
+    with pytest.raises(ValueError, match=r"expert_parallel_size=2: the model .* has no routed experts"):
+        check_expert_parallel(Qwen2Config(), 2)
+    assert check_parallel_sizes(4, ep_size=2) == (4, 4)
+    with pytest.raises(ValueError, match=r"fsdp_config.expert_parallel_size=3 must be >= 1 and divide the number "
+                                         r"of devices \(4\)"):
+        check_parallel_sizes(4, ep_size=3)
+    with pytest.raises(ValueError, match=r"expert_parallel_size=2 with fsdp_config.fsdp_size=2 \(HSDP\)"):
+        check_parallel_sizes(4, fsdp_size=2, ep_size=2)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["actor_rollout_ref.actor.fsdp_config.expert_parallel_size=3"],
+     "actor_rollout_ref.actor.fsdp_config.expert_parallel_size=3 must divide the number of devices (4)"),
+    (["actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=2"],
+     "actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2 with fsdp_size=2 (HSDP) is not supported"),
+    (["critic.model.fsdp_config.expert_parallel_size=8", "algorithm.adv_estimator=gae"],
+     "critic.model.fsdp_config.expert_parallel_size=8 must divide the number of devices (4)"),
+])
+def test_config_validation_names_the_key(overrides, message):
+    from npu_rl.config.errors import ConfigError
+    from npu_rl.config.loader import load_config
+    from npu_rl.trainer.preflight import check
+
+    small = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+             "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=grpo"]
+    check(load_config(small + ["actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2"]), check_paths=False,
+          check_device=False)  # 2 divides 4: accepted
+    with pytest.raises(ConfigError) as caught:
+        check(load_config(small + overrides), check_paths=False, check_device=False)
+    assert any(message in p for p in caught.value.problems), caught.value.problems
