@@ -163,8 +163,22 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     (no ``.item()``: the caller decides when to sync). A non-finite norm is returned as is, gradients untouched
     beyond what ``clip_grad_norm_`` does (the trainer skips the step)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for param in params:  # expert parallelism: the experts' gradients live on another mesh (efsdp x ep)
+        groups.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+    if len(groups) < 2:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    # DTensor norms of different meshes cannot be stacked: one 2-norm per mesh, reduced there, then combined
+    # (as torchtitan's clip with EP)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.stack(norms).square().sum().sqrt()
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total
 
 
 # ---------------------------------------------------------------------------------------------- optimizer offload

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from npu_rl.parallel.expert_parallel import IMPLEMENTATION, check_expert_parallel, num_experts_of
 from npu_rl.parallel.mesh import check_parallel_sizes
 from tests.parallel.common import full_grads, make_batch, rank_and_world, rank_loss
+from tests.parallel.test_ulysses import TOL as ULYSSES_TOL, loss_of, packed_logprobs
 
 pytestmark = pytest.mark.dist
 TOL = dict(atol=1e-6, rtol=1e-5)
@@ -158,6 +159,72 @@ def test_ep2_when_one_rank_receives_no_token(dist_pool2):
     assert_parity(results, ref)
     name = next(n for n in ref["grads"] if n.endswith("experts.gate_up_proj"))
     assert results[0]["grads"][name][4:].abs().sum() == 0 and results[0]["grads"][name][:4].abs().sum() > 0
+
+
+def train_steps(model, clip, rank: int, world_size: int, num_steps: int = 2) -> dict:
+    """Two AdamW steps with gradient clipping at 0.05 (below the norm, so clipping scales every gradient)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    input_ids, mask = make_batch()
+    norms = []
+    for _ in range(num_steps):
+        rank_loss(model, input_ids, mask, rank, world_size).backward()
+        norms.append(clip(model))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return {"norms": torch.stack(norms)}
+
+
+def ep_train_job(kind: str) -> dict:
+    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh, clip_grad_norm
+
+    rank, world_size = rank_and_world()
+    model = apply_fsdp2(tiny_moe(kind), build_mesh(ep_size=2), FSDPSettings())
+    out = train_steps(model, lambda m: clip_grad_norm(m, 0.05), rank, world_size)
+    return {**out, "params": _full(model)}
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])
+def test_ep2_clipped_adamw_steps_equal_one_process(dist_pool2, kind):
+    """The gradient norm spans two meshes (the experts' efsdp x ep, the rest's fsdp): one global norm, and two
+    clipped AdamW steps land on the one-process weights."""
+    results = dist_pool2.run(ep_train_job, kind)
+    model = tiny_moe(kind)
+    ref = train_steps(model, lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05), 0, 1)
+    assert (ref["norms"] > 0.05).all()
+    for result in results:
+        torch.testing.assert_close(result["norms"], ref["norms"], **TOL)
+        assert result["params"].keys() == model.state_dict().keys()  # parameters and persistent buffers
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(result["params"][name], value, **TOL, msg=name)
+
+
+def ulysses_ep_job(kind: str) -> dict:
+    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh, use_varlen_attention
+
+    mesh = build_mesh(sp_size=2, ep_size=2)  # dp=1: both ranks hold the same rows, half of the tokens each
+    model = apply_fsdp2(use_varlen_attention(tiny_moe(kind)), mesh, FSDPSettings())
+    input_ids, mask = make_batch(rows=3, seq_len=11)
+    logprobs = packed_logprobs(model, input_ids, mask, sp_group=mesh.sp_group)
+    loss_of(logprobs, mask)[0].backward()
+    return {"logprobs": logprobs.detach(), "grads": full_grads(model)}
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])
+def test_ulysses_sp2_with_ep2_equals_one_process(dist_pool2, kind):
+    """Remove-padding + Ulysses (sp=2) and EP=2 on the same 2 ranks: each rank routes its half of the packed
+    tokens to both ranks' experts. Tolerances of test_ulysses (atol=1e-5, rtol=1e-4: attention split over heads)."""
+    from npu_rl.parallel import use_varlen_attention
+
+    model = use_varlen_attention(tiny_moe(kind))
+    input_ids, mask = make_batch(rows=3, seq_len=11)
+    logprobs = packed_logprobs(model, input_ids, mask)
+    loss_of(logprobs, mask)[0].backward()
+    grads = full_grads(model)
+    for result in dist_pool2.run(ulysses_ep_job, kind):
+        torch.testing.assert_close(result["logprobs"], logprobs.detach(), **ULYSSES_TOL)
+        assert result["grads"].keys() == grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(result["grads"][name], grad, **ULYSSES_TOL, msg=name)
 
 
 # ---------------------------------------------------------------------------------------------- validation
