@@ -1,5 +1,6 @@
-"""Scale-out building blocks: process group and mesh (dp x sp, ep), FSDP2, expert parallelism, Ulysses sequence parallelism,
-remove-padding, token-budget batching, full-weight export and sharded checkpoints. See docs/distributed.md.
+"""Scale-out building blocks: process group and mesh (dp x sp, ep), FSDP2, expert parallelism, Ulysses sequence
+parallelism, remove-padding, token-budget batching, full-weight export and sharded checkpoints. See
+docs/distributed.md.
 
 Names are imported lazily (``from npu_rl.parallel import apply_fsdp2`` loads only what it needs), so a worker that
 only builds a mesh does not pay for torch.distributed.checkpoint or transformers' attention modules.

@@ -227,6 +227,34 @@ def test_ulysses_sp2_with_ep2_equals_one_process(dist_pool2, kind):
             torch.testing.assert_close(result["grads"][name], grad, **ULYSSES_TOL, msg=name)
 
 
+def generate_view_job(kind: str) -> dict:
+    """The HF rollout's path on a sharded actor: full weights gathered once, a hook-free twin decodes. With EP the
+    twin gets every expert, so the ranks run different numbers of forwards without any collective."""
+    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh
+    from npu_rl.parallel.unshard import PlainView, unsharded
+
+    rank, _ = rank_and_world()
+    model = apply_fsdp2(tiny_moe(kind), build_mesh(ep_size=2), FSDPSettings())
+    input_ids, mask = make_batch()
+    view = PlainView(model)
+    with unsharded(model):
+        twin = view.bind(model)
+        twin_logits = [logits_of(twin, input_ids, mask) for _ in range(1 + 2 * rank)]  # 1 forward on rank 0, 3 on 1
+        view.release()
+    return {"twin": twin_logits, "after": logits_of(model, input_ids, mask)}
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])
+def test_rollout_twin_holds_every_expert(dist_pool2, kind):
+    ref = logits_of(tiny_moe(kind), *make_batch())
+    results = dist_pool2.run(generate_view_job, kind)
+    assert [len(r["twin"]) for r in results] == [1, 3]
+    for result in results:
+        for logits in result["twin"]:
+            torch.testing.assert_close(logits, ref, **TOL)
+        torch.testing.assert_close(result["after"], ref, **TOL)  # the EP model runs as before afterwards
+
+
 # ---------------------------------------------------------------------------------------------- validation
 def test_ep_size_must_divide_experts_and_devices():
     config = qwen3_moe_config()
