@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from npu_rl.parallel.expert_parallel import IMPLEMENTATION, check_expert_parallel, num_experts_of
+from npu_rl.parallel.expert_parallel import IMPLEMENTATION, check_expert_parallel, experts_modules, num_experts_of
 from npu_rl.parallel.mesh import check_parallel_sizes
 from tests.parallel.common import full_grads, make_batch, rank_and_world, rank_loss
 from tests.parallel.test_ulysses import TOL as ULYSSES_TOL, loss_of, packed_logprobs
@@ -340,6 +340,9 @@ def load_save_job(folder: str, ckpt: str, ckpt_after_step: str, ep_size: int) ->
     rank, world_size = rank_and_world()
     runner = _ep_runner(folder, ep_size)
     model = runner.model
+    assert runner.mesh.ep_size == ep_size
+    assert {m.config._experts_implementation for m in experts_modules(model)} == \
+        ({IMPLEMENTATION} if ep_size > 1 else {model.config._experts_implementation})
     local_experts = {name: p.to_local().clone() for name, p in model.named_parameters()
                      if name.endswith(("experts.gate_up_proj", "experts.down_proj"))}
     buffers = {name: b.clone() for name, b in model.named_buffers() if name.endswith("e_score_correction_bias")}
