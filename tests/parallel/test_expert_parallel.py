@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from npu_rl.parallel.expert_parallel import IMPLEMENTATION, check_expert_parallel, experts_modules, num_experts_of
 from npu_rl.parallel.mesh import check_parallel_sizes
-from tests.parallel.common import full_grads, make_batch, rank_and_world, rank_loss
+from tests.parallel.common import full_grads, make_batch, mean_nll, rank_and_world, rank_loss
 from tests.parallel.test_ulysses import TOL as ULYSSES_TOL, loss_of, packed_logprobs
 
 pytestmark = pytest.mark.dist
@@ -253,6 +253,63 @@ def test_rollout_twin_holds_every_expert(dist_pool2, kind):
         for logits in result["twin"]:
             torch.testing.assert_close(logits, ref, **TOL)
         torch.testing.assert_close(result["after"], ref, **TOL)  # the EP model runs as before afterwards
+
+
+@pytest.fixture(scope="module")
+def dist_pool4():
+    from tests.parallel.dist_pool import DistPool
+
+    pool = DistPool(4)
+    yield pool
+    pool.close()
+
+
+def quarter_loss(model, input_ids, mask, rank: int, world_size: int) -> torch.Tensor:
+    """4 shards of the batch (one row each) over ``world_size`` ranks, scaled so FSDP's average is the mean."""
+    shards = list(zip(input_ids.chunk(4), mask.chunk(4)))
+    mine = [mean_nll(model, ids, m) for k, (ids, m) in enumerate(shards) if k % world_size == rank]
+    return torch.stack(mine).sum() * world_size / 4
+
+
+def ep_train_job4(kind: str, ep_size: int) -> dict:
+    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh, clip_grad_norm
+
+    rank, world_size = rank_and_world()
+    mesh = build_mesh(ep_size=ep_size)
+    model = apply_fsdp2(tiny_moe(kind), mesh, FSDPSettings())
+    gate_up = experts_modules(model)[0].gate_up_proj
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    input_ids, mask = make_batch()
+    quarter_loss(model, input_ids, mask, rank, world_size).backward()
+    grads = full_grads(model)
+    norm = clip_grad_norm(model, 0.05)
+    optimizer.step()
+    return {"grads": grads, "norm": norm, "params": _full(model), "efsdp": mesh.efsdp_mesh.size(),
+            "local_shape": tuple(gate_up.to_local().shape)}
+
+
+@pytest.mark.parametrize("kind, ep_size", [("qwen3_moe", 2), ("deepseek_v3", 4)])
+def test_four_ranks_ep_with_expert_fsdp(dist_pool4, kind, ep_size):
+    """4 ranks: EP=2 leaves efsdp=2 (each expert block FSDP-sharded over the 2 ranks that hold it, along dim 1),
+    EP=4 leaves efsdp=1. Gradients, the clipped norm and one clipped SGD step equal one process (SGD: AdamW's first
+    step is ~lr * sign(grad), which turns the float noise of gradients near 0 into +-lr differences)."""
+    model = tiny_moe(kind)
+    input_ids, mask = make_batch()
+    quarter_loss(model, input_ids, mask, 0, 1).backward()
+    grads = full_grads(model)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    results = dist_pool4.run(ep_train_job4, kind, ep_size)
+    # gate_up_proj [8, 32, 32]: 8/ep experts per rank, their 2I = 32 rows cut over efsdp
+    assert {r["local_shape"] for r in results} == {(8 // ep_size, 32 // (4 // ep_size), 32)}
+    assert {r["efsdp"] for r in results} == {4 // ep_size}
+    for result in results:
+        assert result["grads"].keys() == grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(result["grads"][name], grad, **TOL, msg=name)
+        torch.testing.assert_close(result["norm"], norm, **TOL)
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(result["params"][name], value, **TOL, msg=name)
 
 
 # ---------------------------------------------------------------------------------------------- validation
