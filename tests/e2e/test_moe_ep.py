@@ -5,7 +5,7 @@ trainer's own worker groups and through ``run`` (the loop ``npu-rl train`` calls
    the loss, the gradient norm and the weights after 2 steps agree (the tolerances of tests/workers/
    test_distributed.py: float32 reductions in another order).
 2. The whole loop with EP=2 and the HF rollout (each rank decodes on a twin holding every expert): 16 steps, the
-   reward rises, the checkpoint merges into a folder transformers loads.
+   reward rises, ``npu-rl merge`` turns the checkpoint into a folder transformers loads.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_ep2_grpo_updates_on_two_ray_workers_match_one_process(ray_session, moe_
 def test_trainer_runs_grpo_with_ep2_and_learns(ray_session, moe_model_dir, tmp_path, reward_file):
     from transformers import AutoModelForCausalLM
 
-    from npu_rl.parallel.checkpoint import merge_checkpoint
+    from npu_rl.commands.merge import main as merge_main
 
     out = str(tmp_path / "run")
     code = run_training(base_overrides(moe_model_dir, out, reward_file) + EP + [
@@ -103,7 +103,9 @@ def test_trainer_runs_grpo_with_ep2_and_learns(ray_session, moe_model_dir, tmp_p
     scores = [row["critic/score/mean"] for _, row in sorted(rows.items())]
     first, last = sum(scores[:4]) / 4, sum(scores[-4:]) / 4
     assert last > first + 0.15, scores
-    merged = merge_checkpoint(os.path.join(out, "global_step_16", "actor"), str(tmp_path / "merged"))
+    merged = str(tmp_path / "merged")
+    assert merge_main([out, "--out", merged]) == 0  # npu-rl merge: the latest step's actor
+    assert os.path.isfile(os.path.join(merged, "model.safetensors"))
     weights = AutoModelForCausalLM.from_pretrained(merged).state_dict()
     assert weights["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 64, 64)
 
