@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from npu_rl.device import get_backend
+from npu_rl.parallel.expert_parallel import check_expert_parallel
 from npu_rl.utils.dtypes import to_dtype
 from npu_rl.protocol import Batch
 
@@ -163,8 +164,6 @@ class ModelRunner:
         if self.world_size > 1:
             from npu_rl.parallel import apply_fsdp2_from_config, build_mesh
             from npu_rl.parallel.sharded_load import load_sharded_weights, real_tensors
-
-            from npu_rl.parallel.expert_parallel import check_expert_parallel
 
             ep_size = mesh_ep_size(fsdp_config)
             check_expert_parallel(model.config, ep_size)

@@ -14,25 +14,33 @@ import os
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from npu_rl.config.loader import load_config
+from npu_rl.commands.merge import main as merge_main
 from npu_rl.controller.worker_group import LocalWorkerGroup
+from npu_rl.data.loader import build_dataloader
 from npu_rl.models.synthetic import char_tokenizer
 from npu_rl.trainer.preflight import plan_for
 from npu_rl.workers.roles import worker_specs
-from tests.trainer.conftest import base_overrides, reward_file, run_training, step_rows  # noqa: F401 (fixture)
+from tests.trainer.conftest import REWARD_FN, base_overrides, run_training, step_rows
 from tests.workers.test_distributed import _config, _experience, _ray_group, _weights
 
 pytestmark = [pytest.mark.ray, pytest.mark.dist]
 EP = ["actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2"]
 
 
+@pytest.fixture
+def reward_file(tmp_path) -> str:
+    """The trainer tests' reward (the share of '7' in the response)."""
+    path = tmp_path / "reward_sevens.py"
+    path.write_text(REWARD_FN)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def moe_model_dir(tmp_path_factory) -> str:
     """A 2-layer Qwen3-MoE (8 experts, top-2, hidden 64) with the char tokenizer, saved as an HF folder (the experts
     one tensor per expert, as on the hub)."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
     path = str(tmp_path_factory.mktemp("tiny_moe"))
     tokenizer = char_tokenizer()
     config = Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -60,7 +68,6 @@ def test_ep2_grpo_updates_on_two_ray_workers_match_one_process(ray_session, moe_
         local.actor_rollout.init_model(steps)
         ray_group.actor_rollout.init_model(steps)
         tokenizer = char_tokenizer()
-        from npu_rl.data.loader import build_dataloader
 
         loader = iter(build_dataloader(single.data, tokenizer, "train"))
         for _ in range(steps):
@@ -89,10 +96,6 @@ def test_ep2_grpo_updates_on_two_ray_workers_match_one_process(ray_session, moe_
 
 
 def test_trainer_runs_grpo_with_ep2_and_learns(ray_session, moe_model_dir, tmp_path, reward_file):
-    from transformers import AutoModelForCausalLM
-
-    from npu_rl.commands.merge import main as merge_main
-
     out = str(tmp_path / "run")
     code = run_training(base_overrides(moe_model_dir, out, reward_file) + EP + [
         "preset=grpo", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=False",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors import safe_open
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from npu_rl.parallel.expert_layout import read_stacked_slice, stacked_source
 from npu_rl.parallel.sharded_load import CheckpointFiles
@@ -14,8 +15,6 @@ from npu_rl.parallel.sharded_load import CheckpointFiles
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A tiny Qwen3-MoE (8 experts, I = 6, H = 16) saved by transformers (one tensor per expert on disk)."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
     config = Qwen3MoeConfig(vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=6,
                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                             num_experts=8, num_experts_per_tok=2)

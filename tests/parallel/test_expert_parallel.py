@@ -15,11 +15,33 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, DeepseekV3Config, Qwen2Config, Qwen3MoeConfig
 
+from npu_rl.config.errors import ConfigError
+from npu_rl.config.loader import load_config
+from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+from npu_rl.models.loader import load_causal_lm
+from npu_rl.parallel import (
+    FSDPSettings,
+    apply_fsdp2,
+    build_mesh,
+    clip_grad_norm,
+    iter_full_parameters,
+    load_checkpoint,
+    merge_checkpoint,
+    save_checkpoint,
+    use_varlen_attention,
+)
 from npu_rl.parallel.expert_parallel import IMPLEMENTATION, check_expert_parallel, experts_modules, num_experts_of
 from npu_rl.parallel.mesh import check_parallel_sizes
+from npu_rl.parallel.unshard import PlainView, unsharded
+from npu_rl.trainer.preflight import check
+from npu_rl.workers.model_runner import ModelRunner, sharded_load_folder
 from tests.parallel.common import full_grads, make_batch, mean_nll, rank_and_world, rank_loss
-from tests.parallel.test_ulysses import TOL as ULYSSES_TOL, loss_of, packed_logprobs
+from tests.parallel.dist_pool import DistPool
+from tests.parallel.test_ulysses import TOL as ULYSSES_TOL
+from tests.parallel.test_ulysses import loss_of, packed_logprobs
 
 pytestmark = pytest.mark.dist
 TOL = dict(atol=1e-6, rtol=1e-5)
@@ -27,8 +49,6 @@ NUM_EXPERTS = 8
 
 
 def qwen3_moe_config():
-    from transformers import Qwen3MoeConfig
-
     return Qwen3MoeConfig(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                           num_experts=NUM_EXPERTS, num_experts_per_tok=2, norm_topk_prob=True,
@@ -37,8 +57,6 @@ def qwen3_moe_config():
 
 
 def deepseek_v3_config():
-    from transformers import DeepseekV3Config
-
     return DeepseekV3Config(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                             num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
                             num_key_value_heads=4, n_routed_experts=NUM_EXPERTS, n_shared_experts=1,
@@ -52,11 +70,9 @@ CONFIGS = {"qwen3_moe": qwen3_moe_config, "deepseek_v3": deepseek_v3_config}
 
 
 def tiny_moe(kind: str, seed: int = 0, bias: str = "random"):
-    """A random model, the same on every rank (seeded); DeepSeek-V3's router drawn too. ``bias``: DeepSeek-V3's ``e_score_correction_bias``, a
-    buffer no initialiser draws: "random" (small values, so it changes the choice of experts) or "starve"
+    """A random model, the same on every rank (seeded); DeepSeek-V3's router drawn too. ``bias``: DeepSeek-V3's
+    ``e_score_correction_bias``, a buffer no initialiser draws: "random" (small values, so it changes the choice of experts) or "starve"
     (experts 4-7, the second rank's, never chosen: that rank receives no token)."""
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(CONFIGS[kind]()).float()
     for module in model.modules():
@@ -93,10 +109,6 @@ def routed_counts(model, input_ids, mask) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- on the ranks
 def ep_job(kind: str, bias: str = "random") -> dict:
-    from torch.distributed.tensor import DTensor
-
-    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh
-
     rank, world_size = rank_and_world()
     model = tiny_moe(kind, bias=bias)
     input_ids, mask = make_batch()
@@ -175,8 +187,6 @@ def train_steps(model, clip, rank: int, world_size: int, num_steps: int = 2) -> 
 
 
 def ep_train_job(kind: str) -> dict:
-    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh, clip_grad_norm
-
     rank, world_size = rank_and_world()
     model = apply_fsdp2(tiny_moe(kind), build_mesh(ep_size=2), FSDPSettings())
     out = train_steps(model, lambda m: clip_grad_norm(m, 0.05), rank, world_size)
@@ -199,8 +209,6 @@ def test_ep2_clipped_adamw_steps_equal_one_process(dist_pool2, kind):
 
 
 def ulysses_ep_job(kind: str) -> dict:
-    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh, use_varlen_attention
-
     mesh = build_mesh(sp_size=2, ep_size=2)  # dp=1: both ranks hold the same rows, half of the tokens each
     model = apply_fsdp2(use_varlen_attention(tiny_moe(kind)), mesh, FSDPSettings())
     input_ids, mask = make_batch(rows=3, seq_len=11)
@@ -213,8 +221,6 @@ def ulysses_ep_job(kind: str) -> dict:
 def test_ulysses_sp2_with_ep2_equals_one_process(dist_pool2, kind):
     """Remove-padding + Ulysses (sp=2) and EP=2 on the same 2 ranks: each rank routes its half of the packed
     tokens to both ranks' experts. Tolerances of test_ulysses (atol=1e-5, rtol=1e-4: attention split over heads)."""
-    from npu_rl.parallel import use_varlen_attention
-
     model = use_varlen_attention(tiny_moe(kind))
     input_ids, mask = make_batch(rows=3, seq_len=11)
     logprobs = packed_logprobs(model, input_ids, mask)
@@ -230,9 +236,6 @@ def test_ulysses_sp2_with_ep2_equals_one_process(dist_pool2, kind):
 def generate_view_job(kind: str) -> dict:
     """The HF rollout's path on a sharded actor: full weights gathered once, a hook-free twin decodes. With EP the
     twin gets every expert, so the ranks run different numbers of forwards without any collective."""
-    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh
-    from npu_rl.parallel.unshard import PlainView, unsharded
-
     rank, _ = rank_and_world()
     model = apply_fsdp2(tiny_moe(kind), build_mesh(ep_size=2), FSDPSettings())
     input_ids, mask = make_batch()
@@ -257,8 +260,6 @@ def test_rollout_twin_holds_every_expert(dist_pool2, kind):
 
 @pytest.fixture(scope="module")
 def dist_pool4():
-    from tests.parallel.dist_pool import DistPool
-
     pool = DistPool(4)
     yield pool
     pool.close()
@@ -272,8 +273,6 @@ def quarter_loss(model, input_ids, mask, rank: int, world_size: int) -> torch.Te
 
 
 def ep_train_job4(kind: str, ep_size: int) -> dict:
-    from npu_rl.parallel import FSDPSettings, apply_fsdp2, build_mesh, clip_grad_norm
-
     rank, world_size = rank_and_world()
     mesh = build_mesh(ep_size=ep_size)
     model = apply_fsdp2(tiny_moe(kind), mesh, FSDPSettings())
@@ -319,7 +318,6 @@ def test_ep_size_must_divide_experts_and_devices():
     check_expert_parallel(config, 4)
     with pytest.raises(ValueError, match=r"fsdp_config.expert_parallel_size=3 must divide the model's 8 experts"):
         check_expert_parallel(config, 3)
-    from transformers import Qwen2Config
 
     with pytest.raises(ValueError, match=r"expert_parallel_size=2: the model .* has no routed experts"):
         check_expert_parallel(Qwen2Config(), 2)
@@ -340,10 +338,6 @@ def test_ep_size_must_divide_experts_and_devices():
      "critic.model.fsdp_config.expert_parallel_size=8 must divide the number of devices (4)"),
 ])
 def test_config_validation_names_the_key(overrides, message):
-    from npu_rl.config.errors import ConfigError
-    from npu_rl.config.loader import load_config
-    from npu_rl.trainer.preflight import check
-
     small = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
              "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=grpo"]
     check(load_config(small + ["actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2"]), check_paths=False,
@@ -371,10 +365,6 @@ def save_hf(kind: str, folder: str) -> dict[str, torch.Tensor]:
 
 
 def _ep_runner(folder: str, ep_size: int):
-    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
-    from npu_rl.models.loader import load_causal_lm
-    from npu_rl.workers.model_runner import ModelRunner, sharded_load_folder
-
     fsdp_config = FSDPConfig(expert_parallel_size=ep_size,
                              mixed_precision=MixedPrecisionConfig(param_dtype="fp32", reduce_dtype="fp32"))
     model = load_causal_lm(folder, dtype="fp32", device="meta")
@@ -382,17 +372,13 @@ def _ep_runner(folder: str, ep_size: int):
 
 
 def _full(model) -> dict[str, torch.Tensor]:
-    from npu_rl.parallel import iter_full_parameters
-
     return {name: t.clone() for name, t in iter_full_parameters(model, device="cpu")}
 
 
 def load_save_job(folder: str, ckpt: str, ckpt_after_step: str, ep_size: int) -> dict:
     """Sharded load into EP=ep_size (+ FSDP2), save; one AdamW step, save again; a second model loaded from the
     folder resumes from the second checkpoint. EP=1: FSDP2 alone shards the experts (dim 0, 4 per rank)."""
-    from torch.distributed.tensor import DTensor
 
-    from npu_rl.parallel import load_checkpoint, save_checkpoint
 
     rank, world_size = rank_and_world()
     runner = _ep_runner(folder, ep_size)
@@ -423,13 +409,21 @@ def load_save_job(folder: str, ckpt: str, ckpt_after_step: str, ep_size: int) ->
             "resumed": _full(resumed_runner.model), "extra": extra, "states": states}
 
 
+def resume_one_process_job(folder: str, ckpt: str) -> dict:
+    """The EP checkpoint loaded into a plain one-process model + optimizer (DCP reshards the experts)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    extra = load_checkpoint(ckpt, model, optimizer)
+    by_name = dict(zip([n for n, _ in model.named_parameters()], optimizer.param_groups[0]["params"]))
+    return {"extra": extra, "params": {n: t.detach().clone() for n, t in model.state_dict().items()},
+            "exp_avg": {n: optimizer.state[p]["exp_avg"].clone() for n, p in by_name.items() if p in optimizer.state}}
+
+
 @pytest.mark.parametrize("kind, ep_size", [("qwen3_moe", 2), ("deepseek_v3", 2), ("qwen3_moe", 1)])
-def test_sharded_load_checkpoint_and_merge_round_trip(dist_pool2, tmp_path, kind, ep_size):
+def test_sharded_load_checkpoint_and_merge_round_trip(dist_pool2, dist_pool1, tmp_path, kind, ep_size):
     """The checkpoint on disk stores one tensor per expert; the sharded loader stacks each rank's block (before
     this, FSDP2 alone also lost them: the stacked names are in no file, so they were drawn fresh with a warning)."""
-    from npu_rl.parallel import merge_checkpoint
 
-    from transformers import AutoModelForCausalLM
 
     folder, ckpt, ckpt_step = str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path / "ckpt_step")
     stacked = save_hf(kind, folder)
@@ -463,3 +457,11 @@ def test_sharded_load_checkpoint_and_merge_round_trip(dist_pool2, tmp_path, kind
         assert any(n.endswith("experts.gate_up_proj") for n in result["states"]["saved"])
         for name, value in result["states"]["saved"].items():
             assert torch.equal(result["states"]["resumed"][name], value), name
+    # the same checkpoint resumed by one process holding every expert: weights and Adam moments bit for bit
+    one = dist_pool1.run(resume_one_process_job, folder, ckpt_step)[0]
+    assert one["params"].keys() == results[0]["stepped"].keys()
+    for name, value in results[0]["stepped"].items():
+        assert torch.equal(one["params"][name], value), name
+    name = next(n for n in results[0]["states"]["saved"] if n.endswith("experts.gate_up_proj"))
+    for rank, result in enumerate(results):  # each rank's Adam moments are its block (experts 4r..4r+3) of the full
+        assert torch.equal(one["exp_avg"][name][4 * rank: 4 * rank + 4], result["states"]["saved"][name]), name
