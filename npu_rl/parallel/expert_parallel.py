@@ -24,7 +24,8 @@ One MoE layer's forward on one rank, ``T`` tokens, top-``k`` routing, ``S = T * 
 
 The routing weights are applied on the token's own rank, after the combine, so the router's gradient never
 travels; the all-to-alls are autograd functions whose backward is the reverse exchange. The split sizes need one
-host sync per layer (``tolist``), as in torchtitan.
+host sync per layer (``tolist``), as in torchtitan; under gradient checkpointing the recomputed forward exchanges
+again (every rank recomputes the same layers in the same order).
 
 Gradients: an expert's gradient on its rank sums the contributions of every rank's tokens (they came through the
 all-to-all), so FSDP2 divides it by the data-parallel size, like every other gradient (``apply_fsdp2`` sets it).
@@ -180,8 +181,8 @@ def expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_
     rows = hidden_states[order // num_top_k]  # [S, H]
     counts = torch.bincount(expert_ids, minlength=self.num_experts)  # [E]
     received = _exchange_counts(counts, state)  # [ep, E/ep]
-    input_splits = counts.view(state.size, num_local).sum(1).tolist()
-    output_splits = received.sum(1).tolist()
+    # rows to send to / receive from each rank: one host sync for both
+    input_splits, output_splits = torch.stack([counts.view(state.size, num_local).sum(1), received.sum(1)]).tolist()
     arrived = _AllToAll.apply(rows, output_splits, input_splits, state.group)  # [R, H]
     # The arrived rows are grouped by source rank, then local expert: the local expert id of each row.
     local_ids = torch.repeat_interleave(torch.arange(num_local, device=counts.device).repeat(state.size),

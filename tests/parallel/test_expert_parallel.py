@@ -108,9 +108,11 @@ def routed_counts(model, input_ids, mask) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- on the ranks
-def ep_job(kind: str, bias: str = "random") -> dict:
+def ep_job(kind: str, bias: str = "random", checkpointing: bool = False) -> dict:
     rank, world_size = rank_and_world()
     model = tiny_moe(kind, bias=bias)
+    if checkpointing:  # the config's default: the backward recomputes each layer, all-to-alls included
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     input_ids, mask = make_batch()
     counts = routed_counts(model, input_ids, mask)  # before the split: routing of the full batch
     mesh = build_mesh(ep_size=2)
@@ -160,6 +162,11 @@ def test_ep2_logits_and_gradients_equal_one_process(dist_pool2, kind):
     # and expert gradients that are not zero on both halves
     name = next(n for n in ref["grads"] if n.endswith("experts.gate_up_proj"))
     assert ref["grads"][name][:4].abs().sum() > 0 and ref["grads"][name][4:].abs().sum() > 0
+
+
+def test_ep2_with_gradient_checkpointing(dist_pool2):
+    results = dist_pool2.run(ep_job, "qwen3_moe", "random", True)
+    assert_parity(results, reference("qwen3_moe"))
 
 
 def test_ep2_when_one_rank_receives_no_token(dist_pool2):
