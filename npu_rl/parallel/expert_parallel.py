@@ -34,6 +34,7 @@ all-to-all), so FSDP2 divides it by the data-parallel size, like every other gra
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -92,6 +93,8 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> list[nn.Modu
         raise ValueError(f"{KEY}={ep_size}: {type(model).__name__} has no experts module of transformers' experts "
                          "interface (@use_experts_implementation) to split")
     for module in modules:
+        if getattr(module, "_npu_rl_ep", None) is not None:
+            raise ValueError(f"{type(module).__name__} is split over an ep mesh already")
         check_expert_parallel(module.config, ep_size)
         if module.num_experts % ep_size:
             raise ValueError(f"{KEY}={ep_size} must divide the {module.num_experts} experts of {type(module).__name__}")
@@ -110,12 +113,15 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> list[nn.Modu
     return modules
 
 
+@dataclass(frozen=True)
 class _EPState:
     """What the forward needs: the group, its size, this rank's place in it, the implementation of the local
-    experts' math."""
+    experts' math (the model's own choice: grouped_mm, batched_mm or eager)."""
 
-    def __init__(self, group: dist.ProcessGroup, size: int, rank: int, inner: str):
-        self.group, self.size, self.rank, self.inner = group, size, rank, inner
+    group: dist.ProcessGroup
+    size: int
+    rank: int
+    inner: str
 
 
 class _LocalExperts:
