@@ -260,6 +260,14 @@ def _role_problems(config: PPOConfig, key: str, role, micro: int | None, world: 
     if role_sp < 1 or world % role_sp:
         return [f"{key}.ulysses_sequence_parallel_size={role_sp} must divide the number of devices ({world})"]
     dp = world // role_sp
+    fsdp_key, fsdp = (f"{key}.fsdp_config", role.fsdp_config) if hasattr(role, "fsdp_config") else \
+        (f"{key}.model.fsdp_config", role.model.fsdp_config)  # the critic keeps it under model
+    ep = fsdp.expert_parallel_size
+    if ep < 1 or world % ep:
+        return [f"{fsdp_key}.expert_parallel_size={ep} must divide the number of devices ({world})"]
+    if ep > 1 and fsdp.fsdp_size not in (-1, world):
+        return [f"{fsdp_key}.expert_parallel_size={ep} with fsdp_size={fsdp.fsdp_size} (HSDP) is not supported: "
+                "set fsdp_size to -1"]
     mini = role.ppo_mini_batch_size
     if mini <= 0:
         return [f"{key}.ppo_mini_batch_size must be > 0"]

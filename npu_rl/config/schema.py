@@ -192,6 +192,10 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     fsdp_size: int = -1
     """-1: shard over every data-parallel rank"""
+    expert_parallel_size: int = 1
+    """MoE models: split each MoE layer's experts over this many consecutive ranks (tokens reach them by
+    all-to-all), FSDP2 over the rest (verl's engine key; docs/distributed.md). Must divide the device count and
+    the number of experts; 1: experts are FSDP-sharded like any weight"""
     forward_prefetch: bool = False
     model_dtype: str = "fp32"
     """master weights"""

@@ -1,5 +1,6 @@
-"""Scale-out building blocks: process group and mesh (dp x sp), FSDP2, Ulysses sequence parallelism,
-remove-padding, token-budget batching, full-weight export and sharded checkpoints. See docs/distributed.md.
+"""Scale-out building blocks: process group and mesh (dp x sp, ep), FSDP2, expert parallelism, Ulysses sequence
+parallelism, remove-padding, token-budget batching, full-weight export and sharded checkpoints. See
+docs/distributed.md.
 
 Names are imported lazily (``from npu_rl.parallel import apply_fsdp2`` loads only what it needs), so a worker that
 only builds a mesh does not pay for torch.distributed.checkpoint or transformers' attention modules.
@@ -14,6 +15,7 @@ _EXPORTS = {
     "checkpoint": ["load_checkpoint", "merge_checkpoint", "save_checkpoint"],
     "dist": ["all_gather_objects", "all_reduce_sum", "default_group", "init_distributed", "is_distributed", "rank",
              "world_size"],
+    "expert_parallel": ["apply_expert_parallel", "check_expert_parallel"],
     "fsdp": ["FSDPSettings", "apply_fsdp2", "apply_fsdp2_from_config", "clip_grad_norm", "load_optimizer",
              "offload_optimizer", "optimizer_on_device", "optimizer_step"],
     "mesh": ["ParallelMesh", "build_mesh", "check_parallel_sizes"],

@@ -24,6 +24,12 @@ Gradient reduction with Ulysses: the FSDP mesh spans all dp x sp ranks, and the 
 gradient of *their part* of the same sequences, so the right reduction is a sum over sp and a mean over dp: we set
 the divide factor to ``dp_size`` (instead of FSDP's default ``dp * sp``) and force plain-sum collectives, as gloo
 and HCCL have no PreMulSum.
+
+Expert parallelism (``mesh.ep_mesh``, ``fsdp_config.expert_parallel_size`` > 1): the experts modules are split
+over the ep ranks first (:func:`npu_rl.parallel.expert_parallel.apply_expert_parallel`), then each is sharded as
+its own group over ``efsdp_mesh`` on dim 1 (``[E, 2I, H]`` cut along ``2I``: a contiguous block per rank whatever
+``E / ep`` is, so the sharded loader reads plain slices), before its decoder layer. An expert's gradient already
+sums every rank's tokens (the all-to-all brought them), so its divide factor is ``dp_size`` too.
 """
 
 from __future__ import annotations
@@ -36,12 +42,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from npu_rl.config.schema import RefFSDPConfig
 from npu_rl.device import get_backend
-from npu_rl.parallel.mesh import ParallelMesh
-from npu_rl.parallel.mesh import build_mesh
+from npu_rl.parallel.expert_parallel import apply_expert_parallel
+from npu_rl.parallel.mesh import ParallelMesh, build_mesh
 from npu_rl.utils.dtypes import to_dtype
 STRATEGIES = ("fsdp", "fsdp2")  # the roles' strategy: both mean FSDP2 (fully_shard) here
 
@@ -80,6 +86,12 @@ def mesh_fsdp_size(fsdp_config: Any) -> int:
     return -1 if isinstance(fsdp_config, RefFSDPConfig) else int(fsdp_config.fsdp_size)
 
 
+def mesh_ep_size(fsdp_config: Any) -> int:
+    """The expert-parallel size of a role's mesh: ``expert_parallel_size``; the reference keeps every expert
+    FSDP-sharded (1): it runs forward only, and has no key of its own."""
+    return 1 if isinstance(fsdp_config, RefFSDPConfig) else int(fsdp_config.expert_parallel_size)
+
+
 def decoder_layers(model: nn.Module, layer_classes: list[str] | None = None) -> list[nn.Module]:
     """The modules sharded one group each: instances of ``layer_classes`` (default: ``model._no_split_modules``)."""
     names = set(layer_classes or getattr(model, "_no_split_modules", None) or [])
@@ -107,6 +119,15 @@ def apply_fsdp2(model: nn.Module, mesh: ParallelMesh | DeviceMesh, settings: FSD
         else OffloadPolicy(),
     )
     layers = decoder_layers(model, layer_classes)
+    experts = []
+    if isinstance(mesh, ParallelMesh) and mesh.ep_mesh is not None:
+        experts = apply_expert_parallel(model, mesh.ep_mesh)
+        for module in experts:
+            fully_shard(module, **{**kwargs, "mesh": mesh.efsdp_mesh}, shard_placement_fn=lambda _: Shard(1))
+            module.set_gradient_divide_factor(float(mesh.dp_size))
+            # gloo and HCCL have no PreMulSum: sum, then divide. Not on a 1-rank efsdp mesh (ep = world): there
+            # torch 2.13's foreach_reduce divides by the factor in its copy *and* again after it (forced sum).
+            module.set_force_sum_reduction_for_comms(mesh.efsdp_mesh.size() > 1)
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -115,8 +136,9 @@ def apply_fsdp2(model: nn.Module, mesh: ParallelMesh | DeviceMesh, settings: FSD
             layer.set_modules_to_forward_prefetch([next_layer])
     if isinstance(mesh, ParallelMesh) and mesh.sp_size > 1:
         for module in fsdp_modules(model):
-            module.set_gradient_divide_factor(float(mesh.dp_size))
-            module.set_force_sum_reduction_for_comms(True)
+            if not any(module is m for m in experts):  # set above
+                module.set_gradient_divide_factor(float(mesh.dp_size))
+                module.set_force_sum_reduction_for_comms(True)
     return model
 
 
@@ -124,7 +146,8 @@ def apply_fsdp2_from_config(model: nn.Module, fsdp_config: Any, *, sp_size: int 
                             mesh: ParallelMesh | None = None, layer_classes: list[str] | None = None) -> nn.Module:
     """:func:`apply_fsdp2` with the settings of an ``fsdp_config`` node and (unless ``mesh`` is given) a mesh
     built from its ``fsdp_size`` and ``sp_size`` (the role's ``ulysses_sequence_parallel_size``). Collective."""
-    mesh = mesh or build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config))
+    mesh = mesh or build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config),
+                              ep_size=mesh_ep_size(fsdp_config))
     return apply_fsdp2(model, mesh, FSDPSettings.from_config(fsdp_config), layer_classes=layer_classes)
 
 
@@ -137,8 +160,22 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     (no ``.item()``: the caller decides when to sync). A non-finite norm is returned as is, gradients untouched
     beyond what ``clip_grad_norm_`` does (the trainer skips the step)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for param in params:  # expert parallelism: the experts' gradients live on another mesh (efsdp x ep)
+        groups.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+    if len(groups) < 2:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    # DTensor norms of different meshes cannot be stacked: one 2-norm per mesh, reduced there, then combined
+    # (as torchtitan's clip with EP)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.stack(norms).square().sum().sqrt()
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total
 
 
 # ---------------------------------------------------------------------------------------------- optimizer offload

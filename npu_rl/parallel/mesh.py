@@ -9,6 +9,12 @@ node of 8 devices with sp=4, ranks 0-3 share one sequence and 4-7 another, and t
   shards over every rank (1D mesh ("fsdp",)); a proper divisor of the world size gives HSDP, a 2D mesh
   ("ddp", "fsdp") that shards within groups of ``fsdp_size`` ranks and replicates across groups (cheaper
   all-gathers inside a node, more memory). Anything else is rejected.
+- ``ep_mesh`` / ``efsdp_mesh`` (``fsdp_config.expert_parallel_size`` > 1, see ``parallel/expert_parallel.py``): the
+  experts of every MoE layer split over ``ep`` consecutive ranks (innermost, like sp, so the token all-to-all
+  stays inside a node), and FSDP2 over the ``efsdp = world / ep`` ranks holding the same experts. The three are
+  cut from one root mesh ("efsdp", "ep") whose flattened form is the FSDP mesh of the other weights, as FSDP2
+  requires of a parameter that is already a DTensor (it concatenates the efsdp and ep meshes). EP with HSDP
+  (``fsdp_size`` a proper divisor) is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ class ParallelMesh:
 
     device_mesh: DeviceMesh  # ("dp", "sp")
     fsdp_mesh: DeviceMesh  # ("fsdp",) or ("ddp", "fsdp") for HSDP
+    ep_mesh: DeviceMesh | None = None  # ("ep",): ranks that split the experts; None without expert parallelism
+    efsdp_mesh: DeviceMesh | None = None  # ("efsdp",): ranks holding the same experts (FSDP2 shards them there)
 
     @property
     def world_size(self) -> int:
@@ -60,6 +68,10 @@ class ParallelMesh:
         return self.device_mesh.get_group("sp") if self.sp_size > 1 else None
 
     @property
+    def ep_size(self) -> int:
+        return self.ep_mesh.size() if self.ep_mesh is not None else 1
+
+    @property
     def is_hsdp(self) -> bool:
         return self.fsdp_mesh.ndim == 2
 
@@ -69,15 +81,23 @@ class ParallelMesh:
 
     def __repr__(self) -> str:
         fsdp = "x".join(map(str, self.fsdp_mesh.shape))
-        return f"ParallelMesh(world={self.world_size}, dp={self.dp_size}, sp={self.sp_size}, fsdp={fsdp})"
+        ep = f", ep={self.ep_size}" if self.ep_mesh is not None else ""
+        return f"ParallelMesh(world={self.world_size}, dp={self.dp_size}, sp={self.sp_size}, fsdp={fsdp}{ep})"
 
 
-def check_parallel_sizes(world_size: int, sp_size: int = 1, fsdp_size: int = -1) -> tuple[int, int]:
+def check_parallel_sizes(world_size: int, sp_size: int = 1, fsdp_size: int = -1,
+                         ep_size: int = 1) -> tuple[int, int]:
     """Validate the sizes (no process group needed); return ``(dp_size, fsdp_shard_size)``."""
     if sp_size < 1 or world_size % sp_size:
         raise ValueError(
             f"ulysses_sequence_parallel_size={sp_size} must be >= 1 and divide the number of devices ({world_size})"
         )
+    if ep_size < 1 or world_size % ep_size:
+        raise ValueError(f"fsdp_config.expert_parallel_size={ep_size} must be >= 1 and divide the number of devices "
+                         f"({world_size})")
+    if ep_size > 1 and fsdp_size not in (-1, world_size):
+        raise ValueError(f"fsdp_config.expert_parallel_size={ep_size} with fsdp_config.fsdp_size={fsdp_size} (HSDP) "
+                         "is not supported: set fsdp_size to -1")
     if fsdp_size == -1 or fsdp_size == world_size:
         return world_size // sp_size, world_size
     if fsdp_size < 1 or fsdp_size > world_size or world_size % fsdp_size:
@@ -88,14 +108,19 @@ def check_parallel_sizes(world_size: int, sp_size: int = 1, fsdp_size: int = -1)
     return world_size // sp_size, fsdp_size
 
 
-def build_mesh(sp_size: int = 1, fsdp_size: int = -1, backend: Backend | None = None) -> ParallelMesh:
-    """The meshes for ``ulysses_sequence_parallel_size`` and ``fsdp_config.fsdp_size`` over the whole world.
-    Calls :func:`init_distributed` if needed; collective (every rank must call it)."""
+def build_mesh(sp_size: int = 1, fsdp_size: int = -1, backend: Backend | None = None,
+               ep_size: int = 1) -> ParallelMesh:
+    """The meshes for ``ulysses_sequence_parallel_size``, ``fsdp_config.fsdp_size`` and
+    ``fsdp_config.expert_parallel_size`` over the whole world. Calls :func:`init_distributed` if needed; collective
+    (every rank must call it)."""
     backend = backend or get_backend()
     init_distributed(backend)
     world_size = dist.get_world_size()
-    dp_size, shard_size = check_parallel_sizes(world_size, sp_size, fsdp_size)
+    dp_size, shard_size = check_parallel_sizes(world_size, sp_size, fsdp_size, ep_size)
     device_mesh = init_device_mesh(backend.name, (dp_size, sp_size), mesh_dim_names=("dp", "sp"))
+    if ep_size > 1:
+        root = init_device_mesh(backend.name, (world_size // ep_size, ep_size), mesh_dim_names=("efsdp", "ep"))
+        return ParallelMesh(device_mesh, root._flatten("fsdp"), ep_mesh=root["ep"], efsdp_mesh=root["efsdp"])
     if shard_size == world_size:
         fsdp_mesh = init_device_mesh(backend.name, (world_size,), mesh_dim_names=("fsdp",))
     else:

@@ -12,9 +12,13 @@ The order, as torchtitan does it (``build on meta -> parallelize -> to_empty -> 
    shards with ``to_empty``, copies those real tensors back (each rank its own slice), and reads every other
    parameter's slice from the safetensors files with ``safe_open(...).get_slice(name)[rows]``: only the bytes of
    this rank's rows are read (the files are memory-mapped), converted to the parameter's dtype (a bf16 file into
-   fp32 master weights is exact). Parameters that no file holds (a critic's fresh value head ``score``) are
-   initialised by the model's own ``_init_weights``, as ``from_pretrained`` does, on a full host copy of the
-   module drawn from ``seed`` (the global RNG is left as it was), so every rank holds slices of the same tensor.
+   fp32 master weights is exact). Buffers stay as built unless a file holds them (a persistent buffer such as
+   DeepSeek-V3's ``e_score_correction_bias``, read whole: FSDP2 does not shard buffers). Parameters that no file
+   holds (a critic's fresh value head ``score``) are initialised by the model's own ``_init_weights``, as
+   ``from_pretrained`` does, on a full host copy of the module drawn from ``seed`` (the global RNG is left as it
+   was), so every rank holds slices of the same tensor. Expert-parallel experts (``parallel/expert_parallel.py``)
+   are DTensors like any other: each rank reads the rows of its own experts only, from the per-expert tensors a
+   Hugging Face MoE checkpoint stores (``parallel/expert_layout.py``).
 
 verl broadcasts rank 0's full model instead (rank 0 still holds it whole, in host memory); reading slices needs no
 collective and no rank-0 copy. Peak host memory per rank: its shards plus one parameter's slice in the file's dtype.
@@ -35,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from npu_rl.parallel.expert_layout import read_stacked_slice, stacked_source
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +144,18 @@ def load_sharded_weights(model: nn.Module, folder: str, device: torch.device, *,
     for name, param in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(param), []).append(name)
         tensors[id(param)] = param
+    model_type = getattr(getattr(hf, "config", None), "model_type", None)
     missing: list[tuple[str, torch.Tensor]] = []
     with ExitStack() as stack:
         handles: dict[str, object] = {}
+
+        def get_slice(stored: str):
+            file_name = files.file_of[stored]
+            if file_name not in handles:
+                handles[file_name] = stack.enter_context(
+                    safe_open(os.path.join(files.folder, file_name), framework="pt", device="cpu"))
+            return handles[file_name].get_slice(stored)
+
         for key, param in tensors.items():
             names = names_of[key]
             target = _local(param)
@@ -151,29 +166,35 @@ def load_sharded_weights(model: nn.Module, folder: str, device: torch.device, *,
                 continue
             stored = files.name_for(names, base_prefix)
             if stored is None:
-                missing.append((names[0], param))
+                stacked = stacked_source(names[0], param.shape[0], model_type,
+                                         lambda n: files.name_for([n], base_prefix)) if param.ndim == 3 else None
+                if stacked is None:
+                    missing.append((names[0], param))
+                else:  # per-expert tensors in the file, stacked experts in the model (expert_layout.py)
+                    target.copy_(read_stacked_slice(stacked, index, tuple(param.shape), get_slice, target.dtype))
                 continue
-            file_name = files.file_of[stored]
-            if file_name not in handles:
-                handles[file_name] = stack.enter_context(
-                    safe_open(os.path.join(files.folder, file_name), framework="pt", device="cpu"))
-            tensor_slice = handles[file_name].get_slice(stored)
+            tensor_slice = get_slice(stored)
             shape = tuple(tensor_slice.get_shape())
             if shape != tuple(param.shape):
-                raise ValueError(f"{os.path.join(folder, file_name)}: {stored!r} has shape {list(shape)}, the model "
-                                 f"({type(model).__name__}) needs {list(param.shape)}: config.json and weights disagree")
+                raise ValueError(f"{os.path.join(folder, files.file_of[stored])}: {stored!r} has shape {list(shape)}, "
+                                 f"the model ({type(model).__name__}) needs {list(param.shape)}: config.json and "
+                                 "weights disagree")
             piece = tensor_slice[index] if target.numel() else torch.empty(target.shape)
             if piece.is_floating_point() and not bool(torch.isfinite(piece).all()):  # on the host: no device sync
-                raise ValueError(f"{os.path.join(folder, file_name)}: {stored!r} holds NaN or infinite values: the "
-                                 "model's weights are not usable (a corrupt or diverged model)")
+                raise ValueError(f"{os.path.join(folder, files.file_of[stored])}: {stored!r} holds NaN or infinite "
+                                 "values: the model's weights are not usable (a corrupt or diverged model)")
             target.copy_(piece)
-    modules = dict(model.named_modules())
-    for name, _ in list(model.named_buffers()):
-        module_name, _, attr = name.rpartition(".")
-        if name not in keep:
-            raise ValueError(f"{type(model).__name__}: buffer {name!r} was built on the meta device; build the model "
-                             "with its buffers real (models.loader.load_causal_lm(device='meta') does)")
-        modules[module_name]._buffers[attr] = keep[name].to(buffer_device or device)
+        modules = dict(model.named_modules())
+        for name, _ in list(model.named_buffers()):
+            module_name, _, attr = name.rpartition(".")
+            if name not in keep:
+                raise ValueError(f"{type(model).__name__}: buffer {name!r} was built on the meta device; build the "
+                                 "model with its buffers real (models.loader.load_causal_lm(device='meta') does)")
+            value = keep[name]
+            stored = files.name_for([name], base_prefix)
+            if stored is not None:  # a persistent buffer the checkpoint holds (DeepSeek-V3's e_score_correction_bias)
+                value = get_slice(stored)[:].to(value.dtype)
+            modules[module_name]._buffers[attr] = value.to(buffer_device or device)
     if missing:
         _initialise_missing(model, missing, seed)
     return {"initialised": [name for name, _ in missing]}

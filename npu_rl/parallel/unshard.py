@@ -127,7 +127,9 @@ class PlainView:
     token (stream waits, parameter swaps: Python work per layer per token, ~2.5 s over 256 tokens of a 24-layer
     model). The twin is the same architecture built once on the meta device (no memory); :meth:`bind` points its
     parameters and buffers at the gathered tensors of the sharded model (inside :func:`unsharded`; no copy), and
-    :meth:`release` drops those references again before the gathered weights are freed.
+    :meth:`release` drops those references again before the gathered weights are freed. Expert-parallel experts
+    (``parallel/expert_parallel.py``) are gathered over the ep ranks in :meth:`bind` (a copy, collective), so
+    the twin computes every expert locally and the ranks decode independently.
     """
 
     def __init__(self, model: nn.Module):
@@ -149,7 +151,12 @@ class PlainView:
         """Alias ``model``'s current (gathered) parameters and buffers; return the twin."""
         for name, param in model.named_parameters(remove_duplicate=False):
             if isinstance(param, DTensor):
-                raise RuntimeError(f"PlainView.bind: {name} is still sharded; bind inside unsharded(model)")
+                source, _ = self._slot(model, name)
+                if getattr(source, "_npu_rl_ep", None) is None:
+                    raise RuntimeError(f"PlainView.bind: {name} is still sharded; bind inside unsharded(model)")
+                # Expert parallelism: FSDP gathered this rank's experts only; the twin (model.config's own experts
+                # implementation, no all-to-all) needs all of them, so each rank decodes on its own. Collective.
+                param = param.full_tensor()
             owner, attr = self._slot(self.module, name)
             owner._parameters[attr] = param
         for name, buffer in model.named_buffers(remove_duplicate=False):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from npu_rl.device import get_backend
+from npu_rl.parallel.expert_parallel import check_expert_parallel
 from npu_rl.utils.dtypes import to_dtype
 from npu_rl.protocol import Batch
 from npu_rl.models.loader import resolve_model_path
@@ -23,7 +24,7 @@ from npu_rl.models.lora import has_lora_layers
 from npu_rl.parallel import apply_fsdp2_from_config, build_mesh, dist
 from npu_rl.parallel.attention import use_varlen_attention
 from npu_rl.parallel.dist import default_group
-from npu_rl.parallel.fsdp import FSDPSettings, mesh_fsdp_size, optimizer_step
+from npu_rl.parallel.fsdp import FSDPSettings, mesh_ep_size, mesh_fsdp_size, optimizer_step
 from npu_rl.parallel.seqlen import restore_order as restore, split_by_token_budget
 from npu_rl.parallel.sharded_load import has_safetensors, load_sharded_weights, real_tensors
 
@@ -156,7 +157,9 @@ class ModelRunner:
             raise ValueError("a model built on the meta device is loaded shard by shard: give weights_folder "
                              "(several ranks only; see sharded_load_folder)")
         if self.world_size > 1:
-            self.mesh = build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config))
+            ep_size = mesh_ep_size(fsdp_config)
+            check_expert_parallel(model.config, ep_size)
+            self.mesh = build_mesh(sp_size=sp_size, fsdp_size=mesh_fsdp_size(fsdp_config), ep_size=ep_size)
             kept = real_tensors(model) if weights_folder is not None else None  # buffers, adapters: full values
             self.model = apply_fsdp2_from_config(model, fsdp_config, sp_size=sp_size, mesh=self.mesh)
             if weights_folder is not None:
@@ -167,6 +170,9 @@ class ModelRunner:
             return
         if sp_size > 1:
             raise ValueError(f"ulysses_sequence_parallel_size={sp_size} needs as many devices; this worker is alone")
+        if mesh_ep_size(fsdp_config) > 1:
+            raise ValueError(f"fsdp_config.expert_parallel_size={mesh_ep_size(fsdp_config)} needs as many devices; "
+                             "this worker is alone")
         self.model = model.to(self.device)
         if {p.dtype for p in model.parameters()} == {self.param_dtype}:
             self.compute_model = self.model
