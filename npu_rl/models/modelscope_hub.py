@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from npu_rl.models.hub import WANTED_FILES, parse_hub_id
 from npu_rl.utils.hf_env import is_offline
+from npu_rl.utils.redact import redact_url
 
 PREFIX = "modelscope://"
 DEFAULT_ENDPOINT = "https://modelscope.cn"
@@ -83,11 +84,6 @@ def endpoint() -> str:
     if not value.lower().startswith(("http://", "https://")):
         value = "https://" + value
     return value.rstrip("/")
-
-
-def masked(url: str) -> str:
-    """``url`` with any user:password@ replaced by ***@ (an endpoint can carry credentials)."""
-    return re.sub(r"(?<=://)[^/@]+@", "***@", url)
 
 
 def api_timeout() -> float:
@@ -148,7 +144,7 @@ def _request(url: str) -> urllib.request.Request:
 def repo_files(ms_id: ModelScopeId) -> list[str]:
     """The files of ``ms_id`` on the server (one request, bounded by MODELSCOPE_API_TIMEOUT); errors name the id
     and the endpoint (credentials masked)."""
-    where = masked(endpoint())
+    where = redact_url(endpoint())
     query = urllib.parse.urlencode({"Revision": ms_id.revision or "master", "Recursive": "True"})
     request = _request(f"{endpoint()}/api/v1/models/{ms_id.repo_id}/repo/files?{query}")
     timeout = api_timeout()
@@ -167,7 +163,7 @@ def repo_files(ms_id: ModelScopeId) -> list[str]:
             raise FileNotFoundError(f"{ms_id}: {where} did not answer within {timeout:g} s (MODELSCOPE_API_TIMEOUT); "
                                     f"set HF_HUB_OFFLINE=1 to use only the cache ({cache_dir()})") from exc
         raise FileNotFoundError(f"{ms_id}: {where} cannot be reached ({type(exc).__name__}: "
-                                f"{masked(str(reason))}); set HF_HUB_OFFLINE=1 to use only the cache "
+                                f"{redact_url(str(reason))}); set HF_HUB_OFFLINE=1 to use only the cache "
                                 f"({cache_dir()})") from exc
     data = body.get("Data") if isinstance(body, dict) else None
     entries = data.get("Files", []) if isinstance(data, dict) else (data or [])
@@ -196,8 +192,8 @@ def fetch_model(ms_id: ModelScopeId) -> str:
             folder = str(snapshot_download(ms_id.repo_id, revision=ms_id.revision, cache_dir=cache_dir(),
                                            endpoint=endpoint(), allow_patterns=patterns))
         except Exception as exc:  # the connection dropped, a file failed its checksum, the disk filled ...
-            raise FileNotFoundError(f"{ms_id}: download from {masked(endpoint())} failed: {type(exc).__name__}: "
-                                    f"{masked(str(exc))}") from exc
+            raise FileNotFoundError(f"{ms_id}: download from {redact_url(endpoint())} failed: {type(exc).__name__}: "
+                                    f"{redact_url(str(exc))}") from exc
     return folder
 
 

@@ -4,6 +4,7 @@ pre-filled cache; nothing reaches the internet."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import threading
 import time
@@ -156,7 +157,7 @@ def test_a_server_that_hangs_times_out_naming_the_id_and_endpoint(tmp_path, monk
     finally:
         silent.close()
     message = str(exc.value)
-    assert f"modelscope://{REPO}: http://***@127.0.0.1:{port} did not answer within 1 s" in message
+    assert f"modelscope://{REPO}: http://<redacted>@127.0.0.1:{port} did not answer within 1 s" in message
     assert "s3cret" not in message
 
 
@@ -180,3 +181,19 @@ def test_without_the_package_an_id_fails_naming_it(tmp_path, monkeypatch):
     problems = file_problems(load_config(SMALL + [f"actor_rollout_ref.model.path={REPO}"]), use_critic=False)
     assert any("pip install modelscope" in p and "VERL_USE_MODELSCOPE" in p for p in problems), problems
     assert modelscope_hub.cached_model(ModelScopeId(REPO)) is None
+
+
+@needs_modelscope
+def test_eval_takes_a_modelscope_id_from_the_cache(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from npu_rl.commands.evaluate import main as eval_main
+
+    cache = ms_env(monkeypatch, tmp_path, offline=True)
+    prefill(cache, REPO, folder_files(tiny_model_dir))
+    out = tmp_path / "results.json"
+    assert eval_main([f"modelscope://{REPO}", "--task", "arith", "--limit", "2", "--engine", "hf",
+                      "--max-new-tokens", "4", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["num_problems"] == 2
+    capsys.readouterr()
+    assert eval_main(["modelscope://tiny-org/not-cached", "--task", "arith", "--limit", "1", "--engine", "hf"]) == 2
+    err = capsys.readouterr().err
+    assert "modelscope://tiny-org/not-cached is not in the ModelScope cache" in err and cache in err, err
