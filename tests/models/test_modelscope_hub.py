@@ -134,6 +134,13 @@ def test_offline_reads_the_cache_and_names_it_when_missing(tiny_model_dir, tmp_p
     assert "modelscope://Qwen/Qwen2.5-7B-Instruct" in message and cache in message and "HF_HUB_OFFLINE" in message
     with pytest.raises(FileNotFoundError, match="modelscope://Qwen/Qwen2.5-7B-Instruct is not in the ModelScope"):
         resolve_model_path("modelscope://Qwen/Qwen2.5-7B-Instruct")
+    # the layout of modelscope < 1.38 (hub/models/<owner>/<name with . as ___>), as an older download left it
+    legacy = os.path.join(cache, "hub", "models", "org", "Legacy___Model")
+    os.makedirs(legacy)
+    for name, data in folder_files(tiny_model_dir).items():
+        with open(os.path.join(legacy, name), "wb") as f:
+            f.write(data)
+    assert check_model_path("modelscope://org/Legacy.Model") == legacy
     prefill(cache, "org/config-only", {"config.json": b"{}"})
     with pytest.raises(FileNotFoundError, match="org/config-only"):  # no weights: not a usable snapshot
         check_model_path("modelscope://org/config-only")
