@@ -204,3 +204,16 @@ def test_eval_takes_a_modelscope_id_from_the_cache(tiny_model_dir, tmp_path, mon
     assert eval_main(["modelscope://tiny-org/not-cached", "--task", "arith", "--limit", "1", "--engine", "hf"]) == 2
     err = capsys.readouterr().err
     assert "modelscope://tiny-org/not-cached is not in the ModelScope cache" in err and cache in err, err
+
+
+@needs_modelscope
+def test_plan_reads_a_cached_modelscope_snapshot(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from npu_rl.commands.plan import main as plan_main
+
+    cache = ms_env(monkeypatch, tmp_path, offline=True)
+    prefill(cache, REPO, folder_files(tiny_model_dir))
+    monkeypatch.setenv("VERL_USE_MODELSCOPE", "True")
+    assert plan_main(["--device", "atlas-a3", f"actor_rollout_ref.model.path={REPO}"] + SMALL[:5]) == 0
+    capsys.readouterr()
+    assert plan_main(["--device", "atlas-a3", "actor_rollout_ref.model.path=tiny-org/not-cached"] + SMALL[:5]) == 2
+    assert "tiny-org/not-cached' is not a folder or a cached model on this machine" in capsys.readouterr().err
