@@ -89,9 +89,12 @@ def endpoint() -> str:
 def api_timeout() -> float:
     value = os.environ.get("MODELSCOPE_API_TIMEOUT", "60")
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
-        raise ValueError(f"MODELSCOPE_API_TIMEOUT={value!r} is not a number of seconds") from None
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"MODELSCOPE_API_TIMEOUT={value!r} is not a positive number of seconds")
+    return seconds
 
 
 def _require_package(ms_id: ModelScopeId) -> None:
@@ -108,8 +111,8 @@ def cached_model(ms_id: ModelScopeId) -> str | None:
         return None
     from modelscope import snapshot_download
 
-    try:
-        folder = snapshot_download(ms_id.repo_id, revision=ms_id.revision, cache_dir=cache_dir(),
+    try:  # master, ModelScope's default branch, when no revision is named: not whichever snapshot is cached
+        folder = snapshot_download(ms_id.repo_id, revision=ms_id.revision or "master", cache_dir=cache_dir(),
                                    local_files_only=True)
     except Exception:  # modelscope's CacheNotFound ...: not usable from the cache
         return None

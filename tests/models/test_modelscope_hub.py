@@ -141,6 +141,10 @@ def test_offline_reads_the_cache_and_names_it_when_missing(tiny_model_dir, tmp_p
         with open(os.path.join(legacy, name), "wb") as f:
             f.write(data)
     assert check_model_path("modelscope://org/Legacy.Model") == legacy
+    v1 = prefill(cache, "org/tagged", folder_files(tiny_model_dir), revision="v1.0")
+    assert check_model_path("modelscope://org/tagged@v1.0") == v1
+    with pytest.raises(FileNotFoundError, match="org/tagged is not in"):  # no revision: master, not any snapshot
+        check_model_path("modelscope://org/tagged")
     prefill(cache, "org/config-only", {"config.json": b"{}"})
     with pytest.raises(FileNotFoundError, match="org/config-only"):  # no weights: not a usable snapshot
         check_model_path("modelscope://org/config-only")
@@ -166,6 +170,9 @@ def test_a_server_that_hangs_times_out_naming_the_id_and_endpoint(tmp_path, monk
     message = str(exc.value)
     assert f"modelscope://{REPO}: http://<redacted>@127.0.0.1:{port} did not answer within 1 s" in message
     assert "s3cret" not in message
+    monkeypatch.setenv("MODELSCOPE_API_TIMEOUT", "0")
+    with pytest.raises(ValueError, match="MODELSCOPE_API_TIMEOUT='0' is not a positive number of seconds"):
+        check_model_path(f"modelscope://{REPO}")
 
 
 @needs_modelscope
