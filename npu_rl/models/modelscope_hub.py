@@ -13,7 +13,9 @@ call time:
   the cache folder;
 - ``MODELSCOPE_API_TIMEOUT`` (seconds, 60 by default, as in modelscope): the bound on the validation's request;
   the download itself runs under modelscope's own bounds (``MODELSCOPE_DOWNLOAD_TIMEOUT`` idle, and
-  ``MODELSCOPE_DOWNLOAD_TOTAL_TIMEOUT`` per file).
+  ``MODELSCOPE_DOWNLOAD_TOTAL_TIMEOUT`` per file, read when modelscope is imported; a failed file is retried, then
+  the error here names the id and the endpoint, credentials masked; modelscope's own log line of the failed request
+  is not masked).
 
 As for Hub ids (``npu_rl.models.hub``): ``check_modelscope_model`` (validation) asks the server for the repo's file
 list when the id is not cached; ``resolve_modelscope_model`` (every rank) reads the cache first, else downloads once
@@ -27,7 +29,6 @@ import base64
 import importlib.util
 import json
 import os
-import re
 import urllib.error
 import urllib.parse
 import urllib.request
