@@ -99,6 +99,9 @@ def test_validation_asks_the_server_then_the_run_downloads_once(fake_ms, tmp_pat
     folder = folders[0]
     weights = [r for r in fake_ms.requests if "FilePath=model.safetensors" in r]
     assert len(weights) == 1  # three ranks, one download
+    # and the later two waited on the lock, then found the snapshot: the file list was asked for by validation, the
+    # one download's check and modelscope's snapshot_download, never by them
+    assert len([r for r in fake_ms.requests if "/repo/files" in r]) == 3
     assert not os.path.exists(os.path.join(folder, "onnx"))
     assert load_tokenizer(path).pad_token_id is not None
     fake_ms.stop()  # every later caller reads the cache
