@@ -137,6 +137,12 @@ def test_offline_reads_the_cache_and_names_it_when_missing(tiny_model_dir, tmp_p
     assert "modelscope://Qwen/Qwen2.5-7B-Instruct" in message and cache in message and "HF_HUB_OFFLINE" in message
     with pytest.raises(FileNotFoundError, match="modelscope://Qwen/Qwen2.5-7B-Instruct is not in the ModelScope"):
         resolve_model_path("modelscope://Qwen/Qwen2.5-7B-Instruct")
+    config = load_config(SMALL + [f"actor_rollout_ref.model.path=modelscope://{REPO}", "reward_model.enable=True",
+                                  "reward_model.model.path=modelscope://org/rm-not-cached"])
+    assert [p for p in file_problems(config, use_critic=False) if p.startswith("reward_model.model.path: ")] == [
+        f"reward_model.model.path: modelscope://org/rm-not-cached is not in the ModelScope cache ({cache}), and "
+        "HF_HUB_OFFLINE is set. Download it once online (`modelscope download --model org/rm-not-cached`, or unset "
+        "HF_HUB_OFFLINE), point MODELSCOPE_CACHE at the cache that has it, or give a local folder"]
     # the layout of modelscope < 1.38 (hub/models/<owner>/<name with . as ___>), as an older download left it
     legacy = os.path.join(cache, "hub", "models", "org", "Legacy___Model")
     os.makedirs(legacy)
