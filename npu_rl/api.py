@@ -10,7 +10,8 @@
         result = Trainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=[exact], train_dataset=rows).train()
         print(result.metrics["critic/score/mean"], result.checkpoint)
 
-- ``model``: a local folder, a Hub id (``owner/name[@revision]``) or the embedded ``smollm2-135m-instruct``.
+- ``model``: a local folder, a Hub id (``owner/name[@revision]``), a ModelScope id (``modelscope://owner/name``) or
+  the embedded ``smollm2-135m-instruct``.
 - ``reward_funcs``: callables or references (``path/to/file.py:name``, ``package.module:name``) with verl's
   signature ``fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; several are
   summed (``reward_weights``, as TRL's). A callable is passed by reference (module and name, or the script's file and

@@ -31,7 +31,7 @@ from npu_rl.data.builtin import resolve_builtin
 from npu_rl.data.io import read_rows, write_parquet
 from npu_rl.data.loader import build_dataloader
 from npu_rl.models.check import check_model_folder
-from npu_rl.models.loader import load_tokenizer, stop_token_ids
+from npu_rl.models.loader import is_builtin, load_tokenizer, resolve_model_path, stop_token_ids
 from npu_rl.reward import build_reward_manager
 from npu_rl.reward.scorers import gsm8k_score
 from npu_rl.rollout.factory import build_rollout_engine, sampling_params_from_config
@@ -51,7 +51,8 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="npu-rl eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="HF folder, built-in name (smollm2-135m-instruct), or a checkpoint folder")
+    p.add_argument("model", help="HF folder, Hub id (owner/name[@revision]), ModelScope id (modelscope://owner/name), "
+                              "built-in name (smollm2-135m-instruct), or a checkpoint folder")
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--adapter", default=None, help="a PEFT LoRA adapter folder applied to MODEL (merged for the run)")
     p.add_argument("--split", default="test")
@@ -84,13 +85,16 @@ def _task_file(task: str, split: str, data_dir: str | None, limit: int | None, t
 
 def _model_folder(model: str, tmp: str, adapter: str | None = None) -> str:
     """A checkpoint (full or LoRA), or a base model plus ``adapter``, is merged into a temporary HF folder first
-    (what every rollout engine loads); anything else is used as is."""
+    (what every rollout engine loads); a Hub or ModelScope id is its snapshot's folder; anything else is used as
+    is."""
     if adapter:
         return merge_lora(model, adapter, os.path.join(tmp, "merged"))
 
     try:
         source = resolve_checkpoint(model, "actor")
     except FileNotFoundError:
+        if not os.path.exists(os.path.expanduser(model)) and not is_builtin(model):
+            model = resolve_model_path(model)  # a Hub or ModelScope id: its snapshot, downloaded once per node
         check_model_folder(model, "model")  # the trainer's checks and words
         return model
     return merge_source(source, os.path.join(tmp, "merged"))
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
         results = evaluate(args)
-    except (ConfigError, OSError, ValueError) as exc:
+    except (ConfigError, OSError, ValueError, ImportError) as exc:  # ImportError: pip install modelscope
         print(f"npu-rl eval: {exc}", file=sys.stderr)
         return 2
     if results["samples"]:  # for the reader, on stderr: stdout stays one JSON document (`npu-rl eval ... > r.json`)

@@ -16,8 +16,9 @@ up to date). A download holds a file lock beside the cache, so it happens once p
 several ranks ask at once. Only the files a model needs are fetched: config, tokenizer, weights (safetensors; the
 ``.bin`` files only when a repo has no safetensors), chat templates and generation config.
 
-Schemes verl accepts for other stores (``hdfs://`` through its ``copy_to_local``) and fsspec URLs are refused with
-the reason: copy the model to a local folder (or the Hub cache) first.
+ModelScope ids (``modelscope://owner/name``, or plain ids under ``VERL_USE_MODELSCOPE``) are resolved by
+``npu_rl.models.modelscope_hub``. Schemes verl accepts for other stores (``hdfs://`` through its ``copy_to_local``)
+and fsspec URLs are refused with the reason: copy the model to a local folder (or the Hub cache) first.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from typing import Optional
 from npu_rl.utils.hf_env import describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, is_offline, \
     shown_endpoint
 
-REFUSED_SCHEMES = ("hdfs", "s3", "gs", "gcs", "oss", "obs", "abfs", "az", "http", "https", "file", "ms", "modelscope")
+REFUSED_SCHEMES = ("hdfs", "s3", "gs", "gcs", "oss", "obs", "abfs", "az", "http", "https", "file", "ms")
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)?)(?:@(?P<rev>[\w./-]+))?$")
 # weights and tokenizer files; other formats (onnx, gguf, tflite, flax, openvino ...) are never downloaded
-_WANTED = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py"]
+WANTED_FILES = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py"]
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,9 @@ def refused_scheme(path: str) -> Optional[str]:
     if scheme == "hdfs":
         return (f"{path!r}: hdfs:// paths (which verl copies with its hdfs_io) are not read here; copy the model to "
                 "a local folder (hdfs dfs -get ...) and give that folder")
-    return (f"{path!r}: {scheme}:// is not a model location npu-rl reads; give a local folder or a Hugging Face Hub "
-            "id such as Qwen/Qwen2.5-0.5B-Instruct (optionally @revision)")
+    return (f"{path!r}: {scheme}:// is not a model location npu-rl reads; give a local folder, a Hugging Face Hub "
+            "id such as Qwen/Qwen2.5-0.5B-Instruct (optionally @revision) or a ModelScope id "
+            "(modelscope://Qwen/Qwen2.5-0.5B-Instruct)")
 
 
 def parse_hub_id(path: str) -> Optional[HubId]:
@@ -78,12 +80,12 @@ def cached_model(hub_id: HubId) -> Optional[str]:
         except Exception:  # LocalEntryNotFoundError, IncompleteSnapshotError, OSError ...: not usable from the cache
             return None
 
-    folder = local(_WANTED)
+    folder = local(WANTED_FILES)
     if folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
         return None
     names = os.listdir(folder)
     if not any(n.endswith(".safetensors") for n in names):
-        folder = local(_WANTED + ["*.bin"])  # a repo with PyTorch .bin weights only
+        folder = local(WANTED_FILES + ["*.bin"])  # a repo with PyTorch .bin weights only
         if folder is None or not any(n.endswith(".bin") for n in os.listdir(folder)):
             return None
     return folder
@@ -118,8 +120,8 @@ def _repo_files(hub_id: HubId, endpoint: Optional[str]) -> list[str]:
 def _patterns(names: list[str]) -> list[str]:
     """The files to fetch: safetensors when the repo has them, else the PyTorch ``.bin`` files."""
     if any(n.endswith(".safetensors") for n in names):
-        return list(_WANTED)
-    return _WANTED + ["*.bin"]
+        return list(WANTED_FILES)
+    return WANTED_FILES + ["*.bin"]
 
 
 def fetch_model(hub_id: HubId) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from npu_rl.models import hub
+from npu_rl.models import hub, modelscope_hub
 from npu_rl.utils.dtypes import to_dtype
 from npu_rl.utils.paths import apply_umask
 
@@ -91,8 +91,10 @@ def _convert_gguf_locked(name: str, out_dir: str) -> None:
 
 def resolve_model_path(path: str) -> str:
     """An existing HF folder for ``path``: a local folder (``~`` expanded), a built-in model (converted on first
-    use), or a Hugging Face Hub id (``owner/name[@revision]``: the cached snapshot, downloaded once when online;
-    ``npu_rl.models.hub``). Other schemes (``hdfs://`` ...) are refused with the reason."""
+    use), a Hugging Face Hub id (``owner/name[@revision]``: the cached snapshot, downloaded once when online;
+    ``npu_rl.models.hub``) or a ModelScope id (``modelscope://owner/name[@revision]``, or a plain id under
+    ``VERL_USE_MODELSCOPE``; ``npu_rl.models.modelscope_hub``). Other schemes (``hdfs://`` ...) are refused with the
+    reason."""
     path = str(path)
     if is_builtin(path):
         out_dir = os.path.join(cache_dir(), "models", path.lower())
@@ -100,6 +102,9 @@ def resolve_model_path(path: str) -> str:
             os.makedirs(os.path.dirname(out_dir), exist_ok=True)
             _convert_gguf(path, out_dir)
         return out_dir
+    ms_id = modelscope_hub.parse_modelscope_id(path)
+    if ms_id is not None:
+        return modelscope_hub.resolve_modelscope_model(ms_id)
     refused = hub.refused_scheme(path)
     if refused:
         raise ValueError(refused)
@@ -117,7 +122,7 @@ def _local_model_folder(folder: str) -> str:
     if not os.path.isdir(folder):
         raise FileNotFoundError(
             f"model folder {folder!r} does not exist (model.path); give an HF folder with config.json, a Hugging "
-            f"Face Hub id (owner/name[@revision]), or the embedded model: {', '.join(BUILTIN_MODELS)}"
+            f"Face Hub id (owner/name[@revision]), a ModelScope id (modelscope://owner/name), or the embedded model: {', '.join(BUILTIN_MODELS)}"
         )
     if not os.listdir(folder):
         raise FileNotFoundError(f"{folder!r} is empty: not a Hugging Face model folder (config.json, weights, "
@@ -128,8 +133,14 @@ def _local_model_folder(folder: str) -> str:
 
 
 def local_model_folder(path: str) -> str | None:
-    """The folder ``path`` names on this machine without converting or downloading: a local folder, or a Hub id's
-    cached snapshot; None otherwise."""
+    """The folder ``path`` names on this machine without converting or downloading: a local folder, or a Hub or
+    ModelScope id's cached snapshot; None otherwise."""
+    try:
+        ms_id = modelscope_hub.parse_modelscope_id(str(path))
+    except ValueError:
+        return None  # a modelscope:// path that is no id: the path check reports it
+    if ms_id is not None:
+        return modelscope_hub.cached_model(ms_id)
     folder = os.path.expanduser(str(path))
     if os.path.exists(folder) or hub.refused_scheme(str(path)):
         return folder if os.path.isdir(folder) else None
@@ -139,10 +150,13 @@ def local_model_folder(path: str) -> str | None:
 
 def check_model_path(path: str) -> str | None:
     """Validation of a model path without loading or converting anything: the local folder, or the cached Hub
-    snapshot (None when online and not cached yet: the Hub was asked that the repo exists)."""
+    snapshot (None when online and not cached yet: the Hub was asked that the repo exists); a ModelScope id alike."""
     path = str(path)
     if is_builtin(path):
         return None  # converted on first use; not at validation
+    ms_id = modelscope_hub.parse_modelscope_id(path)
+    if ms_id is not None:
+        return modelscope_hub.check_modelscope_model(ms_id)
     refused = hub.refused_scheme(path)
     if refused:
         raise ValueError(refused)

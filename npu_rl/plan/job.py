@@ -2,8 +2,8 @@
 peak, whether it fits the named device, and the one or two keys that would make it fit.
 
 Model shapes come from each model's ``config.json`` (no weights are read): a local folder, the embedded model's
-converted cache folder, or, for a Hub id that is not on this machine, a local ``config.json`` given with
-``model_config`` (``npu-rl plan --model-config FILE``).
+converted cache folder, a Hub or ModelScope id's cached snapshot, or, for an id that is not on this machine, a local
+``config.json`` given with ``model_config`` (``npu-rl plan --model-config FILE``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Callable
 from npu_rl.config.derived import build_plan
 from npu_rl.core import estimator_needs
 from npu_rl.device import get_backend
-from npu_rl.models.loader import cache_dir, is_builtin
+from npu_rl.models.loader import cache_dir, is_builtin, local_model_folder
 from npu_rl.models.check import moe_layer_indices
 from npu_rl.plan.memory import (
     GIB,
@@ -98,10 +98,10 @@ def model_shape(path: str, model_config: str | None = None, key: str = "actor_ro
             raise FileNotFoundError(f"{path}: the embedded model is converted on first use (npu-rl train once), "
                                     "or give --model-config FILE")
         return shape_from_config_json(folder)
-    folder = os.path.expanduser(path)
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{key}={path!r} is not a folder on this machine; give its config.json with "
-                                f"--{'critic-' if key.startswith('critic') else ''}model-config FILE")
+    folder = local_model_folder(path)  # a folder, or a Hub / ModelScope id's cached snapshot
+    if folder is None:
+        raise FileNotFoundError(f"{key}={path!r} is not a folder or a cached model on this machine; give its "
+                                f"config.json with --{'critic-' if key.startswith('critic') else ''}model-config FILE")
     return shape_from_config_json(folder)
 
 

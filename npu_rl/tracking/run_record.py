@@ -27,7 +27,7 @@ from npu_rl.utils.redact import ENV_KEYS_ATTRIBUTE, MASK, env_interpolated_keys,
 
 _ENV_PREFIXES = ("DEVICE", "ASCEND_", "CUDA_VISIBLE", "NPU_RL_", "VLLM_", "HCCL_", "TASK_QUEUE", "RAY_ADDRESS",
                  "TENSORBOARD_DIR", "SWANLAB_", "MLFLOW_", "WANDB_", "CLEARML_", "TRACKIO_",
-                 "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTORCH_")
+                 "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTORCH_", "VERL_USE_MODELSCOPE", "MODELSCOPE_")
 
 
 def recorded_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
