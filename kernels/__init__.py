@@ -10,8 +10,9 @@ Public API:
 - :func:`select_tiles` the device-budgeted tile choice (:mod:`npu_rl.kernels.tiles`);
 - :mod:`npu_rl.commands.bench_kernels` ``main(argv)``: ``npu-rl bench kernels``.
 
-Each op has a torch implementation (the reference and the CPU / NPU fallback) and a Triton one (CUDA; Ascend
-through triton-ascend), chosen by ``backend`` (one of :data:`BACKENDS`: auto, torch, triton, triton_mm) through the device layer.
+Each op has a chunked torch implementation (the CPU / NPU fallback) and a Triton one (CUDA; Ascend through
+triton-ascend), both tested against the plain full-logits computation in kernels/plain.py; the implementation is
+chosen by ``backend`` (one of :data:`BACKENDS`: auto, torch, triton, triton_mm) through the device layer.
 """
 
 from npu_rl.kernels._device import BACKENDS

@@ -28,7 +28,7 @@ import time
 import torch
 from npu_rl.device import get_backend
 from npu_rl.kernels import _device, linear_ops
-from npu_rl.kernels.reference import naive_logprob_entropy
+from npu_rl.kernels.plain import naive_logprob_entropy
 from npu_rl.kernels.tiles import TileConfig
 import npu_rl.kernels as K
 

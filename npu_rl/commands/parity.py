@@ -30,7 +30,7 @@ from npu_rl.data.loader import build_dataloader
 from npu_rl.device import get_backend
 from npu_rl.device.patch_toggles import patch_variants
 from npu_rl.models.check import check_model_folder
-from npu_rl.trainer.preflight import load_checked, plan_for
+from npu_rl.trainer.preflight import load_checked, run_settings_for
 from npu_rl.workers.actor_rollout import ActorRolloutWorker
 
 # (label, settings) of the corrections whose effect the report shows.
@@ -149,7 +149,7 @@ def run_parity(model: str, overrides: list[str], num_prompts: int, top: int, con
     backend = get_backend(None if config.trainer.device == "auto" else config.trainer.device)
     backend.manual_seed(config.trainer.seed)
     arr = config.actor_rollout_ref
-    worker = ActorRolloutWorker(arr.model, arr.actor, arr.rollout, plan_for(config))
+    worker = ActorRolloutWorker(arr.model, arr.actor, arr.rollout, run_settings_for(config))
     worker.init_model(1)
     prompts = next(iter(build_dataloader(config.data, worker.tokenizer, "val"))).index(slice(0, num_prompts))
     batch = worker.generate_sequences(prompts).batch

@@ -1,13 +1,13 @@
-"""Numbers and switches derived from the config, worked out once, in :func:`build_plan`.
+"""Numbers and switches derived from the config, worked out once, in :func:`derive_run_settings`.
 
-The trainer and the workers read :class:`RunPlan` instead of recomputing ``ppo_mini_batch_size * n // dp``, asking
+The trainer and the workers read :class:`RunSettings` instead of recomputing ``ppo_mini_batch_size * n // dp``, asking
 whether a critic is needed, or rewriting the config: the config is never changed after loading, and what verl's
 workers would rewrite at start-up (the deprecated global micro-batch sizes, the rollout log-probs that rollout
 correction needs) is a value of the plan. :func:`plan_problems` is the validation of the same arithmetic: every
 split of a step's rows must come out even (prompts -> mini-batches -> data-parallel ranks -> micro-batches).
 
 This module reads the config only; what it needs from the rest of the house (what the advantage estimator reads,
-the core's rollout-correction settings) is passed in by the caller (``npu_rl.trainer.preflight.plan_for``).
+the core's rollout-correction settings) is passed in by the caller (``npu_rl.trainer.preflight.run_settings_for``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class MicroBatchSizes:
 
 
 @dataclass(frozen=True)
-class RolePlan:
+class RoleSettings:
     """How a trained role's step is cut on its ranks."""
 
     dp_size: int  # data-parallel ranks (devices / ulysses_sequence_parallel_size)
@@ -87,7 +87,7 @@ class RolePlan:
 
 
 @dataclass(frozen=True)
-class RunPlan:
+class RunSettings:
     """What the driver and every worker need to know beyond their own config slice."""
 
     world_size: int
@@ -102,8 +102,8 @@ class RunPlan:
     use_reward_model: bool
     use_greedy_baseline: bool  # the estimator needs one greedy response's reward per prompt (ReMax)
     policy_model_path: str
-    actor: RolePlan
-    critic: RolePlan | None
+    actor: RoleSettings
+    critic: RoleSettings | None
     micro_batches: MicroBatchSizes
     # the rollout returns the log-probs of the sampled tokens: rollout.calculate_log_probs, or because
     # algorithm.rollout_correction needs them (then the trainer also logs the rollout_corr/* mismatch metrics)
@@ -177,15 +177,15 @@ def _uneven_micro_batches(config: PPOConfig, micro: MicroBatchSizes, use_critic:
     return notes
 
 
-def _role_plan(world: int, sp: int, mini_batch_size: int, n: int) -> RolePlan:
+def _role_settings(world: int, sp: int, mini_batch_size: int, n: int) -> RoleSettings:
     dp = max(world // max(sp, 1), 1)
-    return RolePlan(dp_size=dp, sp_size=sp, rows_per_mini_batch=mini_batch_size * n // dp)
+    return RoleSettings(dp_size=dp, sp_size=sp, rows_per_mini_batch=mini_batch_size * n // dp)
 
 
-def build_plan(config: PPOConfig, needs: frozenset[str], bypass_correction: Any) -> RunPlan:
+def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correction: Any) -> RunSettings:
     """The plan of a config (see :func:`plan_problems` for the checks behind each number). ``needs``: what the
     advantage estimator reads (``npu_rl.core.estimator_needs``); ``bypass_correction``: the core's settings of
-    ``algorithm.rollout_correction`` in bypass mode, else None. ``npu_rl.trainer.preflight.plan_for`` passes both."""
+    ``algorithm.rollout_correction`` in bypass mode, else None. ``npu_rl.trainer.preflight.run_settings_for`` passes both."""
     arr = config.actor_rollout_ref
     world, n = world_size(config), arr.rollout.n
     notes: list[str] = []
@@ -198,8 +198,8 @@ def build_plan(config: PPOConfig, needs: frozenset[str], bypass_correction: Any)
                      "actor_rollout_ref.rollout.calculate_log_probs=True")
     critic = None
     if use_critic:
-        critic = _role_plan(world, config.critic.ulysses_sequence_parallel_size, config.critic.ppo_mini_batch_size, n)
-    return RunPlan(
+        critic = _role_settings(world, config.critic.ulysses_sequence_parallel_size, config.critic.ppo_mini_batch_size, n)
+    return RunSettings(
         world_size=world,
         rollout_n=n,
         train_rows=config.data.train_batch_size * n,
@@ -213,7 +213,7 @@ def build_plan(config: PPOConfig, needs: frozenset[str], bypass_correction: Any)
         use_reward_model=bool(config.reward_model.enable),
         use_greedy_baseline="reward_baselines" in needs,
         policy_model_path=arr.model.path,
-        actor=_role_plan(world, arr.actor.ulysses_sequence_parallel_size, arr.actor.ppo_mini_batch_size, n),
+        actor=_role_settings(world, arr.actor.ulysses_sequence_parallel_size, arr.actor.ppo_mini_batch_size, n),
         critic=critic,
         micro_batches=micro,
         rollout_logprobs=rollout_logprobs,
@@ -225,7 +225,7 @@ def build_plan(config: PPOConfig, needs: frozenset[str], bypass_correction: Any)
     )
 
 
-def plan_problems(config: PPOConfig, plan: RunPlan) -> list[str]:
+def run_settings_problems(config: PPOConfig, run_settings: RunSettings) -> list[str]:
     """Every split of the step's rows must come out even: prompts -> mini-batches -> ranks -> micro-batches."""
     problems: list[str] = []
     arr = config.actor_rollout_ref
@@ -246,9 +246,9 @@ def plan_problems(config: PPOConfig, plan: RunPlan) -> list[str]:
     if rows % dp:
         problems.append(f"data.train_batch_size x rollout.n = {rows} rows must divide evenly over {dp} data-parallel "
                         "ranks")
-    roles = [("actor_rollout_ref.actor", arr.actor, plan.micro_batches.actor_update)]
-    if plan.use_critic:
-        roles.append(("critic", config.critic, plan.micro_batches.critic_update))
+    roles = [("actor_rollout_ref.actor", arr.actor, run_settings.micro_batches.actor_update)]
+    if run_settings.use_critic:
+        roles.append(("critic", config.critic, run_settings.micro_batches.critic_update))
     for key, role, micro in roles:
         problems += _role_problems(config, key, role, micro, world)
     return problems

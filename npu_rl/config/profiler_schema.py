@@ -142,6 +142,6 @@ def role_profilers(config) -> dict[str, Any]:
 
 def uses_precision_debugger(config) -> bool:
     """Whether msprobe's precision dumps are on (globally or for a role). msprobe wraps torch's APIs and refuses
-    TorchDynamo (torch >= 2.7), so such a run compiles nothing (``RunPlan.allow_compile``)."""
+    TorchDynamo (torch >= 2.7), so such a run compiles nothing (``RunSettings.allow_compile``)."""
     tools = {config.global_profiler.tool} | {p.tool for p in role_profilers(config).values() if p.enable}
     return "precision_debugger" in tools

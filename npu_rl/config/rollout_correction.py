@@ -1,7 +1,7 @@
 """``algorithm.rollout_correction``: what the keys imply for the run, and the rules between them and their neighbours.
 
 - :func:`needs_rollout_logprobs`: the correction (and bypass mode) need the engine's log-probs of the sampled tokens
-  (``RunPlan.rollout_logprobs`` is then true, whatever ``actor_rollout_ref.rollout.calculate_log_probs`` says).
+  (``RunSettings.rollout_logprobs`` is then true, whatever ``actor_rollout_ref.rollout.calculate_log_probs`` says).
 - :func:`policy_loss_mode`: ``bypass_mode`` replaces the policy loss when ``bypass_mode=true``.
 - :func:`rollout_correction_problems`: the rules between the keys, each problem naming its key. The values
   themselves (threshold syntax, option names) are checked where they are parsed, by the core's

@@ -4,8 +4,8 @@ Users' verl scripts pass overrides such as ``actor_rollout_ref.actor.optim.lr=1e
 YAML files under ``configs/`` hold presets and overrides only. ``${...}`` strings are OmegaConf interpolations, as in
 verl's YAML (e.g. the reference's micro-batch settings follow the actor's unless set).
 
-Each field's description is the docstring under it (``docs/config_reference.md`` is generated from them,
-``npu_rl/config/reference.py``); where npu-rl deviates from verl's default it says so there: the device is ``auto``
+Each field's description is the docstring under it (``docs/config_keys.md`` is generated from them,
+``npu_rl/config/key_docs.py``); where npu-rl deviates from verl's default it says so there: the device is ``auto``
 (not ``cuda``), the default logger is the console (wandb is an extra), and checkpoints resume automatically. A key
 kept for verl scripts that changes nothing here says so in its docstring (``no effect in npu-rl ...``), and setting
 it gets a note. A slice's rules about its own keys are its ``check(key)`` (``npu_rl/config/rules.py``).

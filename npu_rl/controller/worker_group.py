@@ -1,8 +1,8 @@
 """Worker groups: the driver's handle on one or more roles running on every rank.
 
 A group is built from roles, each a class and its constructor arguments (``workers/roles.py`` builds them from the
-config and the plan): ``{"actor_rollout": WorkerSpec(ActorRolloutWorker, (model_cfg, actor_cfg, rollout_cfg,
-plan)), "critic": WorkerSpec(CriticWorker, (critic_cfg, plan))}``. On each rank the roles are instantiated side by
+config and the run settings): ``{"actor_rollout": WorkerSpec(ActorRolloutWorker, (model_cfg, actor_cfg, rollout_cfg,
+run_settings)), "critic": WorkerSpec(CriticWorker, (critic_cfg, run_settings))}``. On each rank the roles are instantiated side by
 side in one process (colocation is composition: no fused god-object), in the given order. The driver calls a
 role's registered methods as plain functions::
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from npu_rl.config.derived import build_plan
+from npu_rl.config.derived import derive_run_settings
 from npu_rl.core import estimator_needs
 from npu_rl.device import get_backend
 from npu_rl.models.loader import cache_dir, is_builtin, local_model_folder
@@ -332,7 +332,7 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
     """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`; ``ep``: the expert-parallel
     size of a mixture-of-experts actor (``npu-rl plan --ep``)."""
     # the memory plan reads no bypass-loss settings: None for them
-    run = build_plan(config, estimator_needs(config.algorithm.adv_estimator), None)
+    run = derive_run_settings(config, estimator_needs(config.algorithm.adv_estimator), None)
     arr, data = config.actor_rollout_ref, config.data
     model, actor_cfg, rollout_cfg, ref_cfg = arr.model, arr.actor, arr.rollout, arr.ref
     world = run.world_size

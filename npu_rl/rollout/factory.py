@@ -52,7 +52,7 @@ def sampling_params_from_config(rollout_config: RolloutConfig, validate: bool, m
     """Training settings (``rollout.{n,temperature,top_p,top_k,do_sample}``) or, for validation, ``val_kwargs``.
 
     ``rollout.ignore_eos=True`` drops the stop ids (every response runs to ``max_new_tokens``, for benchmarks).
-    ``logprobs``: return the log-probs of the sampled tokens (``RunPlan.rollout_logprobs``, training only).
+    ``logprobs``: return the log-probs of the sampled tokens (``RunSettings.rollout_logprobs``, training only).
     """
     source = rollout_config.val_kwargs if validate else rollout_config
     return SamplingParams(
@@ -76,7 +76,7 @@ def build_rollout_engine(rollout_config: RolloutConfig, model_path: str, actor_m
     weights and the first ``update_weights`` fills them). ``actor_module``: the actor's module in this process;
     the ``hf`` engine generates with it (no weight sync). Without one, ``hf`` loads its own copy. ``lora_rank``
     (> 0: the actor trains a LoRA adapter): vLLM starts with LoRA enabled and takes the adapter as tensors.
-    ``allow_compile=False`` (``RunPlan.allow_compile``): the hf engine decodes eagerly even where it would compile.
+    ``allow_compile=False`` (``RunSettings.allow_compile``): the hf engine decodes eagerly even where it would compile.
     ``decode_steps``: the decoded steps the run will take (training steps x response length), for
     :func:`compiled_decode_pays`; a short run decodes eagerly.
     """

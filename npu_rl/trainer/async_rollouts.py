@@ -529,7 +529,7 @@ class _PausedValidator:
                 r.cond.notify_all()
 
 
-def build_rollouts(config, plan, group, prompts):
+def build_rollouts(config, run_settings, group, prompts):
     """The rollouts for ``config.async_training.mode``: the trainer's own engine (sync), or a rollout pool of
     ``rollout.nnodes x rollout.n_gpus_per_node`` Ray actors joined to the trainer's rank 0 by a weight group."""
     mode = config.async_training.mode
@@ -546,7 +546,7 @@ def build_rollouts(config, plan, group, prompts):
         ray.init(**{k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})})
     arr = config.actor_rollout_ref
     pool_devices = ResourcePool([config.rollout.n_gpus_per_node] * config.rollout.nnodes, name="rollout")
-    roles = {"rollout": WorkerSpec(RolloutPoolWorker, (arr.model, arr.rollout, plan))}
+    roles = {"rollout": WorkerSpec(RolloutPoolWorker, (arr.model, arr.rollout, run_settings))}
     backend = get_backend()
     rollout_group = RayWorkerGroup(pool_devices, roles, name="npu_rl_rollout",
                                    process_env=worker_process_env(backend.name, sleep_mode=False))

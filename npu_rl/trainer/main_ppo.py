@@ -13,9 +13,9 @@ import sys
 
 from npu_rl.config.loader import ConfigError, load_config, to_yaml
 from npu_rl.trainer.arguments import parse_args
-from npu_rl.trainer.preflight import check, load_checked, plan_for
+from npu_rl.trainer.preflight import check, load_checked, run_settings_for
 from npu_rl.compat.verl.translate import translate_overrides
-from npu_rl.config.reference import ignored_settings
+from npu_rl.config.key_docs import ignored_settings
 from npu_rl.plan.job import plan_config, this_device
 from npu_rl.trainer.checkpoint import DiskFullError, disk_full_error
 from npu_rl.trainer.interrupt import set_command
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
             config = load_verl_config(overrides, args.config_name, args.config_path, notes)
             print(to_yaml(config))  # printed before the checks, so a config with problems can still be read
             check(config)
-            notes += plan_for(config).notes
+            notes += run_settings_for(config).notes
             for note in notes + _notes(config, args):
                 print(f"# note: {note}", file=sys.stderr)
             print(f"# config {args.config_name!r} is valid", file=sys.stderr)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from npu_rl.config.derived import RunPlan
+from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import PPOConfig
 from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_kl_controller
 from npu_rl.protocol import Batch
@@ -84,10 +84,10 @@ class Roles:
 
 
 class PPOTrainer:
-    def __init__(self, config: PPOConfig, plan: RunPlan, roles: Roles, prompts: PromptStream, val_loader, reward_fn,
+    def __init__(self, config: PPOConfig, run_settings: RunSettings, roles: Roles, prompts: PromptStream, val_loader, reward_fn,
                  val_reward_fn, tracker, backend, model_config, tokenizer=None, rollouts=None):
         self.config = config
-        self.plan = plan
+        self.run_settings = run_settings
         self.roles = roles
         self.prompts = prompts
         self.val_loader = val_loader
@@ -171,8 +171,8 @@ class PPOTrainer:
             dump_generations(batch, self.tokenizer, path, self.global_step)
         num_tokens = int(batch["attention_mask"].sum())
         metrics: dict[str, Any] = {**gen_metrics, **experience_metrics, **update_metrics}
-        metrics |= M.data_metrics(batch, self.plan.max_prompt_length, self.plan.max_response_length,
-                                  self.plan.use_critic)
+        metrics |= M.data_metrics(batch, self.run_settings.max_prompt_length, self.run_settings.max_response_length,
+                                  self.run_settings.use_critic)
         metrics |= timer.metrics({"gen": int(batch["response_mask"].sum()), "update_actor": num_tokens})
         metrics |= M.throughput_metrics(num_tokens, timer.seconds["step"], self.roles.num_devices)
         metrics |= self._mfu(batch, timer)
@@ -194,7 +194,7 @@ class PPOTrainer:
             with timer("gen"):
                 prompts, rollout = self.rollouts.next_rollout()
             batch, metrics = rollout.batch, metrics | rollout.metrics
-            if self.plan.use_greedy_baseline:
+            if self.run_settings.use_greedy_baseline:
                 with timer("gen_max"):
                     batch = batch.union(Batch({"reward_baselines": self._greedy_baseline(prompts)}))
             with timer("reward"):
@@ -207,7 +207,7 @@ class PPOTrainer:
             kept.append(survivors)
             num_prompts += len(set(survivors["uid"]))
             if num_prompts >= train_batch_size:
-                batch = Batch.concat(kept).index(slice(0, self.plan.train_rows))
+                batch = Batch.concat(kept).index(slice(0, self.run_settings.train_rows))
                 break
             if 0 < fg.max_num_gen_batches <= num_gen_batches:
                 raise RuntimeError(
@@ -229,14 +229,14 @@ class PPOTrainer:
         """The score of one greedy response per prompt, repeated over its n samples (ReMax's baseline). [B*n]"""
         greedy = self.roles.actor_rollout.generate_sequences(prompts, greedy=True).batch
         scored, _ = self._score(greedy)
-        return scored["token_level_scores"].sum(-1).repeat_interleave(self.plan.rollout_n)
+        return scored["token_level_scores"].sum(-1).repeat_interleave(self.run_settings.rollout_n)
 
     def _make_experience(self, batch: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, Any]]:
         """Old, reference and value forwards, then rewards and advantages: the batch the updates train on."""
         algo = self.config.algorithm
         metrics: dict[str, Any] = {}
         if self.config.trainer.balance_batch:
-            batch, balance_metrics = balance_batch(batch, self.plan.actor.dp_size)
+            batch, balance_metrics = balance_batch(batch, self.run_settings.actor.dp_size)
             metrics |= balance_metrics
         if algo.rollout_correction.bypass_mode:  # old log-probs := the rollout's (no recomputation)
             batch = bypass_old_logprobs(batch)
@@ -252,10 +252,10 @@ class PPOTrainer:
                                                       batch["response_mask"])
             batch, correction_metrics = correct_batch(batch, self.config)  # weights, rejection, rollout_corr/*
             metrics |= correction_metrics
-        if self.plan.use_ref:
+        if self.run_settings.use_ref:
             with timer("ref"):
                 batch = batch.union(self.roles.ref.compute_ref_logprobs(batch))
-        if self.plan.use_critic:
+        if self.run_settings.use_critic:
             with timer("values"):
                 batch = batch.union(self.roles.critic.compute_values(batch))
         with timer("adv"):
@@ -277,7 +277,7 @@ class PPOTrainer:
 
     def _update(self, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        if self.plan.use_critic:
+        if self.run_settings.use_critic:
             with timer("update_critic"):
                 metrics |= self.roles.critic.update_critic(batch).metrics
         if self.global_step > self.config.trainer.critic_warmup:
@@ -350,7 +350,7 @@ class PPOTrainer:
         tmp = self.checkpoints.begin(self.global_step)
         try:
             self.roles.actor_rollout.save_checkpoint(f"{tmp}/actor")
-            if self.plan.use_critic:
+            if self.run_settings.use_critic:
                 self.roles.critic.save_checkpoint(f"{tmp}/critic")
             return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
         except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
@@ -370,7 +370,7 @@ class PPOTrainer:
         check_resume_adapter(f"{path}/actor", self.config.actor_rollout_ref.model)  # a rank change, named
         state = load_trainer_state(path)
         self.roles.actor_rollout.load_checkpoint(f"{path}/actor")
-        if self.plan.use_critic:
+        if self.run_settings.use_critic:
             self.roles.critic.load_checkpoint(f"{path}/critic")
         self.global_step = state["global_step"]
         self.prompts.load_state_dict(state["prompts"])

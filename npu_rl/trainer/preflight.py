@@ -8,7 +8,7 @@ and what to change.
 - :func:`check`: the checks of a loaded config: each slice's own rules (``check(key)`` in the schema), the plan's
   arithmetic (``npu_rl.config.derived.plan_problems``), the rules between keys, then what needs the rest of the
   house (:mod:`npu_rl.trainer.checks`: names, files, the device) and the agent loops' settings.
-- :func:`plan_for`: the :class:`~npu_rl.config.derived.RunPlan`, with what it needs from the core (the estimator's
+- :func:`run_settings_for`: the :class:`~npu_rl.config.derived.RunSettings`, with what it needs from the core (the estimator's
   declared inputs, the rollout-correction settings) passed in.
 - The run folder: ``trainer.default_local_dir`` must be a folder that can be made and written (not a file, not
   under a file, not ``/proc/...`` or a read-only mount); so must ``trainer.rollout_data_dir`` /
@@ -27,7 +27,7 @@ import sys
 
 from npu_rl.agent.validate import agent_config_problems
 from npu_rl.compat.verl.translate import translate_overrides
-from npu_rl.config.derived import RunPlan, build_plan, plan_problems
+from npu_rl.config.derived import RunSettings, derive_run_settings, run_settings_problems
 from npu_rl.config.errors import ConfigError
 from npu_rl.config.loader import load_config
 from npu_rl.config.rollout_correction import rollout_correction_problems
@@ -50,10 +50,10 @@ def load_checked(overrides: list[str] | None = None, config_name: str = "ppo_tra
     module docstring). ``notes`` (a list) receives one line per verl key that was renamed, dropped or reinterpreted,
     and one per value the plan reads differently from the key as written."""
     config = load_embedded_aware(translate_overrides(list(overrides or []), notes), config_name, config_path, notes)
-    plan = _plan(config, strict=False)
-    check(config, plan, check_paths=check_paths, check_device=check_device)
+    run_settings = _plan(config, strict=False)
+    check(config, run_settings, check_paths=check_paths, check_device=check_device)
     if notes is not None:
-        notes.extend(plan.notes)
+        notes.extend(run_settings.notes)
     return config
 
 
@@ -102,12 +102,12 @@ def load_embedded_aware(overrides: list[str], config_name: str, config_path: str
     return load_config(extra + overrides, config_name, config_path)
 
 
-def plan_for(config: PPOConfig) -> RunPlan:
-    """The run plan of a (checked) config."""
+def run_settings_for(config: PPOConfig) -> RunSettings:
+    """The run settings of a (checked) config."""
     return _plan(config, strict=True)
 
 
-def _plan(config: PPOConfig, strict: bool) -> RunPlan:
+def _plan(config: PPOConfig, strict: bool) -> RunSettings:
     """``strict=False``: for checking a config that may be wrong; what does not resolve (an unknown estimator, bad
     rollout-correction settings) is left out of the plan, and the checks report it."""
     needs = estimator_needs(config.algorithm.adv_estimator) if strict or estimator_resolves(config) else frozenset()
@@ -118,22 +118,22 @@ def _plan(config: PPOConfig, strict: bool) -> RunPlan:
         except ValueError:
             if strict:
                 raise
-    return build_plan(config, needs, bypass)
+    return derive_run_settings(config, needs, bypass)
 
 
-def check(config: PPOConfig, plan: RunPlan | None = None, check_paths: bool = True, check_device: bool = True) -> None:
+def check(config: PPOConfig, run_settings: RunSettings | None = None, check_paths: bool = True, check_device: bool = True) -> None:
     """Raise ConfigError listing every problem of ``config`` (``plan``: its plan, built here when not given).
     ``check_paths``: the files it reads and writes; ``check_device``: the device it asks for."""
-    plan = plan or _plan(config, strict=False)
+    run_settings = run_settings or _plan(config, strict=False)
     problems = slice_problems(config)
     if estimator_resolves(config):
-        problems += plan_problems(config, plan)
+        problems += run_settings_problems(config, run_settings)
     problems += rollout_correction_problems(config)
-    problems += name_problems(config, plan.use_critic)
+    problems += name_problems(config, run_settings.use_critic)
     problems += agent_config_problems(config, check_paths)
     problems += router_replay_problems(config, check_paths)
     if check_paths:
-        problems += file_problems(config, plan.use_critic)
+        problems += file_problems(config, run_settings.use_critic)
         problems += run_folder_problems(config)
     if check_device:
         problems += device_problems(config)

@@ -9,7 +9,7 @@ import sys
 import time
 
 from npu_rl.agent.validate import agent_row_problems
-from npu_rl.config.derived import RunPlan, as_list, world_size
+from npu_rl.config.derived import RunSettings, as_list, world_size
 from npu_rl.config.errors import ConfigError
 from npu_rl.config.schema import PPOConfig
 from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
@@ -27,7 +27,7 @@ from npu_rl.trainer.async_rollouts import build_rollouts
 from npu_rl.trainer.checkpoint import latest_step, step_dir
 from npu_rl.trainer.interrupt import resume_command
 from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
-from npu_rl.trainer.preflight import check, plan_for, prepare_run_folder
+from npu_rl.trainer.preflight import check, run_settings_for, prepare_run_folder
 from npu_rl.trainer.sampling import PromptStream
 from npu_rl.utils.redact import install_log_redaction
 from npu_rl.workers.roles import worker_specs
@@ -39,9 +39,9 @@ def use_ray(config: PPOConfig) -> bool:
     return controller_uses_ray(config.trainer.controller, world_size(config))
 
 
-def build_worker_group(config: PPOConfig, plan: RunPlan):
+def build_worker_group(config: PPOConfig, run_settings: RunSettings):
     """Every role colocated on the same devices (hybrid engine): one group, one process per device."""
-    roles = worker_specs(config, plan)
+    roles = worker_specs(config, run_settings)
     if not use_ray(config):
         return LocalWorkerGroup(roles)
     import ray
@@ -151,7 +151,7 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     """Train with ``config`` (checked first unless ``checked``); what the run produced."""
     if not checked:
         check(config)
-    plan = plan_for(config)
+    run_settings = run_settings_for(config)
     prepare_run_folder(config)  # before anything loads: a folder in the way or another run's checkpoints
     logging.basicConfig(level=os.environ.get("NPU_RL_LOG_LEVEL", "WARNING"), stream=sys.stderr)
 
@@ -167,14 +167,14 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     reward_fn = build_reward_manager(config, tokenizer)
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
 
-    group = build_worker_group(config, plan)
+    group = build_worker_group(config, run_settings)
     total_steps = total_training_steps(config, prompts.batches_per_epoch)
     group.actor_rollout.init_model(total_steps)
     roles = Roles(actor_rollout=group.actor_rollout, num_devices=world_size(config))
     if "ref" in group.role_names():
         group.ref.init_model()
         roles.ref = group.ref
-    elif plan.ref_in_actor:
+    elif run_settings.ref_in_actor:
         roles.ref = group.actor_rollout
     if "critic" in group.role_names():
         group.critic.init_model(total_steps)
@@ -192,8 +192,8 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
           f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
 
-    rollouts = build_rollouts(config, plan, group, prompts)  # sync: the colocated engine; else a rollout pool
-    trainer = PPOTrainer(config, plan, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
+    rollouts = build_rollouts(config, run_settings, group, prompts)  # sync: the colocated engine; else a rollout pool
+    trainer = PPOTrainer(config, run_settings, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
                          group.actor_rollout.model_config(), tokenizer, rollouts=rollouts)
     start = time.perf_counter()
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from npu_rl.config.derived import RunPlan
+from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import ActorConfig, ModelConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl_loss, resolved_clip_ratios
@@ -42,7 +42,7 @@ from npu_rl.workers.engine import MicroLoss, Routing, TrainingEngine, UpdateSett
 from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 
-def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, plan: RunPlan, forward_micro: MicroBatching,
+def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, run_settings: RunSettings, forward_micro: MicroBatching,
                         sp_size: int, trainable: bool, optim_config=None, total_training_steps=None,
                         update: UpdateSettings | None = None, compile_blocks: bool = False) -> TrainingEngine:
     """A causal LM from ``actor_rollout_ref.model`` on an engine: the actor's (trained) or the reference's.
@@ -60,12 +60,12 @@ def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, plan:
         device="meta" if weights_folder else None,
     )
     if lora_on:
-        model = apply_lora(model, lora, base_path=model_cfg.path, seed=plan.seed)
-    return TrainingEngine(model, fsdp_config, role=role, response_length=plan.max_response_length,
+        model = apply_lora(model, lora, base_path=model_cfg.path, seed=run_settings.seed)
+    return TrainingEngine(model, fsdp_config, role=role, response_length=run_settings.max_response_length,
                           forward_micro=forward_micro, sp_size=sp_size, use_remove_padding=model_cfg.use_remove_padding,
                           optim_config=optim_config if trainable else None, total_training_steps=total_training_steps,
                           compile_blocks=compile_blocks, weights_folder=weights_folder,
-                          update=update, seed=plan.seed)
+                          update=update, seed=run_settings.seed)
 
 
 def logprob_options(model_cfg: ModelConfig, compute_entropy: bool) -> LogprobOptions:
@@ -75,11 +75,11 @@ def logprob_options(model_cfg: ModelConfig, compute_entropy: bool) -> LogprobOpt
 class ActorWorker:
     """The policy being trained (one role; the rollout engine and the reference are separate workers)."""
 
-    def __init__(self, model_cfg: ModelConfig, actor_cfg: ActorConfig, logprob_micro: MicroBatching, plan: RunPlan):
+    def __init__(self, model_cfg: ModelConfig, actor_cfg: ActorConfig, logprob_micro: MicroBatching, run_settings: RunSettings):
         self.model_cfg = model_cfg
         self.cfg = actor_cfg
         self.logprob_micro = logprob_micro
-        self.plan = plan
+        self.run_settings = run_settings
         self.engine: TrainingEngine | None = None
         self._step_load: torch.Tensor | None = None  # tokens per expert [L, E] of the mini-batch being stepped
         self.loss_implementation = None
@@ -90,15 +90,15 @@ class ActorWorker:
     def init_model(self, total_training_steps: int) -> None:
         cfg = self.cfg
         update = UpdateSettings(
-            rows_per_mini_batch=self.plan.actor.rows_per_mini_batch,
-            micro=MicroBatching(self.plan.micro_batches.actor_update, cfg.use_dynamic_bsz,
+            rows_per_mini_batch=self.run_settings.actor.rows_per_mini_batch,
+            micro=MicroBatching(self.run_settings.micro_batches.actor_update, cfg.use_dynamic_bsz,
                                 cfg.ppo_max_token_len_per_gpu),
             epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, grad_clip=cfg.grad_clip)
         self.engine = build_policy_engine(
-            self.model_cfg, cfg.fsdp_config, role="actor", plan=self.plan, forward_micro=self.logprob_micro,
+            self.model_cfg, cfg.fsdp_config, role="actor", run_settings=self.run_settings, forward_micro=self.logprob_micro,
             sp_size=cfg.ulysses_sequence_parallel_size, trainable=True, optim_config=cfg.optim,
             total_training_steps=total_training_steps, update=update,
-            compile_blocks=cfg.use_torch_compile and self.plan.allow_compile)
+            compile_blocks=cfg.use_torch_compile and self.run_settings.allow_compile)
         if cfg.moe_router_bias_update_rate > 0 and not moe.has_correction_bias(self.engine.compute_model):
             raise ValueError(f"actor_rollout_ref.actor.moe_router_bias_update_rate={cfg.moe_router_bias_update_rate}"
                              f": {type(moe.base_model(self.engine.compute_model)).__name__} has no routing bias "
@@ -130,13 +130,14 @@ class ActorWorker:
         routing = Routing(capture=mode == "R2", replay=mode == "R3")
 
         def forward(mb: Batch) -> dict[str, torch.Tensor]:
-            stats, routed = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options, routing)
+            stats, routed = self.engine.forward_logprob_stats(mb, self.run_settings.logprob_temperature, options,
+                                                              routing)
             out = {"old_logprobs": stats["logprobs"], "entropy": stats["entropy"]}
             if "sum_pi_squared" in stats:
                 out["sum_pi_squared"] = stats["sum_pi_squared"]
             if routing.capture:  # R2: the experts this pass chose, replayed by the update
                 out["routed_experts"] = routed.routed_experts(mb["attention_mask"].shape[1],
-                                                              self.plan.max_response_length)
+                                                              self.run_settings.max_response_length)
             return out
 
         try:
@@ -156,7 +157,7 @@ class ActorWorker:
         options = logprob_options(self.model_cfg, compute_entropy=False)
 
         def forward(mb: Batch) -> dict[str, torch.Tensor]:
-            return {"ref_logprobs": self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)[0]}
+            return {"ref_logprobs": self.engine.forward_logprobs(mb, self.run_settings.logprob_temperature, options)[0]}
 
         with adapter_disabled(self.engine.compute_model):
             return self.engine.infer(batch, forward)
@@ -189,23 +190,23 @@ class ActorWorker:
         options = logprob_options(self.model_cfg, need_entropy)
         moe_model = self.engine.router_hooks is not None
         routing = Routing(capture=moe_model, replay=self.replay_mode != "disabled")
-        stats, routed = self.engine.forward_logprob_stats(mb, self.plan.logprob_temperature, options, routing)
+        stats, routed = self.engine.forward_logprob_stats(mb, self.run_settings.logprob_temperature, options, routing)
         logprobs, entropy = stats["logprobs"], stats.get("entropy")
         response_mask = mb["response_mask"].to(device)
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=denominators["global_num_tokens"],
                    global_num_seqs=denominators["global_num_seqs"],
-                   loss_scale_factor=cfg.loss_scale_factor or self.plan.max_response_length)
+                   loss_scale_factor=cfg.loss_scale_factor or self.run_settings.max_response_length)
         ref = mb["ref_logprobs"].to(device) if cfg.use_kl_loss else None
         low, high = resolved_clip_ratios(cfg.clip_ratio, cfg.clip_ratio_low, cfg.clip_ratio_high)
         pl = cfg.policy_loss
-        loss_mode = self.plan.policy_loss_mode  # bypass_mode in algorithm.rollout_correction's bypass mode
+        loss_mode = self.run_settings.policy_loss_mode  # bypass_mode in algorithm.rollout_correction's bypass mode
         weights = mb["rollout_is_weights"].to(device) if "rollout_is_weights" in mb else None
         inputs = PolicyLossInputs(
             old_logprobs=mb["old_logprobs"].to(device), logprobs=logprobs, advantages=mb["advantages"].to(device),
             response_mask=response_mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=cfg.clip_ratio_c,
             clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
             kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, rollout_is_weights=weights,
-            rollout_correction=self.plan.bypass_correction, ref_logprobs=ref, kl_loss_type=cfg.kl_loss_type,
+            rollout_correction=self.run_settings.bypass_correction, ref_logprobs=ref, kl_loss_type=cfg.kl_loss_type,
             tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, dro_beta=pl.dro_beta, **agg)
         policy = compute_policy_loss(loss_mode=loss_mode, inputs=inputs, implementation=self.loss_implementation)
         loss = policy.loss

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from npu_rl.agent.rollout import AgentRollout, agent_rollout_enabled
-from npu_rl.config.derived import RunPlan
+from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import ActorConfig, ModelConfig, RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.models.loader import load_tokenizer, stop_token_ids
@@ -28,13 +28,14 @@ from npu_rl.workers.model_runner import MicroBatching
 class ActorRolloutWorker(ReportsMemory):
     """One role for the driver (``group.actor_rollout``), two parts inside: ``self.actor`` and ``self.engine``."""
 
-    def __init__(self, model_cfg: ModelConfig, actor_cfg: ActorConfig, rollout_cfg: RolloutConfig, plan: RunPlan):
+    def __init__(self, model_cfg: ModelConfig, actor_cfg: ActorConfig, rollout_cfg: RolloutConfig,
+                 run_settings: RunSettings):
         self.model_cfg = model_cfg
         self.rollout_cfg = rollout_cfg
-        self.plan = plan
-        logprob_micro = MicroBatching(plan.micro_batches.actor_logprob,
+        self.run_settings = run_settings
+        logprob_micro = MicroBatching(run_settings.micro_batches.actor_logprob,
                                       rollout_cfg.log_prob_use_dynamic_bsz, rollout_cfg.log_prob_max_token_len_per_gpu)
-        self.actor = ActorWorker(model_cfg, actor_cfg, logprob_micro, plan)
+        self.actor = ActorWorker(model_cfg, actor_cfg, logprob_micro, run_settings)
         self.engine = None
         self.weights_version = 0  # bumped by every policy update; the engine syncs when it lags behind
 
@@ -49,12 +50,13 @@ class ActorRolloutWorker(ReportsMemory):
         rollout_lora_rank = 0 if model_cfg.lora.merge else model_cfg.lora_rank
         self.engine = build_rollout_engine(self.rollout_cfg, model_cfg.path, self.actor.generation_module,
                                            self.tokenizer, lora_rank=rollout_lora_rank,
-                                           allow_compile=self.plan.allow_compile,
-                                           decode_steps=total_training_steps * self.plan.max_response_length)
+                                           allow_compile=self.run_settings.allow_compile,
+                                           decode_steps=total_training_steps * self.run_settings.max_response_length)
         self.agent = None  # agent loops (rollout.mode=async or multi_turn.enable): npu_rl/agent/
         if agent_rollout_enabled(self.rollout_cfg):
-            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length,
-                                      chat_kwargs=self.plan.chat_template_kwargs)
+            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids,
+                                      self.run_settings.max_response_length,
+                                      chat_kwargs=self.run_settings.chat_template_kwargs)
         if self.rollout_cfg.free_cache_engine:
             self.engine.sleep()
 
@@ -70,8 +72,9 @@ class ActorRolloutWorker(ReportsMemory):
         """Responses for ``prompts`` (``rollout.n`` samples each; one greedy sample with ``greedy``, ReMax's
         baseline), and the phases' timings and memory figures."""
         rollout_cfg = self.rollout_cfg
-        sampling = sampling_params_from_config(rollout_cfg, validate, self.plan.max_response_length, self.stop_ids,
-                                               logprobs=self.plan.rollout_logprobs and not validate)
+        sampling = sampling_params_from_config(rollout_cfg, validate, self.run_settings.max_response_length,
+                                               self.stop_ids,
+                                               logprobs=self.run_settings.rollout_logprobs and not validate)
         if greedy:
             sampling.n, sampling.do_sample, sampling.temperature, sampling.return_logprobs = 1, False, 0.0, False
         metrics: dict[str, float] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from npu_rl.config.derived import RunPlan
+from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import CriticConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import value_loss
@@ -16,9 +16,9 @@ from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 
 class CriticWorker:
-    def __init__(self, critic_cfg: CriticConfig, plan: RunPlan):
+    def __init__(self, critic_cfg: CriticConfig, run_settings: RunSettings):
         self.cfg = critic_cfg
-        self.plan = plan
+        self.run_settings = run_settings
         self.engine: TrainingEngine | None = None
 
     @register(Dispatch.ALL)
@@ -31,17 +31,17 @@ class CriticWorker:
                                  gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
                                  device="meta" if weights_folder else None)
         update = UpdateSettings(
-            rows_per_mini_batch=self.plan.critic.rows_per_mini_batch,
-            micro=MicroBatching(self.plan.micro_batches.critic_update, cfg.use_dynamic_bsz,
+            rows_per_mini_batch=self.run_settings.critic.rows_per_mini_batch,
+            micro=MicroBatching(self.run_settings.micro_batches.critic_update, cfg.use_dynamic_bsz,
                                 cfg.ppo_max_token_len_per_gpu),
             epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, grad_clip=cfg.grad_clip)
-        forward_micro = MicroBatching(self.plan.micro_batches.critic_values, cfg.use_dynamic_bsz,
+        forward_micro = MicroBatching(self.run_settings.micro_batches.critic_values, cfg.use_dynamic_bsz,
                                       cfg.forward_max_token_len_per_gpu)
         self.engine = TrainingEngine(
-            model, cfg.model.fsdp_config, role="critic", response_length=self.plan.max_response_length,
+            model, cfg.model.fsdp_config, role="critic", response_length=self.run_settings.max_response_length,
             forward_micro=forward_micro, sp_size=cfg.ulysses_sequence_parallel_size,
             use_remove_padding=cfg.model.use_remove_padding, optim_config=cfg.optim,
-            total_training_steps=total_training_steps, update=update, seed=self.plan.seed,
+            total_training_steps=total_training_steps, update=update, seed=self.run_settings.seed,
             weights_folder=weights_folder)
 
     def dispatch_layout(self):
@@ -62,7 +62,7 @@ class CriticWorker:
                          cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.cfg.loss_agg_mode,
                          global_num_tokens=denominators["global_num_tokens"],
                          global_num_seqs=denominators["global_num_seqs"],
-                         loss_scale_factor=self.cfg.loss_scale_factor or self.plan.max_response_length)
+                         loss_scale_factor=self.cfg.loss_scale_factor or self.run_settings.max_response_length)
         return MicroLoss(out.loss, {"critic/vf_clipfrac": out.metrics["vf_clipfrac"]},
                          {"critic/vf_loss": out.loss.detach()})
 

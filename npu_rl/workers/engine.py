@@ -110,7 +110,7 @@ class RoutedForward:
 
 @dataclass(frozen=True)
 class UpdateSettings:
-    """How a trained role cuts and repeats its batch (from its config slice and the run plan)."""
+    """How a trained role cuts and repeats its batch (from its config slice and the run settings)."""
 
     rows_per_mini_batch: int  # per rank
     micro: MicroBatching

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from npu_rl.config.derived import RunPlan
+from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import ModelConfig, RefConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.protocol import Batch
@@ -14,21 +14,21 @@ from npu_rl.workers.model_runner import MicroBatching
 
 
 class ReferenceWorker:
-    def __init__(self, model_cfg: ModelConfig, ref_cfg: RefConfig, plan: RunPlan):
+    def __init__(self, model_cfg: ModelConfig, ref_cfg: RefConfig, run_settings: RunSettings):
         self.model_cfg = model_cfg
         self.cfg = ref_cfg
-        self.plan = plan
+        self.run_settings = run_settings
         self.engine: TrainingEngine | None = None
 
     @register(Dispatch.ALL)
     def init_model(self) -> None:
         ref = self.cfg
-        micro = MicroBatching(self.plan.micro_batches.ref_logprob, ref.log_prob_use_dynamic_bsz,
+        micro = MicroBatching(self.run_settings.micro_batches.ref_logprob, ref.log_prob_use_dynamic_bsz,
                               ref.log_prob_max_token_len_per_gpu)
-        self.engine = build_policy_engine(self.model_cfg, ref.fsdp_config, role="ref", plan=self.plan,
+        self.engine = build_policy_engine(self.model_cfg, ref.fsdp_config, role="ref", run_settings=self.run_settings,
                                           forward_micro=micro, sp_size=ref.ulysses_sequence_parallel_size,
                                           trainable=False,
-                                          compile_blocks=ref.use_torch_compile and self.plan.allow_compile)
+                                          compile_blocks=ref.use_torch_compile and self.run_settings.allow_compile)
 
     def dispatch_layout(self):
         return self.engine.dispatch_layout() if self.engine is not None else None
@@ -39,6 +39,6 @@ class ReferenceWorker:
         options = logprob_options(self.model_cfg, compute_entropy=False)
 
         def forward(mb: Batch) -> dict[str, torch.Tensor]:
-            return {"ref_logprobs": self.engine.forward_logprobs(mb, self.plan.logprob_temperature, options)[0]}
+            return {"ref_logprobs": self.engine.forward_logprobs(mb, self.run_settings.logprob_temperature, options)[0]}
 
         return self.engine.infer(batch, forward)

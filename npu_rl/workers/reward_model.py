@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from npu_rl.config.derived import RunPlan
+from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import RewardModelConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.models.loader import load_tokenizer, resolve_model_path
@@ -51,9 +51,9 @@ def _score_head(model) -> torch.nn.Module:
 
 
 class RewardModelWorker:
-    def __init__(self, rm_cfg: RewardModelConfig, plan: RunPlan):
+    def __init__(self, rm_cfg: RewardModelConfig, run_settings: RunSettings):
         self.cfg = rm_cfg
-        self.plan = plan
+        self.run_settings = run_settings
         self.engine: TrainingEngine | None = None
 
     @register(Dispatch.ALL)
@@ -62,14 +62,14 @@ class RewardModelWorker:
         weights_folder = sharded_load_folder(rm.model.path)  # several ranks: built on meta, read shard by shard
         model = load_reward_model(rm.model.path, rm.model.fsdp_config.model_dtype, rm.model.trust_remote_code,
                                   device="meta" if weights_folder else None)
-        micro = MicroBatching(self.plan.micro_batches.reward_model, rm.use_dynamic_bsz,
+        micro = MicroBatching(self.run_settings.micro_batches.reward_model, rm.use_dynamic_bsz,
                               rm.forward_max_token_len_per_gpu)
         self.engine = TrainingEngine(model, rm.model.fsdp_config, role="reward_model",
-                                     response_length=self.plan.max_response_length, forward_micro=micro,
-                                     seed=self.plan.seed, weights_folder=weights_folder)
+                                     response_length=self.run_settings.max_response_length, forward_micro=micro,
+                                     seed=self.run_settings.seed, weights_folder=weights_folder)
         self.tokenizer = load_tokenizer(rm.model.path, rm.model.trust_remote_code)
         self.tokenizer.padding_side = "right"  # the score is read at the last real token
-        self.policy_tokenizer = load_tokenizer(rm.model.input_tokenizer or self.plan.policy_model_path)
+        self.policy_tokenizer = load_tokenizer(rm.model.input_tokenizer or self.run_settings.policy_model_path)
         self.same_tokenizer = self.policy_tokenizer.get_vocab() == self.tokenizer.get_vocab()
 
     def dispatch_layout(self):

@@ -1,11 +1,11 @@
-"""The roles of a run, each given its own config slice and the run plan: the one place that slices the root config
+"""The roles of a run, each given its own config slice and the run settings: the one place that slices the root config
 for the workers."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from npu_rl.config.derived import RunPlan
+from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import PPOConfig
 from npu_rl.controller.worker_group import WorkerSpec
 from npu_rl.workers.actor_rollout import ActorRolloutWorker
@@ -14,17 +14,17 @@ from npu_rl.workers.reference import ReferenceWorker
 from npu_rl.workers.reward_model import RewardModelWorker
 
 
-def worker_specs(config: PPOConfig, plan: RunPlan) -> dict[str, WorkerSpec]:
+def worker_specs(config: PPOConfig, run_settings: RunSettings) -> dict[str, WorkerSpec]:
     """``{role name: WorkerSpec}`` for every role the plan needs; all colocated on the same devices."""
     arr = config.actor_rollout_ref
     rollout = arr.rollout
     if config.async_training.mode != "sync":  # the rollout pool generates; the trainer keeps only the free hf twin
         rollout = dataclasses.replace(rollout, name="hf", free_cache_engine=False)
-    roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (arr.model, arr.actor, rollout, plan))}
-    if plan.use_ref and not plan.ref_in_actor:  # with LoRA the actor serves the reference (adapter off)
-        roles["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.ref, plan))
-    if plan.use_critic:
-        roles["critic"] = WorkerSpec(CriticWorker, (config.critic, plan))
-    if plan.use_reward_model:
-        roles["reward_model"] = WorkerSpec(RewardModelWorker, (config.reward_model, plan))
+    roles = {"actor_rollout": WorkerSpec(ActorRolloutWorker, (arr.model, arr.actor, rollout, run_settings))}
+    if run_settings.use_ref and not run_settings.ref_in_actor:  # with LoRA the actor serves the reference (adapter off)
+        roles["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.ref, run_settings))
+    if run_settings.use_critic:
+        roles["critic"] = WorkerSpec(CriticWorker, (config.critic, run_settings))
+    if run_settings.use_reward_model:
+        roles["reward_model"] = WorkerSpec(RewardModelWorker, (config.reward_model, run_settings))
     return roles

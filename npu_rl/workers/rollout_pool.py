@@ -22,7 +22,7 @@ import torch
 from npu_rl.agent.rollout import AgentRollout, agent_rollout_enabled
 from npu_rl.agent.loops import SINGLE_TURN_LOOP
 from npu_rl.agent.runner import row_agent_names
-from npu_rl.config.derived import RunPlan
+from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import ModelConfig, RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.models.loader import load_tokenizer, stop_token_ids
@@ -38,10 +38,10 @@ from npu_rl.device import get_backend
 class RolloutPoolWorker(ReportsMemory):
     """``group.rollout`` of the rollout pool: generate, and take weights pushed by the trainer."""
 
-    def __init__(self, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, plan: RunPlan):
+    def __init__(self, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, run_settings: RunSettings):
         self.model_cfg = model_cfg
         self.rollout_cfg = rollout_cfg
-        self.plan = plan
+        self.run_settings = run_settings
         self.engine = None
         self.weights: WeightGroup | None = None
         self.push_signal: PushSignal | None = None
@@ -53,11 +53,12 @@ class RolloutPoolWorker(ReportsMemory):
         self.tokenizer = load_tokenizer(cfg.path, cfg.trust_remote_code, cfg.custom_chat_template)
         self.stop_ids = stop_token_ids(self.tokenizer, cfg.path)
         self.engine = build_rollout_engine(self.rollout_cfg, cfg.path, None, self.tokenizer,
-                                           allow_compile=self.plan.allow_compile)
+                                           allow_compile=self.run_settings.allow_compile)
         self.agent = None  # rollout.mode=async / multi_turn: the same agent loops as the colocated worker
         if agent_rollout_enabled(self.rollout_cfg):
-            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids, self.plan.max_response_length,
-                                      chat_kwargs=self.plan.chat_template_kwargs)
+            self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids,
+                                      self.run_settings.max_response_length,
+                                      chat_kwargs=self.run_settings.chat_template_kwargs)
 
     @register(Dispatch.ALL, blocking=False)
     def join_weight_group(self, backend: str, host: str, port: int, world_size: int) -> None:
@@ -102,8 +103,8 @@ class RolloutPoolWorker(ReportsMemory):
         return False
 
     def _training_sampling(self, validate: bool = False):
-        return sampling_params_from_config(self.rollout_cfg, validate, self.plan.max_response_length,
-                                           self.stop_ids, logprobs=self.plan.rollout_logprobs and not validate)
+        return sampling_params_from_config(self.rollout_cfg, validate, self.run_settings.max_response_length,
+                                           self.stop_ids, logprobs=self.run_settings.rollout_logprobs and not validate)
 
     @register(Dispatch.DP_SPLIT)
     def generate_sequences(self, prompts: Batch, validate: bool = False,

@@ -17,7 +17,7 @@ from npu_rl.config.errors import ConfigError
 from npu_rl.config.loader import load_config
 from npu_rl.config.rules import slice_problems
 from npu_rl.config.schema import PPOConfig
-from npu_rl.trainer.preflight import check, plan_for
+from npu_rl.trainer.preflight import check, run_settings_for
 
 SMALL = ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=grpo"]
@@ -145,10 +145,10 @@ def test_loading_and_checking_never_change_the_config():
     config = load_config(SMALL + ["actor_rollout_ref.actor.ppo_micro_batch_size=4", f"{RC}.rollout_is=token"])
     before = copy.deepcopy(config)
     check(config, check_paths=False, check_device=False)
-    plan = plan_for(config)
+    run_settings = run_settings_for(config)
     assert config == before
     assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
-    assert plan.micro_batches.actor_update == 4 and plan.rollout_logprobs
+    assert run_settings.micro_batches.actor_update == 4 and run_settings.rollout_logprobs
 
 
 def test_the_config_room_checks_nothing_it_cannot_see():

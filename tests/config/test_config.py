@@ -256,7 +256,7 @@ def test_seed_dapo_npu_script_fails_only_on_missing_files_and_device(tmp_path, m
 
 
 def test_keys_without_effect_get_a_note_only_when_set():
-    from npu_rl.config.reference import ignored_settings
+    from npu_rl.config.key_docs import ignored_settings
 
     assert ignored_settings(cfg()) == []
     notes = ignored_settings(cfg("actor_rollout_ref.actor.entropy_checkpointing=True", "trainer.default_hdfs_dir=/x"))

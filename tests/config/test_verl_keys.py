@@ -12,7 +12,7 @@ import pytest
 from npu_rl.compat.verl import keys as verl_keys
 from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.loader import ConfigError, check_key, load_config
-from npu_rl.trainer.preflight import check as validate, plan_for
+from npu_rl.trainer.preflight import check as validate, run_settings_for
 from tests.conftest import REPO_ROOT
 
 DATA = os.path.join(REPO_ROOT, "tests", "config", "data")
@@ -179,15 +179,15 @@ def test_global_micro_batch_keys_are_divided_by_the_data_parallel_ranks():
                   "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "reward_model.micro_batch_size=16",
                   notes=notes)
     assert config.actor_rollout_ref.actor.ppo_micro_batch_size == 64  # the config stays as written; the plan divides
-    plan = plan_for(config)
-    micro = plan.micro_batches
+    run_settings = run_settings_for(config)
+    micro = run_settings.micro_batches
     assert micro.actor_update == 16  # 64 over 8 / sp 2 = 4 data-parallel ranks
     assert micro.ref_logprob == 32  # the ref's sp (follows the actor's, 2): 4 ranks
     assert micro.actor_logprob == 32  # computed by the actor: the actor's sp
     assert micro.critic_update == 4
     assert micro.critic_values == 4  # follows critic.ppo_micro_batch_size
     assert micro.reward_model == 2
-    assert any("ppo_micro_batch_size=64 is global" in n for n in plan.notes), plan.notes
+    assert any("ppo_micro_batch_size=64 is global" in n for n in run_settings.notes), run_settings.notes
 
 
 def test_uneven_micro_batches_run_with_a_note():
@@ -196,7 +196,7 @@ def test_uneven_micro_batches_run_with_a_note():
                   "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
                   "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "algorithm.adv_estimator=grpo", notes=notes)
     validate(config, check_paths=False, check_device=False)
-    notes = plan_for(config).notes
+    notes = run_settings_for(config).notes
     assert any("not a multiple of ppo_micro_batch_size_per_gpu=3" in n and "holds 2" in n for n in notes), notes
 
 

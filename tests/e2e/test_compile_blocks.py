@@ -10,7 +10,7 @@ from npu_rl.workers.model_runner import compile_elementwise_blocks
 from tests.helpers import make_tiny_model
 
 # Run in a fresh interpreter: a msprobe precision dump earlier in the test session leaves torch's APIs wrapped, and
-# msprobe then refuses TorchDynamo for the rest of the process (why RunPlan.allow_compile exists).
+# msprobe then refuses TorchDynamo for the rest of the process (why RunSettings.allow_compile exists).
 _COMPARE = """
 import copy, torch
 from tests.helpers import make_tiny_model
@@ -83,10 +83,10 @@ def test_runner_compiles_the_compute_copy_only_when_asked_and_allowed(monkeypatc
 
 
 def test_precision_dumps_turn_compilation_off():
-    from npu_rl.trainer.preflight import plan_for
+    from npu_rl.trainer.preflight import run_settings_for
     from tests.config.test_config import cfg
 
-    assert plan_for(cfg()).allow_compile
-    plan = plan_for(cfg("global_profiler.tool=precision_debugger", "global_profiler.steps=[1]",
+    assert run_settings_for(cfg()).allow_compile
+    run_settings = run_settings_for(cfg("global_profiler.tool=precision_debugger", "global_profiler.steps=[1]",
                         "actor_rollout_ref.actor.profiler.enable=True"))
-    assert not plan.allow_compile
+    assert not run_settings.allow_compile

@@ -21,7 +21,7 @@ from npu_rl.commands.merge import main as merge_main
 from npu_rl.controller.worker_group import LocalWorkerGroup
 from npu_rl.data.loader import build_dataloader
 from npu_rl.models.synthetic import char_tokenizer
-from npu_rl.trainer.preflight import plan_for
+from npu_rl.trainer.preflight import run_settings_for
 from npu_rl.workers.roles import worker_specs
 from tests.trainer.conftest import REWARD_FN, base_overrides, run_training, step_rows
 from tests.e2e.test_ray_workers import _config, _experience, _ray_group, _weights
@@ -63,7 +63,7 @@ def test_ep2_grpo_updates_on_two_ray_workers_match_one_process(ray_session, moe_
     extra = ["actor_rollout_ref.model.use_remove_padding=True"]
     single = _config(moe_model_dir, str(tmp_path / "a"), reward_file, extra)
     config = _config(moe_model_dir, str(tmp_path / "b"), reward_file, extra + EP + ["trainer.n_gpus_per_node=2"])
-    local, pool, ray_group = LocalWorkerGroup(worker_specs(single, plan_for(single))), None, None
+    local, pool, ray_group = LocalWorkerGroup(worker_specs(single, run_settings_for(single))), None, None
     try:
         pool, ray_group = _ray_group(config, "moe_ep2")
         local.actor_rollout.init_model(steps)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from npu_rl.config.loader import load_config
-from npu_rl.trainer.preflight import plan_for
+from npu_rl.trainer.preflight import run_settings_for
 from npu_rl.controller.worker_group import LocalWorkerGroup
 from npu_rl.core import AdvantageInputs, compute_advantages
 from npu_rl.data.loader import build_dataloader
@@ -41,7 +41,7 @@ def _ray_group(config, name):
     from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
 
     pool = ResourcePool([2], resource=None, name=name)
-    group = RayWorkerGroup(pool, worker_specs(config, plan_for(config)), env={"OMP_NUM_THREADS": "1"}, name=name)
+    group = RayWorkerGroup(pool, worker_specs(config, run_settings_for(config)), env={"OMP_NUM_THREADS": "1"}, name=name)
     return pool, group
 
 
@@ -70,7 +70,7 @@ def test_two_ray_workers_match_one_process(layout, ray_session, tiny_model_dir, 
     if layout == "sp2":
         extra += ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]
     config = _config(tiny_model_dir, str(tmp_path / "b"), reward_file, extra + ["trainer.n_gpus_per_node=2"])
-    local, pool, ray_group = LocalWorkerGroup(worker_specs(single, plan_for(single))), None, None
+    local, pool, ray_group = LocalWorkerGroup(worker_specs(single, run_settings_for(single))), None, None
     try:
         pool, ray_group = _ray_group(config, f"parity_{layout}")
         local.actor_rollout.init_model(STEPS)

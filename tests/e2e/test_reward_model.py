@@ -29,14 +29,14 @@ def rm_dir(tmp_path_factory) -> str:
 def test_scores_equal_an_unpadded_forward(tiny_model_dir, rm_dir, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from npu_rl.trainer.preflight import plan_for
+    from npu_rl.trainer.preflight import run_settings_for
     from npu_rl.protocol import Batch
     from npu_rl.workers.reward_model import RewardModelWorker
 
     config = load_config(base_overrides(tiny_model_dir, str(tmp_path)) + [
         "preset=grpo", "reward_model.enable=True", f"reward_model.model.path={rm_dir}",
         "reward_model.model.fsdp_config.mixed_precision.param_dtype=fp32", "reward_model.micro_batch_size_per_gpu=2"])
-    worker = RewardModelWorker(config.reward_model, plan_for(config))
+    worker = RewardModelWorker(config.reward_model, run_settings_for(config))
     worker.init_model()
     # Two rows: prompt left-padded to 4, response right-padded to 3.
     prompts = torch.tensor([[0, 0, 10, 11], [0, 12, 13, 14]])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from npu_rl.config.loader import ConfigError, load_config
-from npu_rl.trainer.preflight import check as validate, plan_for
+from npu_rl.trainer.preflight import check as validate, run_settings_for
 from npu_rl.protocol import Batch
 from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from tests.trainer.conftest import base_overrides, run_training, step_rows
@@ -30,8 +30,8 @@ def test_the_correction_turns_rollout_logprobs_on(extra):
     """In the plan: the config stays as written (nothing changes it after loading)."""
     config = load_config(extra)
     assert config.actor_rollout_ref.rollout.calculate_log_probs is False
-    assert plan_for(config).rollout_logprobs
-    assert not plan_for(load_config([])).rollout_logprobs
+    assert run_settings_for(config).rollout_logprobs
+    assert not run_settings_for(load_config([])).rollout_logprobs
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -87,7 +87,7 @@ def test_partial_rollouts_take_single_turn_rows_only():
 
 def test_sync_trainer_notes_async_keys_and_streaming_is_fully_async_only():
     from npu_rl.config.errors import ConfigError
-    from npu_rl.config.reference import ignored_settings
+    from npu_rl.config.key_docs import ignored_settings
     from npu_rl.trainer.preflight import check as validate
 
     config = load_config(["rollout.nnodes=2", "async_training.require_batches=3"], "quickstart")

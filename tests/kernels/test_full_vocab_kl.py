@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import npu_rl.kernels as K
-from npu_rl.kernels.reference import naive_full_vocab_kl
+from npu_rl.kernels.plain import naive_full_vocab_kl
 from tests.kernels.conftest import ON_CPU
 from tests.kernels.parity import make_problem, rel_err
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import npu_rl.kernels as K
-from npu_rl.kernels.reference import naive_logprob_entropy
+from npu_rl.kernels.plain import naive_logprob_entropy
 from npu_rl.kernels.tiles import TileConfig
 from tests.kernels.conftest import ON_CPU
 from tests.kernels.parity import make_problem, rel_err

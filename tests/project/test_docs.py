@@ -31,15 +31,15 @@ def test_every_cited_path_exists():
     assert not missing, "\n".join(missing)
 
 
-def test_config_reference_is_generated_from_the_schema():
-    from npu_rl.config.reference import markdown, walk
+def test_config_keys_is_generated_from_the_schema():
+    from npu_rl.config.key_docs import markdown, walk
 
-    with open(os.path.join(REPO_ROOT, "docs", "config_reference.md"), encoding="utf-8") as f:
-        assert f.read() == markdown(), "regenerate: python -m npu_rl.config.reference > docs/config_reference.md"
+    with open(os.path.join(REPO_ROOT, "docs", "config_keys.md"), encoding="utf-8") as f:
+        assert f.read() == markdown(), "regenerate: python -m npu_rl.config.key_docs > docs/config_keys.md"
     keys = {row[0] for row in walk()}
     assert {"data.train_files", "actor_rollout_ref.actor.optim.lr", "trainer.logger", "algorithm.adv_estimator"} <= keys
 
 
 def test_the_pages_exist():
-    for page in ("tracking.md", "config_reference.md", "byo_dataset.md", "troubleshooting.md"):
+    for page in ("tracking.md", "config_keys.md", "byo_dataset.md", "troubleshooting.md"):
         assert os.path.getsize(os.path.join(REPO_ROOT, "docs", page)) > 1000, page

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from npu_rl.config.loader import load_config
-from npu_rl.trainer.preflight import plan_for
+from npu_rl.trainer.preflight import run_settings_for
 from npu_rl.protocol import Batch
 from npu_rl.workers.actor import ActorWorker
 from npu_rl.workers.critic import CriticWorker
@@ -37,11 +37,11 @@ def _training_batch() -> Batch:
 
 
 def _build(role: str, config):
-    plan = plan_for(config)
+    run_settings = run_settings_for(config)
     if role == "critic":
-        return CriticWorker(config.critic, plan)
+        return CriticWorker(config.critic, run_settings)
     arr = config.actor_rollout_ref
-    return ActorWorker(arr.model, arr.actor, MicroBatching(), plan)
+    return ActorWorker(arr.model, arr.actor, MicroBatching(), run_settings)
 
 
 def _update(worker, batch):

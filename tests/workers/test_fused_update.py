@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from npu_rl.config.loader import load_config
-from npu_rl.trainer.preflight import plan_for
+from npu_rl.trainer.preflight import run_settings_for
 from npu_rl.protocol import Batch
 from npu_rl.workers.actor import ActorWorker
 from npu_rl.workers.model_runner import MicroBatching
@@ -27,7 +27,7 @@ def _update(model_dir, tmp_path, fused: bool) -> tuple[dict, dict]:
         f"actor_rollout_ref.model.use_fused_kernels={fused}",
         "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch"])
     arr = config.actor_rollout_ref
-    worker = ActorWorker(arr.model, arr.actor, MicroBatching(), plan_for(config))
+    worker = ActorWorker(arr.model, arr.actor, MicroBatching(), run_settings_for(config))
     worker.init_model(total_training_steps=1)
     metrics = worker.update_policy(_batch()).metrics
     return metrics, {k: v.detach().clone() for k, v in worker.model.state_dict().items()}

@@ -39,19 +39,19 @@ def actor_config(model_dir: str, out_dir: str, *extra: str):
 
 def actor_worker(config):
     """An ActorWorker from a root config, as roles.py slices it (log-prob micro-batches from the rollout keys)."""
-    from npu_rl.trainer.preflight import plan_for
+    from npu_rl.trainer.preflight import run_settings_for
     from npu_rl.workers.actor import ActorWorker
     from npu_rl.workers.model_runner import MicroBatching
 
     arr = config.actor_rollout_ref
     micro = MicroBatching(arr.rollout.log_prob_micro_batch_size_per_gpu, arr.rollout.log_prob_use_dynamic_bsz,
                           arr.rollout.log_prob_max_token_len_per_gpu)
-    return ActorWorker(arr.model, arr.actor, micro, plan_for(config))
+    return ActorWorker(arr.model, arr.actor, micro, run_settings_for(config))
 
 
 def actor_rollout_worker(config):
-    from npu_rl.trainer.preflight import plan_for
+    from npu_rl.trainer.preflight import run_settings_for
     from npu_rl.workers.actor_rollout import ActorRolloutWorker
 
     arr = config.actor_rollout_ref
-    return ActorRolloutWorker(arr.model, arr.actor, arr.rollout, plan_for(config))
+    return ActorRolloutWorker(arr.model, arr.actor, arr.rollout, run_settings_for(config))

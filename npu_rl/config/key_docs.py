@@ -1,5 +1,5 @@
-"""The config reference (docs/config_reference.md), generated from the schema: every key, its type, its default and
-what it does. ``python -m npu_rl.config.reference > docs/config_reference.md`` regenerates the page; a test keeps
+"""The config key table (docs/config_keys.md), generated from the schema: every key, its type, its default and
+what it does. ``python -m npu_rl.config.key_docs > docs/config_keys.md`` regenerates the page; a test keeps
 the committed page equal to this output.
 
 The description of a key is the docstring under its field (a string right after the annotated assignment in the
@@ -120,10 +120,10 @@ def walk(cls=None, prefix: str = "") -> list[tuple[str, str, str, str]]:
 
 def markdown() -> str:
     lines = [
-        "# Config reference",
+        "# Config keys",
         "",
         "Every key of the config tree with its type, its default and what it does, generated from the docstrings",
-        "under the fields of `npu_rl/config/schema.py` (`python -m npu_rl.config.reference > docs/config_reference.md`;",
+        "under the fields of `npu_rl/config/schema.py` (`python -m npu_rl.config.key_docs > docs/config_keys.md`;",
         "a test keeps this page in step). Keys are verl's; where npu-rl's default differs from verl's the description",
         "says so. A key with no description here means what it means in verl. `${...}` defaults follow another key",
         "unless set. `npu-rl train --cfg job` prints the resolved values of a run; docs/configuration.md explains how",
