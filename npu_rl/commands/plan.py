@@ -25,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help=f"{' | '.join(DEVICES)} (default: this machine's)")
     parser.add_argument("--model-config", default=None, help="the policy's config.json (a Hub id not on disk)")
     parser.add_argument("--critic-model-config", default=None, help="the critic's config.json")
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size of a mixture-of-experts actor: its "
-                        "routed experts split over this many ranks (default 1)")
+    parser.add_argument("--ep", type=int, default=None, help="expert-parallel size of a mixture-of-experts actor: its "
+                        "routed experts split over this many ranks (default: the config's "
+                        "actor_rollout_ref.actor.fsdp_config.expert_parallel_size)")
     parser.add_argument("--config-name", "-cn", default="ppo_trainer")
     parser.add_argument("--config-path", "-cp", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")

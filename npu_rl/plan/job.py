@@ -328,9 +328,10 @@ def _tokens(rows: int | None, dynamic: bool, max_tokens: int, sp: int, seq: int,
 
 
 def inputs_from_config(config, *, model_config: str | None = None, critic_model_config: str | None = None,
-                       devices_per_node: int | None = None, ep: int = 1) -> JobInputs:
+                       devices_per_node: int | None = None, ep: int | None = None) -> JobInputs:
     """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`; ``ep``: the expert-parallel
-    size of a mixture-of-experts actor (``npu-rl plan --ep``)."""
+    size of a mixture-of-experts actor (``npu-rl plan --ep``; default: the actor's
+    ``fsdp_config.expert_parallel_size``)."""
     # the memory plan reads no bypass-loss settings: None for them
     run = derive_run_settings(config, estimator_needs(config.algorithm.adv_estimator), None)
     arr, data = config.actor_rollout_ref, config.data
@@ -355,6 +356,7 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
         micro_batches_per_step=max(1, math.ceil(rows_per_mini * seq / max(micro, 1))),
         fused_kernels=bool(model.use_fused_kernels), entropy=actor_cfg.entropy_coeff != 0, lora_rank=lora)
     shape = model_shape(model.path, model_config)
+    ep = fsdp.expert_parallel_size if ep is None else ep
     check_ep(shape, ep, shard)
     actor = replace(actor, ep=ep)
     ref = None
