@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     dtype = to_dtype(args.dtype) if args.dtype else None
     try:
+        check_output_dir(args.out, "--out")  # an unusable --out is said first, before the checkpoint is looked at
         source = args.checkpoint if args.adapter else resolve_checkpoint(args.checkpoint, args.role)
         read = tuple(p for p in (source, args.adapter, args.base) if p and os.path.exists(p))  # files read
         keep = tuple(p for p in (args.checkpoint,) if os.path.exists(p)) + read  # e.g. the run folder given

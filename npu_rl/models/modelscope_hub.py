@@ -35,12 +35,11 @@ import urllib.request
 from dataclasses import dataclass
 
 from npu_rl.models.hub import WANTED_FILES, parse_hub_id
-from npu_rl.utils.hf_env import is_offline
+from npu_rl.utils.hf_env import TRUTHY, is_offline
 from npu_rl.utils.redact import redact_url
 
 PREFIX = "modelscope://"
 DEFAULT_ENDPOINT = "https://modelscope.cn"
-_TRUE = ("1", "ON", "YES", "TRUE")
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class ModelScopeId:
 
 def use_modelscope() -> bool:
     """verl's switch: ``VERL_USE_MODELSCOPE`` (verl reads ``true``; 1 / on / yes count too)."""
-    return os.environ.get("VERL_USE_MODELSCOPE", "").upper() in _TRUE
+    return os.environ.get("VERL_USE_MODELSCOPE", "").upper() in TRUTHY
 
 
 def parse_modelscope_id(path: str) -> ModelScopeId | None:

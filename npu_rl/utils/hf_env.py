@@ -19,7 +19,7 @@ from typing import Callable, TypeVar
 
 from npu_rl.utils.redact import install_log_redaction, redact_text, redact_url
 
-_TRUE = ("1", "ON", "YES", "TRUE")
+TRUTHY = ("1", "ON", "YES", "TRUE")  # how an environment switch says yes (HF_HUB_OFFLINE, VERL_USE_MODELSCOPE)
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TIMEOUT_VARIABLE = "NPU_RL_HUB_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
@@ -31,7 +31,7 @@ _client_lock = threading.Lock()
 def is_offline() -> bool:
     """``HF_HUB_OFFLINE`` (or transformers' ``TRANSFORMERS_OFFLINE``) is set to a true value."""
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.upper() in _TRUE
+    return value.upper() in TRUTHY
 
 
 def hub_cache_dir() -> str:

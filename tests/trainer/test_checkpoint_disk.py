@@ -34,7 +34,7 @@ def _trainer(root: str):
                                                                                extra={"scheduler": {}}))
     trainer = types.SimpleNamespace(checkpoints=CheckpointManager(root), global_step=1,
                                     roles=types.SimpleNamespace(actor_rollout=actor),
-                                    plan=types.SimpleNamespace(use_critic=False))
+                                    run_settings=types.SimpleNamespace(use_critic=False))
     trainer.trainer_state = lambda: {"global_step": trainer.global_step}
     return trainer
 
