@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any, Callable
 
 import torch
@@ -38,6 +39,24 @@ def _first_lines(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     keep = [line for line in lines if line.startswith(("The actor died", "ip:", "name:", "the actor's node"))]
     return "; ".join(keep or lines[:3])
+
+
+def _dead_rank(refs: list, timeout_s: float = 60.0):
+    """The RayActorError of a rank whose actor died, waiting up to ``timeout_s`` in all for Ray to notice; None when
+    every rank is alive (the task failed on its own)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    for ref in refs:
+        if ref is None:
+            continue
+        try:
+            ray.get(ref, timeout=max(deadline - time.monotonic(), 0.1))
+        except ray.exceptions.RayActorError as exc:
+            return exc
+        except Exception:  # noqa: BLE001 - this rank's own failure or timeout: look at the next rank
+            continue
+    return None
 
 
 class ResourcePool:
@@ -234,6 +253,14 @@ class RayWorkerGroup(WorkerGroup):
             except ray.exceptions.RayActorError as exc:  # a rank's process or its whole node is gone
                 raise WorkerLostError(f"a Ray worker died while running {role}.{method}: "
                                       f"{_first_lines(exc)}") from exc
+            except ray.exceptions.RayTaskError:
+                # A surviving rank's collective fails as soon as its peer is gone ("Connection closed by peer"),
+                # often before Ray has marked the dead rank's actor: the death is the cause, said as such.
+                dead = _dead_rank(refs)
+                if dead is None:
+                    raise
+                raise WorkerLostError(f"a Ray worker died while running {role}.{method}: "
+                                      f"{_first_lines(dead)}") from dead
             return [None if r is None else next(values) for r in refs]
 
         return resolve

@@ -81,6 +81,15 @@ def warp_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
     return logits
 
 
+
+def _no_router_loss(module) -> dict:
+    """An MoE model whose config asks for router logits (``output_router_logits=True``: the auxiliary loss in training)
+    computes transformers' load-balancing loss in every forward, decoding included, where it fails: each decode step
+    routes one token per row against the whole attention mask (found on the H200 with Qwen3-MoE, transformers 5.17).
+    Generation needs no loss; the experts are recorded by the router hooks."""
+    config = getattr(module, "config", None)
+    return {"output_router_logits": False} if getattr(config, "output_router_logits", False) else {}
+
 class SamplingProcessor(LogitsProcessor):
     """Applies the configured warping and records the chosen tokens' log-probs (see the module docstring)."""
 
@@ -217,6 +226,7 @@ class HFRolloutEngine:
                         generation_config=self._generation_config(sampling, compiled),
                         logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
                         stopping_criteria=StoppingCriteriaList([StopWhenAsked(should_stop)] if should_stop else []),
+                        **_no_router_loss(module),
                     )
                     decode_s = time.perf_counter() - decode_start  # generate returns tokens: synchronised
                 finally:
