@@ -259,3 +259,26 @@ def test_factory_builds_an_eager_hf_engine_for_a_short_run(monkeypatch, eos_mode
     short = build_rollout_engine(config, eos_model_dir, model, tokenizer, decode_steps=15 * 24)
     long = build_rollout_engine(config, eos_model_dir, model, tokenizer, decode_steps=200 * 256)
     assert not short.compiled_decode and long.compiled_decode
+
+
+def test_an_moe_model_asking_for_router_logits_generates():
+    """``output_router_logits=True`` (the auxiliary loss in training) made every decode step compute transformers'
+    load-balancing loss against the whole attention mask, which fails with left padding (found on the H200): the
+    engine generates without it, and the tokens equal those of the same model not asking."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from npu_rl.models.synthetic import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    config = AutoConfig.for_model("qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                  num_experts=8, num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=16, num_hidden_layers=2, vocab_size=len(tokenizer),
+                                  output_router_logits=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    prompts = make_prompts(tokenizer)
+    assert prompts["attention_mask"].min() == 0  # left padding: what failed
+    asking = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy(max_new_tokens=6)).batch
+    model.config.output_router_logits = False
+    plain = HFRolloutEngine(model, tokenizer.pad_token_id).generate(prompts, greedy(max_new_tokens=6)).batch
+    assert torch.equal(asking["responses"], plain["responses"])
