@@ -18,44 +18,35 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
-class FakeHub:
+class LocalServer:
+    """An HTTP server on 127.0.0.1 in a thread, every HEAD / GET / POST handed to ``_answer(handler, head)``; the
+    fake Hub and the fake ModelScope (tests/fake_modelscope.py) differ only in what they answer."""
+
     def __init__(self):
-        self.repos: dict[tuple[str, str], dict[str, bytes]] = {}  # (kind, repo id) -> {path: bytes}
         self.requests: list[str] = []
         self.unknown: list[str] = []
         self._server = None
         self._thread = None
 
-    def add(self, kind: str, repo_id: str, files: dict[str, bytes]) -> str:
-        """Add a repo (kind "models" or "datasets"); returns its commit sha."""
-        self.repos[(kind, repo_id)] = dict(files)
-        return self.sha(kind, repo_id)
-
-    def sha(self, kind: str, repo_id: str) -> str:
-        digest = hashlib.sha1()
-        for path, data in sorted(self.repos[(kind, repo_id)].items()):
-            digest.update(path.encode() + b"\0" + data)
-        return digest.hexdigest()
-
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def start(self) -> "FakeHub":
-        hub = self
+    def start(self):
+        server = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):  # quiet
                 pass
 
             def do_HEAD(self):
-                hub._answer(self, head=True)
+                server._answer(self, head=True)
 
             def do_GET(self):
-                hub._answer(self, head=False)
+                server._answer(self, head=False)
 
             def do_POST(self):
-                hub._answer(self, head=False)
+                server._answer(self, head=False)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -67,6 +58,26 @@ class FakeHub:
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout=5)
+
+    def _answer(self, handler, head: bool) -> None:
+        raise NotImplementedError
+
+
+class FakeHub(LocalServer):
+    def __init__(self):
+        super().__init__()
+        self.repos: dict[tuple[str, str], dict[str, bytes]] = {}  # (kind, repo id) -> {path: bytes}
+
+    def add(self, kind: str, repo_id: str, files: dict[str, bytes]) -> str:
+        """Add a repo (kind "models" or "datasets"); returns its commit sha."""
+        self.repos[(kind, repo_id)] = dict(files)
+        return self.sha(kind, repo_id)
+
+    def sha(self, kind: str, repo_id: str) -> str:
+        digest = hashlib.sha1()
+        for path, data in sorted(self.repos[(kind, repo_id)].items()):
+            digest.update(path.encode() + b"\0" + data)
+        return digest.hexdigest()
 
     # --- request handling -------------------------------------------------------------------------------------
 

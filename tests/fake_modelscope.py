@@ -7,59 +7,27 @@ Endpoints:
 Anything else answers 404 and is recorded in ``unknown`` (modelscope also asks ``/api/v1/repos/
 internalAccelerationInfo``, which it does without). A revision is ``master`` or one given to ``add``.
 
-``SilentServer`` accepts connections and never answers: a server that hangs, for the timeout's test.
+The server in a thread is tests/fake_hub.py's ``LocalServer``; a server that hangs is its ``SilentHub``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tests.fake_hub import LocalServer
 
-class FakeModelScope:
+
+class FakeModelScope(LocalServer):
     def __init__(self):
+        super().__init__()
         self.repos: dict[str, dict[str, bytes]] = {}
         self.revisions: dict[str, set[str]] = {}
-        self.requests: list[str] = []
-        self.unknown: list[str] = []
-        self._server = None
-        self._thread = None
 
     def add(self, repo_id: str, files: dict[str, bytes], revisions: tuple[str, ...] = ()) -> None:
         self.repos[repo_id] = dict(files)
         self.revisions[repo_id] = {"master", *revisions}
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> FakeModelScope:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_GET(self):
-                server._answer(self, head=False)
-
-            def do_HEAD(self):
-                server._answer(self, head=True)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
 
     def _answer(self, handler, head: bool) -> None:
         url = urlsplit(handler.path)
@@ -92,19 +60,3 @@ class FakeModelScope:
         handler.end_headers()
         if not head:
             handler.wfile.write(body)
-
-
-class SilentServer:
-    """A listening socket that never accepts: connections complete (the kernel's backlog) and reads hang."""
-
-    def __init__(self):
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind(("127.0.0.1", 0))
-        self._socket.listen(8)
-
-    @property
-    def port(self) -> int:
-        return self._socket.getsockname()[1]
-
-    def close(self) -> None:
-        self._socket.close()

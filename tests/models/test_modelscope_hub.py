@@ -17,8 +17,8 @@ from npu_rl.models.loader import check_model_path, load_tokenizer, local_model_f
 from npu_rl.models.modelscope_hub import ModelScopeId, parse_modelscope_id
 from npu_rl.plan.job import model_shape
 from npu_rl.trainer.checks.files import file_problems
-from tests.fake_hub import folder_files
-from tests.fake_modelscope import FakeModelScope, SilentServer
+from tests.fake_hub import SilentHub, folder_files
+from tests.fake_modelscope import FakeModelScope
 
 needs_modelscope = pytest.mark.skipif(importlib.util.find_spec("modelscope") is None,
                                       reason="pip install modelscope (npu-rl[test] has it)")
@@ -164,7 +164,7 @@ def test_offline_reads_the_cache_and_names_it_when_missing(tiny_model_dir, tmp_p
 
 @needs_modelscope
 def test_a_server_that_hangs_times_out_naming_the_id_and_endpoint(tmp_path, monkeypatch):
-    silent = SilentServer()
+    silent = SilentHub().start()
     port = silent.port
     try:
         endpoint = f"http://user:s3cret@127.0.0.1:{port}"
@@ -175,7 +175,7 @@ def test_a_server_that_hangs_times_out_naming_the_id_and_endpoint(tmp_path, monk
             check_model_path(f"modelscope://{REPO}")
         assert time.monotonic() - start < 10
     finally:
-        silent.close()
+        silent.stop()
     message = str(exc.value)
     assert f"modelscope://{REPO}: http://<redacted>@127.0.0.1:{port} did not answer within 1 s" in message
     assert "s3cret" not in message
