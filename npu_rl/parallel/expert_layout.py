@@ -10,11 +10,18 @@ The sharded loader reads the stacked parameter's local block (experts ``e0:e1``,
 whole) straight from the per-expert tensors, each rank only its experts' bytes, using transformers' own table
 (``transformers.conversion_mapping``) to know which files make which parameter. A model type whose table uses any
 other operation is refused by name rather than guessed.
+
+The other direction, for weight sync: :func:`per_expert_tensors` splits the stacked parameters of a stream back
+into the checkpoint's per-expert tensors (views, no copy), since that is the layout every vLLM release's
+``load_weights`` reads. vLLM 0.22's Qwen3-MoE loader, for one, knows only ``mlp.experts.{e}.gate_proj.weight`` and
+passes over a stacked ``mlp.experts.gate_up_proj`` without a word (it is not among its parameters), so the engine
+would keep its first experts while the actor trains them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 
 import torch
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping
@@ -107,3 +114,27 @@ def read_stacked_slice(source: StackedSource, index: tuple[slice, ...], shape: t
     if not blocks:
         return torch.empty(0, rows.stop - rows.start, *[s.stop - s.start for s in rest], dtype=dtype)
     return torch.stack(blocks)
+
+
+def per_expert_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], model_type: str | None,
+                       stored_name: Callable[[str], str | None] = lambda name: name,
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` with each stacked expert parameter (``[E, ...]``) replaced by its per-expert checkpoint
+    tensors, in the order gate, up (each over the experts), as views of the stacked tensor; everything else as is.
+
+    ``stored_name(candidate)`` resolves a checkpoint name (the engine's own checkpoint's names where known, so a
+    model type whose checkpoint prefix differs from transformers' module path gets the checkpoint's); the default
+    takes transformers' module path. A parameter the checkpoint stores stacked (``stored_name`` finds no per-expert
+    name) passes as is.
+    """
+    for name, tensor in named_tensors:
+        source = stacked_source(name, tensor.shape[0], model_type, stored_name) if tensor.dim() == 3 else None
+        if source is None:
+            yield name, tensor
+            continue
+        if tensor.shape[1] % len(source.parts):
+            raise ValueError(f"{name} {list(tensor.shape)}: dim 1 does not split into {len(source.parts)} equal "
+                             f"parts ({[part[0] for part in source.parts]})")
+        for part, block in zip(source.parts, tensor.chunk(len(source.parts), dim=1)):
+            for expert, stored in enumerate(part):
+                yield stored, block[expert]

@@ -65,6 +65,8 @@ from npu_rl.rollout.processed_logprobs import (candidates_needed, from_vllm_step
                                                processed_from_raw, sampler_gives_processed_logprobs)
 from npu_rl.rollout.utils import (assemble_rollout_batch, check_token_requests, cut_at_stop, device_memory_used_gb,
                                  first_stop_response_mask, to_plain)
+from npu_rl.parallel.expert_layout import per_expert_tensors
+from npu_rl.parallel.sharded_load import CheckpointFiles, has_safetensors
 from npu_rl.rollout.vllm_weights import choose_path, push_weights
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
 from npu_rl.rollout.partial import generate_in_segments
@@ -88,6 +90,13 @@ def _interpolated(value: Any) -> Any:
     """A length from the schema's ``${data.max_prompt_length}``-style default: None when the config was built
     outside Hydra and the interpolation was never resolved (a ``RolloutConfig(...)`` in a test or a benchmark)."""
     return None if isinstance(value, str) and value.startswith("${") else value
+
+
+def _checkpoint_names(model_path: str) -> frozenset[str] | None:
+    """The tensor names of the engine's safetensors checkpoint (what its loader read), or None (no such folder)."""
+    if not (os.path.isdir(model_path) and has_safetensors(model_path)):
+        return None
+    return frozenset(CheckpointFiles.of(model_path).file_of)
 
 
 def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmDeviceCapabilities,
@@ -248,6 +257,7 @@ class VllmRolloutEngine:
         self._weights_awake = True
         # reload_weights(weights_iterator=) or load_weights in place (always with LoRA: vllm_weights.py)
         self.weight_sync_path = choose_path(self.llm, lora=self.lora_rank > 0)
+        self._stored_names = _checkpoint_names(model_path)  # MoE: stacked experts go out per expert, as stored
         logger.info("rollout: vLLM engine ready in %.1f s (tp=%d, graphs=%s, executor=%s, sleep mode=%s, "
                     "weight sync=%s)", self.start_seconds, self.tp_size,
                     "off (eager)" if self.llm_kwargs["enforce_eager"] else f"{self.caps.graph_name}, FULL_DECODE_ONLY",
@@ -408,6 +418,11 @@ class VllmRolloutEngine:
         dtype = model_config.dtype
         if getattr(model_config.hf_text_config, "tie_word_embeddings", False):
             named_tensors = with_tied_lm_head(named_tensors)
+        # stacked 3-D experts -> the checkpoint's per-expert tensors, the layout every vLLM release loads
+        stored = self._stored_names
+        named_tensors = per_expert_tensors(named_tensors, getattr(model_config.hf_config, "model_type", None),
+                                           (lambda name: name if name in stored else None) if stored else
+                                           (lambda name: name))
         stream = flatten(bucketed(named_tensors, self.bucket_megabytes, stats, dtype=dtype,
                                   device=backend.device(), synchronize=backend.synchronize))
         self._weights_valid = False  # a stream that fails half-way leaves a mix of old and new weights

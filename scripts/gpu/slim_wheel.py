@@ -1,11 +1,12 @@
 """Rewrite vllm's wheel without the files an in-process engine on a Hopper GPU never loads; RECORD matches the rest.
 
-    python scripts/gpu/slim_wheel.py IN.whl OUT.whl
+    python scripts/gpu/slim_wheel.py IN.whl OUT.whl [--keep-moe]
 
 Dropped (see carry_vllm.sh): FlashAttention-2 (``_vllm_fa2_C``: vllm.vllm_flash_attn imports it in a try and Hopper
 runs FA3), the MoE and FlashMLA extensions (imported in a try / only for MoE and MLA models), deep_gemm builds for
 other Pythons than 3.12, the ``vllm-rs`` frontend binary (only with VLLM_RUST_FRONTEND_PATH), the API server's static
-files.
+files. ``--keep-moe`` keeps the MoE extension (``_moe_C``: vLLM's fused-MoE routing and alignment kernels), for
+MoE models (``KEEP_MOE=1 scripts/gpu/carry_vllm.sh ...``).
 """
 
 from __future__ import annotations
@@ -24,26 +25,29 @@ DROP = [
 ]
 
 
-def dropped(name: str) -> bool:
-    return any(re.search(pattern, name) for pattern in DROP)
+MOE = r"^vllm/_moe_C\.abi3\.so$"
 
 
-def slim(src: str, dst: str) -> tuple[int, int]:
+def dropped(name: str, keep_moe: bool = False) -> bool:
+    return any(re.search(pattern, name) for pattern in DROP if not (keep_moe and pattern == MOE))
+
+
+def slim(src: str, dst: str, keep_moe: bool = False) -> tuple[int, int]:
     kept = gone = 0
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
         for info in zin.infolist():
-            if dropped(info.filename):
+            if dropped(info.filename, keep_moe):
                 gone += info.compress_size
                 continue
             data = zin.read(info)
             if info.filename.endswith(".dist-info/RECORD"):
                 lines = data.decode().splitlines()
-                data = ("\n".join(line for line in lines if not dropped(line.split(",")[0])) + "\n").encode()
+                data = ("\n".join(line for line in lines if not dropped(line.split(",")[0], keep_moe)) + "\n").encode()
             zout.writestr(info, data)
             kept += info.compress_size
     return kept, gone
 
 
 if __name__ == "__main__":
-    kept, gone = slim(sys.argv[1], sys.argv[2])
+    kept, gone = slim(sys.argv[1], sys.argv[2], keep_moe="--keep-moe" in sys.argv[3:])
     print(f"slim_wheel: kept {kept / 1e6:.1f} MB, dropped {gone / 1e6:.1f} MB")

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from npu_rl.parallel.expert_layout import read_stacked_slice, stacked_source
+from npu_rl.parallel.expert_layout import per_expert_tensors, read_stacked_slice, stacked_source
 from npu_rl.parallel.sharded_load import CheckpointFiles
 
 
@@ -69,3 +69,32 @@ def test_down_proj_and_names(saved):
             pytest.raises(ValueError, match=r"do not stack into \[9, 12, 16\]: config.json and weights disagree"):
         read_stacked_slice(source, (slice(0, 9), slice(0, 12), slice(0, 16)), (9, 12, 16), handle.get_slice,
                            torch.float32)
+
+
+def test_per_expert_tensors_give_back_the_saved_checkpoint(saved):
+    """Weight sync's direction: the stacked parameters split back into exactly the tensors save_pretrained wrote,
+    under their stored names, as views; a dense tensor passes as is."""
+    folder, state = saved
+    files = CheckpointFiles.of(folder)
+    stream = [(name, state[name]) for name in ("model.layers.0.mlp.experts.gate_up_proj",
+                                               "model.layers.0.mlp.experts.down_proj", "model.embed_tokens.weight")]
+    out = list(per_expert_tensors(stream, "qwen3_moe", lambda n: files.name_for([n], "model")))
+    names = [name for name, _ in out]
+    assert len(names) == 8 * 3 + 1 and len(set(names)) == len(names)
+    assert names[:2] == ["model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.experts.1.gate_proj.weight"]
+    assert names[8] == "model.layers.0.mlp.experts.0.up_proj.weight" and names[-1] == "model.embed_tokens.weight"
+    with safe_open(f"{folder}/model.safetensors", framework="pt") as handle:
+        for name, tensor in out:
+            assert torch.equal(tensor, handle.get_tensor(name)), name
+    gate = out[0][1]
+    assert gate.data_ptr() == state["model.layers.0.mlp.experts.gate_up_proj"].data_ptr()  # a view, not a copy
+
+
+def test_per_expert_tensors_default_names_and_stacked_checkpoints(saved):
+    _, state = saved
+    tensor = state["model.layers.0.mlp.experts.down_proj"]
+    names = [n for n, _ in per_expert_tensors([("model.layers.0.mlp.experts.down_proj", tensor)], "qwen3_moe")]
+    assert names == [f"model.layers.0.mlp.experts.{e}.down_proj.weight" for e in range(8)]
+    # a checkpoint that stores the experts stacked: nothing per-expert to resolve, the tensor passes as is
+    kept = list(per_expert_tensors([("model.layers.0.mlp.experts.down_proj", tensor)], "qwen3_moe", lambda n: None))
+    assert len(kept) == 1 and kept[0][1] is tensor
