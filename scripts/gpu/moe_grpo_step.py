@@ -4,6 +4,12 @@ auxiliary loss, on one accelerator; then ``npu-rl plan`` for the same config. Pr
 the plan to OUT.
 
     python3 scripts/gpu/moe_grpo_step.py --layers 4 --out $OUT
+    python3 scripts/gpu/moe_grpo_step.py --layers 4 --engine vllm --out $OUT   # vLLM with its MoE kernels
+                                                                               # (KEEP_MOE=1 carry_vllm.sh)
+
+With ``--engine vllm`` the rollout is vLLM's (weights synced into its fused experts every step, the experts recorded
+by vLLM's capture for R3) and ``--lr`` large enough that a sync that missed the experts would show in
+``training/rollout_probs_diff_*``.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ def main() -> int:
     parser.add_argument("--out", default="/tmp/out")
     parser.add_argument("--work", default="/tmp/moe_step")
     parser.add_argument("--tiny", action="store_true", help="a tiny MoE and short lengths (a CPU smoke test)")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--replay", choices=("R3", "disabled"), default="R3")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)  # our own scratch folder
@@ -57,26 +66,29 @@ def main() -> int:
     overrides = [
         "data.train_files=builtin://arith/train", "data.val_files=builtin://arith/test", "data.train_batch_size=32",
         "data.max_prompt_length=128", "data.max_response_length=256", "data.dataloader_num_workers=0",
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
+        f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.rollout.name={args.engine}",
         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.ignore_eos=True",
         "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=64", "actor_rollout_ref.actor.optim.lr=1e-6",
-        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
-        "actor_rollout_ref.actor.router_replay.mode=R3",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=64", f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        f"actor_rollout_ref.rollout.enable_rollout_routing_replay={args.replay == 'R3'}",
+        f"actor_rollout_ref.actor.router_replay.mode={args.replay}",
         "+actor_rollout_ref.model.override_config.output_router_logits=True",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.n_gpus_per_node=1", "trainer.logger=[console]",
         f"trainer.default_local_dir={args.work}/run",
         f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=False", "trainer.resume_mode=disable", "preset=grpo",
     ]
+    if args.engine == "vllm":
+        overrides += ["actor_rollout_ref.rollout.calculate_log_probs=True",
+                      "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
     if args.tiny:
         overrides += ["data.train_batch_size=4", "data.max_response_length=16", "actor_rollout_ref.rollout.n=2",
                       "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
                       "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"]
     code = train_main(overrides, default_config="ppo_trainer")
     for path in glob.glob(os.path.join(args.work, "run", "logs", "*", "metrics.jsonl")):
-        shutil.copy(path, os.path.join(args.out, "moe_metrics.jsonl"))
+        shutil.copy(path, os.path.join(args.out, f"moe_metrics_{args.engine}_{args.replay}.jsonl"))
     print(f"== train exit {code}", flush=True)
     sys.stdout.flush()
     plan_code = plan_main(overrides + ["--model-config", os.path.join(model_dir, "config.json")])

