@@ -11,6 +11,8 @@ What and why:
   on the concatenated projections (fused kernels; the eager compositions launch several small operators each).
   These are the training forwards (actor, reference, critic); the rollout engine (vLLM-Ascend) has its own. The MLP
   patch applies only where the model's activation is SiLU (``config.hidden_act == "silu"``); others run as written.
+- Mixture-of-experts layers: transformers' ``grouped_mm`` experts implementation through torch_npu's grouped
+  matmuls (``npu_rl/device/npu_experts.py``; ``NPU_RL_NPU_GROUPED_MM=0`` keeps transformers' own).
 
 ``TASK_QUEUE_ENABLE`` is not set here: torch_npu reads it when it is imported, before any patch can run
 (``npu_rl/device/npu_env.py``). :func:`apply_once` returns a report of what each patch replaced, checked after the
@@ -29,6 +31,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from npu_rl.device import npu_experts
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +177,9 @@ def apply_once() -> list[PatchResult]:
     results = _device_settings()
     if os.environ.get("NPU_RL_DISABLE_HF_PATCHES", "0") != "1":
         results += patch_transformers()
+    installed, why = npu_experts.install()
+    results.append(PatchResult("transformers.integrations.moe grouped_mm experts (torch_npu grouped matmuls)",
+                               installed, why))
     REPORT[:] = results
     missed = [r for r in results if not r.applied]
     logger.info("NPU patches: %d applied, %d not", len(results) - len(missed), len(missed))

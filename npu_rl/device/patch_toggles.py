@@ -9,6 +9,8 @@
 - ``swiglu``: the MLP's own ``down(act(gate) * up)`` instead of ``torch_npu.npu_swiglu``;
 - ``internal_format``: ``torch.npu.config.allow_internal_format = True`` (the patch sets False). It only changes the
   layout of tensors created inside the context (activations), not of weights already loaded.
+- ``grouped_mm``: transformers' own ``grouped_mm`` experts (``torch._grouped_mm``) instead of torch_npu's grouped
+  matmuls (MoE models).
 
 On any other device the list is empty. NEVER RUN ON AN NPU: written against torch_npu's documented API and the
 patch module's own code; on CPU only the empty list and the context managers' save/restore run (tests/device/test_device.py
@@ -23,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from npu_rl.device import npu_experts
 from npu_rl.device.npu_patches import _EAGER_MLP, _HF_MODULES, _MLP_CLASSES
 
 
@@ -73,6 +76,15 @@ def _hf_targets(kind: str) -> list[tuple[object, str, object]]:
 
 
 @contextlib.contextmanager
+def _transformers_grouped_mm() -> Iterator[None]:
+    npu_experts.uninstall()
+    try:
+        yield
+    finally:
+        npu_experts.install()
+
+
+@contextlib.contextmanager
 def _internal_format_on() -> Iterator[None]:
     config = torch.npu.config
     before = getattr(config, "allow_internal_format", False)
@@ -92,4 +104,5 @@ def patch_variants(device_name: str) -> list[tuple[str, Callable[[], contextlib.
         ("rotary", lambda: _swap(_hf_targets("rotary"))),
         ("swiglu", lambda: _swap(_hf_targets("swiglu"))),
         ("internal_format", _internal_format_on),
+        ("grouped_mm", _transformers_grouped_mm),
     ]

