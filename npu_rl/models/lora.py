@@ -311,7 +311,36 @@ def _wrap(model: nn.Module, spec: LoraSpec, base_path: str | None, seed: int) ->
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
+    unwrap_expert_adapters(peft_model)
     return peft_model
+
+
+def unwrap_expert_adapters(peft_model: nn.Module) -> list[str]:
+    """Mixture-of-experts models keep their routed experts frozen, without an adapter: returns the experts modules
+    whose adapters were taken off.
+
+    With transformers 5, PEFT turns a target named like a checkpoint's expert projection (``gate_proj``, ``up_proj``,
+    ``down_proj``, and ``all-linear``, which expands to them) into ``target_parameters`` on the stacked 3-D experts
+    (``mlp.experts.gate_up_proj`` ...) and wraps the experts module in ``ParamWrapper`` layers. npu-rl's weight sync,
+    merge and vLLM's LoRA path take adapters of linear layers only, so those wrappers are replaced by the experts
+    module they wrap, and the adapter's config no longer lists the parameters. The same conversion takes those names
+    away from linear layers that share them (a shared expert's or a dense layer's ``gate_proj``): on an MoE model
+    those get no adapter either (docs/moe.md).
+    """
+    unwrapped = []
+    for name, module in list(peft_model.named_modules()):
+        if type(module).__name__ != "ParamWrapper" or ".base_layer" in f".{name}.":
+            continue  # the outermost wrapper of each experts module only
+        inner = module
+        while type(inner).__name__ == "ParamWrapper":
+            inner = inner.base_layer
+        parent_name, _, child = name.rpartition(".")
+        setattr(peft_model.get_submodule(parent_name) if parent_name else peft_model, child, inner)
+        unwrapped.append(name)
+    for config in getattr(peft_model, "peft_config", {}).values():
+        if getattr(config, "target_parameters", None):
+            config.target_parameters = None
+    return unwrapped
 
 
 # ---------------------------------------------------------------------------------------------- the forward
@@ -533,7 +562,9 @@ def load_adapter_model(base_path: str, adapter_path: str, dtype: str | torch.dty
     check_adapter(adapter_path, model, spec)
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, os.path.expanduser(adapter_path), autocast_adapter_dtype=False).eval()
+    peft_model = PeftModel.from_pretrained(model, os.path.expanduser(adapter_path), autocast_adapter_dtype=False)
+    unwrap_expert_adapters(peft_model)
+    return peft_model.eval()
 
 
 def merge_adapter(base_path: str, adapter_path: str, out_dir: str, dtype: torch.dtype | None = None,
