@@ -9,6 +9,7 @@ what vLLM needs too (it cannot read that GGUF). Nothing is downloaded.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -50,6 +51,31 @@ def _gguf_source(name: str) -> tuple[str, str]:
     return folder, filename
 
 
+CHATML_END = "<|im_end|>"
+
+
+def _repair_end_token(out_dir: str) -> None:
+    """A folder converted before the end token was set at conversion: its tokenizer_config.json says so (JSON
+    only; nothing else is rewritten)."""
+    path = os.path.join(out_dir, "tokenizer_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return
+    if config.get("eos_token") not in (None, CHATML_END):
+        logger.info("%s: end token %r -> %r (a conversion by an older transformers)", path, config["eos_token"],
+                    CHATML_END)
+        config["eos_token"] = CHATML_END
+        tmp = path + f".{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(config, f, indent=2, ensure_ascii=False)
+            os.replace(tmp, path)
+        except OSError as exc:  # a read-only shared cache: the generation config still stops at <|im_end|>
+            logger.warning("%s: could not correct the end token (%s)", path, exc)
+
+
 def _convert_gguf(name: str, out_dir: str) -> None:
     """GGUF -> HF folder (bf16 safetensors, config, tokenizer, generation config), written atomically, once per
     machine: ranks and processes that start together wait on one file lock, and those that find the folder
@@ -69,6 +95,11 @@ def _convert_gguf_locked(name: str, out_dir: str) -> None:
     folder, filename = _gguf_source(name)
     logger.info("converting %s from %s (once; cached in %s)", filename, folder, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    # ChatML's end of turn, as the published tokenizer has it: transformers 5.17's GGUF conversion reports
+    # <|im_start|> as the end token (seen on the H200), which the generation config alone does not correct
+    tokenizer.eos_token = CHATML_END
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = CHATML_END
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
     model.hf_quantizer = None
@@ -80,7 +111,7 @@ def _convert_gguf_locked(name: str, out_dir: str) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         gen = GenerationConfig.from_model_config(AutoConfig.from_pretrained(tmp))
-        gen.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        gen.eos_token_id = tokenizer.convert_tokens_to_ids(CHATML_END)
         gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else gen.eos_token_id
         gen.save_pretrained(tmp)
         apply_umask(tmp)  # mkdtemp made it 0700
@@ -98,7 +129,9 @@ def resolve_model_path(path: str) -> str:
     path = str(path)
     if is_builtin(path):
         out_dir = os.path.join(cache_dir(), "models", path.lower())
-        if not os.path.isfile(os.path.join(out_dir, "config.json")):
+        if os.path.isfile(os.path.join(out_dir, "config.json")):
+            _repair_end_token(out_dir)
+        else:
             os.makedirs(os.path.dirname(out_dir), exist_ok=True)
             _convert_gguf(path, out_dir)
         return out_dir
