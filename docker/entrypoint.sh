@@ -2,7 +2,7 @@
 # Container entrypoint: set up the Ascend environment when the image has one, then run npu-rl.
 #
 #   <image>                       -> npu-rl doctor (the image's CMD)
-#   <image> train k=v ...         -> npu-rl train k=v ...   (any npu-rl sub-command: train eval merge preprocess migrate plan
+#   <image> train k=v ...         -> npu-rl train k=v ...   (any npu-rl sub-command: train eval merge convert preprocess migrate plan
 #                                                             doctor plot bench, or -h / --help)
 #   <image> bash | python3 | ...  -> that program (anything that is not a sub-command runs as given)
 set -euo pipefail
@@ -22,7 +22,7 @@ if [[ $# -eq 0 ]]; then
     set -- doctor
 fi
 case "$1" in
-    train|eval|merge|preprocess|migrate|doctor|plot|plan|bench|-h|--help|help)
+    train|eval|merge|convert|preprocess|migrate|doctor|plot|plan|bench|-h|--help|help)
         exec npu-rl "$@" ;;
     *)
         exec "$@" ;;

@@ -1,4 +1,4 @@
-"""``npu-rl``: train | eval | merge | preprocess | doctor | plan | plot | bench.
+"""``npu-rl``: train | eval | merge | convert | preprocess | doctor | plan | plot | bench.
 
 Each sub-command's body lives with the code it drives; this file only routes. Its imports are the one place where
 npu_rl's own modules are imported inside functions (the dispatch): ``npu-rl --help`` and ``npu-rl train --help``
@@ -16,6 +16,7 @@ commands:
               SmolLM2-135M). verl overrides work: npu-rl train --config-name ppo_trainer data.train_files=...
   eval        accuracy / pass@k of a model folder or checkpoint on gsm8k | math500 | aime24 | arith
   merge       turn a (sharded) checkpoint into a plain Hugging Face folder
+  convert     a Megatron-LM / MindSpeed checkpoint (torch_dist or mp_rank_*) -> a Hugging Face folder
   preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
   migrate     read a verl run script (runs none of its commands): what each override becomes here, checked,
               and the npu-rl command
@@ -45,6 +46,12 @@ def _eval(argv: list[str]) -> int:
 
 def _merge(argv: list[str]) -> int:
     from npu_rl.commands.merge import main
+
+    return main(argv)
+
+
+def _convert(argv: list[str]) -> int:
+    from npu_rl.commands.convert import main
 
     return main(argv)
 
@@ -113,6 +120,7 @@ COMMANDS = {
     "train": _train,
     "eval": _eval,
     "merge": _merge,
+    "convert": _convert,
     "preprocess": _preprocess,
     "migrate": _migrate,
     "doctor": _doctor,

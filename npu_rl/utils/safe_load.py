@@ -126,6 +126,12 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
         if hasattr(metadata, name):
             allowed[("torch.distributed.checkpoint.metadata", name)] = getattr(metadata, name)
     allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = filesystem._StorageInfo
+    # megatron-core's torch_dist checkpoints keep the save plans in .metadata (plain dataclasses and an enum)
+    from torch.distributed.checkpoint import planner
+
+    for name in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"):
+        if hasattr(planner, name):
+            allowed[("torch.distributed.checkpoint.planner", name)] = getattr(planner, name)
     allowed[("torch", "Size")] = torch.Size
     for name in dir(torch):
         value = getattr(torch, name, None)
@@ -178,3 +184,68 @@ def restricted_unpickle(path: str) -> Any:
         raise
     except Exception as exc:
         raise CorruptFileError(f"{path} is corrupt ({type(exc).__name__}: {exc})") from None
+
+
+# --------------------------------------------------------------------------------------------- foreign torch files
+class Inert:
+    """Stands for a class of another training framework named in a foreign checkpoint (an enum in Megatron-LM's
+    ``args``, say): built from the file's arguments without importing or running anything; ``where`` names it."""
+
+    def __init__(self, where: str, args: tuple = ()):
+        self.where, self.args = where, args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"<{self.where}{self.args!r}>"
+
+
+def _inert_class(where: str):
+    return lambda *args, **kwargs: Inert(where, args)
+
+
+def foreign_torch_pickle(path: str, inert_prefixes: tuple[str, ...]):
+    """A ``pickle_module`` for ``torch.load`` that builds tensors, plain containers, ``argparse.Namespace``, dtypes and
+    ``torch.Size``, stands an :class:`Inert` in for any global under ``inert_prefixes`` (e.g. ``megatron.``: the
+    enums of Megatron-LM's arguments; nothing of it is imported) and refuses every other global, naming ``path``."""
+    import argparse
+    import collections
+    import types
+
+    allowed = {("argparse", "Namespace"): argparse.Namespace, ("collections", "OrderedDict"): collections.OrderedDict,
+               ("torch", "Size"): torch.Size, ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+               ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
+               ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "slice"): slice}
+    for name in dir(torch):
+        if isinstance(getattr(torch, name, None), torch.dtype):
+            allowed[("torch", name)] = getattr(torch, name)
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) in allowed:
+                return allowed[(module, name)]
+            if any(module == p.rstrip(".") or module.startswith(p) for p in inert_prefixes):
+                return _inert_class(f"{module}.{name}")
+            raise UnsafeFileError(f"{path} was not loaded: it asks for {module}.{name}, which a checkpoint of "
+                                  "tensors and settings never needs (a crafted file, or one this reader does not "
+                                  "know)")
+
+    module = types.SimpleNamespace(Unpickler=Unpickler, load=lambda f, **kw: Unpickler(f, **kw).load(),
+                                   __name__="npu_rl_foreign_pickle")
+    return module
+
+
+def load_foreign_torch(path: str, inert_prefixes: tuple[str, ...] = ()) -> Any:
+    """``torch.load`` of a file another framework wrote (tensors on the CPU), with :func:`foreign_torch_pickle`'s
+    allow-list: nothing in the file runs. ``UnsafeFileError`` / ``CorruptFileError`` name the file."""
+    if not os.path.isfile(path):
+        raise CorruptFileError(f"{path} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False,
+                          pickle_module=foreign_torch_pickle(path, inert_prefixes))
+    except UnsafeFileError:
+        raise
+    except Exception as exc:
+        raise CorruptFileError(f"{path} is unreadable ({type(exc).__name__}: {exc}); the file is corrupt or "
+                               "truncated") from None

@@ -1,0 +1,124 @@
+"""Megatron checkpoints -> Hugging Face folders (npu_rl/models/megatron.py, ``npu-rl convert``).
+
+The checkpoints under fixtures/ were written by the real megatron-core 0.16.1 on CPU (make_fixtures.py beside this
+file: tiny Qwen2 / Qwen3 / Llama GPT models, tensor parallel 2 on 2 gloo processes, saved as torch_dist and as
+Megatron-LM's legacy mp_rank_* files), with megatron-core's own logits. The converted folders must give the same
+logits through transformers (fp32)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from npu_rl.commands.convert import main as convert_main
+from npu_rl.models.megatron import MegatronCheckpointError, convert, family_of, iteration_folder
+from npu_rl.utils.safe_load import UnsafeFileError
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+@pytest.mark.parametrize("kind", ["legacy", "torch_dist"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+def test_converted_logits_equal_megatron_cores(tmp_path, family, kind):
+    reference = torch.load(os.path.join(FIXTURES, f"{family}_tp2", "reference.pt"), weights_only=True)
+    out = str(tmp_path / "hf")
+    assert convert(os.path.join(FIXTURES, f"{family}_tp2", kind), out) == (family, kind)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                    "llama": "LlamaForCausalLM"}[family]
+    with torch.no_grad():
+        logits = model(reference["ids"]).logits
+    torch.testing.assert_close(logits, reference["logits"], rtol=1e-5, atol=1e-5)
+
+
+def _copy(tmp_path, family="qwen2", kind="legacy") -> str:
+    folder = str(tmp_path / "ckpt")
+    shutil.copytree(os.path.join(FIXTURES, f"{family}_tp2", kind), folder)
+    return folder
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_a_hostile_pickle_is_refused_without_running(tmp_path, monkeypatch):
+    folder = _copy(tmp_path)
+    shard = os.path.join(folder, "iter_0000001", "mp_rank_01", "model_optim_rng.pt")
+    payload = torch.load(shard, weights_only=False)  # our own fixture
+    payload["args"].hook = _RunsCode()
+    torch.save(payload, shard)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnsafeFileError, match=r"mp_rank_01/model_optim_rng.pt was not loaded: it asks for "
+                                              r"(posix|os)\.system"):
+        convert(folder, str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "PWNED")
+    # the same through the command: exit 2, the reason on one line, nothing written
+    assert convert_main([folder, "--out", str(tmp_path / "out2")]) == 2
+    assert not os.path.exists(tmp_path / "PWNED") and not os.path.exists(tmp_path / "out2")
+
+
+def test_megatron_classes_in_args_load_inert(tmp_path):
+    """Megatron-LM keeps enums in its arguments (AttnBackend ...): they load as stand-ins, never imported."""
+    folder = _copy(tmp_path, "qwen3")
+    shard = os.path.join(folder, "iter_0000001", "mp_rank_00", "model_optim_rng.pt")
+    payload = torch.load(shard, weights_only=False)
+    fake = type("AttnBackend", (), {"__reduce__": lambda self: (type(self), ())})
+    fake.__module__, fake.__qualname__ = "megatron.core.transformer.enums", "AttnBackend"
+    import sys
+    import types
+
+    module = types.ModuleType("megatron.core.transformer.enums")
+    module.AttnBackend = fake
+    saved = {name: sys.modules.get(name) for name in ("megatron", "megatron.core", "megatron.core.transformer",
+                                                      "megatron.core.transformer.enums")}
+    try:
+        for name in saved:
+            sys.modules[name] = module if name.endswith("enums") else types.ModuleType(name)
+        payload["args"].attention_backend = fake()
+        torch.save(payload, shard)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = value
+    assert convert(folder, str(tmp_path / "out")) == ("qwen3", "legacy")
+    assert "megatron.core.transformer.enums" not in sys.modules
+
+
+def test_incomplete_and_unsupported_checkpoints_are_refused(tmp_path):
+    folder = _copy(tmp_path)
+    os.remove(os.path.join(folder, "iter_0000001", "mp_rank_01", "model_optim_rng.pt"))
+    os.rmdir(os.path.join(folder, "iter_0000001", "mp_rank_01"))
+    # one rank left: it reads as TP=1 and the declared size disagrees
+    with pytest.raises(MegatronCheckpointError, match="args.tensor_model_parallel_size=2 but the folder holds 1"):
+        convert(folder, str(tmp_path / "out"))
+    with pytest.raises(MegatronCheckpointError, match="holds no Megatron checkpoint"):
+        iteration_folder(str(tmp_path))
+    base = dict(swiglu=True, normalization="RMSNorm", position_embedding_type="rope", qk_layernorm=False,
+                add_qkv_bias=True)
+    with pytest.raises(MegatronCheckpointError, match="args.num_experts=8: mixture-of-experts"):
+        family_of(argparse.Namespace(**base, num_experts=8))
+    with pytest.raises(MegatronCheckpointError, match="args.swiglu is not set"):
+        family_of(argparse.Namespace(**{**base, "swiglu": False}))
+    with pytest.raises(MegatronCheckpointError, match="--model-type qwen3: the checkpoint's args .* describe qwen2"):
+        family_of(argparse.Namespace(**base), "qwen3")
+
+
+def test_the_command_writes_a_loadable_folder_and_keeps_the_source(tmp_path, capsys):
+    folder = _copy(tmp_path, "llama", "torch_dist")
+    out = str(tmp_path / "hf")
+    assert convert_main([folder, "--out", out, "--dtype", "bf16"]) == 0
+    assert "torch_dist, llama" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    # --out is the checkpoint itself: refused, the checkpoint intact
+    assert convert_main([folder, "--out", folder, "--force"]) == 2
+    assert os.path.isfile(os.path.join(folder, "iter_0000001", ".metadata"))
+    assert "will not be replaced: that would delete the input" in capsys.readouterr().err
