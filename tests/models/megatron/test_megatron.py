@@ -122,3 +122,32 @@ def test_the_command_writes_a_loadable_folder_and_keeps_the_source(tmp_path, cap
     assert convert_main([folder, "--out", folder, "--force"]) == 2
     assert os.path.isfile(os.path.join(folder, "iter_0000001", ".metadata"))
     assert "will not be replaced: that would delete the input" in capsys.readouterr().err
+
+
+def test_pipeline_stages_of_a_legacy_checkpoint(tmp_path):
+    """PP=2 x TP=2 legacy files as Megatron-LM names them (mp_rank_TT_PPP; each stage numbers its layers from 0, the
+    embedding on the first, the final norm and output layer on the last), cut here from the TP=2 fixture since a
+    pipeline forward does not run on CPU: the converted logits are megatron-core's."""
+    source = os.path.join(FIXTURES, "qwen3_tp2", "legacy", "iter_0000001")
+    folder = tmp_path / "ckpt" / "iter_0000001"
+    for t in range(2):
+        payload = torch.load(os.path.join(source, f"mp_rank_{t:02d}", "model_optim_rng.pt"), weights_only=False)
+        payload["args"].pipeline_model_parallel_size = 2
+        for p in range(2):
+            stage = {}
+            for key, value in payload["model"].items():
+                if key.startswith("decoder.layers."):
+                    layer, rest = key[len("decoder.layers."):].split(".", 1)
+                    if int(layer) == p:  # 2 layers, one per stage, renumbered from 0
+                        stage[f"decoder.layers.0.{rest}"] = value
+                elif key.startswith("embedding.") and p == 0 or key.startswith(("decoder.final", "output_layer")) \
+                        and p == 1:
+                    stage[key] = value
+            os.makedirs(folder / f"mp_rank_{t:02d}_{p:03d}")
+            torch.save({**payload, "model": stage}, folder / f"mp_rank_{t:02d}_{p:03d}" / "model_optim_rng.pt")
+    out = str(tmp_path / "hf")
+    assert convert(str(folder), out) == ("qwen3", "legacy")
+    reference = torch.load(os.path.join(FIXTURES, "qwen3_tp2", "reference.pt"), weights_only=True)
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()(reference["ids"]).logits
+    torch.testing.assert_close(logits, reference["logits"], rtol=1e-5, atol=1e-5)
