@@ -75,8 +75,13 @@ class AgentRollout:
                                        else max(engine_metrics.get(key, value), value))
             return [(c.token_ids, c.logprobs) for c in turn.completions]
 
-        out = run_agent_loops(prompts, self.context, batch_generate, sampling.n, int(self.tokenizer.pad_token_id),
-                              sampling.max_new_tokens, sampling.return_logprobs)
+        try:
+            out = run_agent_loops(prompts, self.context, batch_generate, sampling.n, int(self.tokenizer.pad_token_id),
+                                  sampling.max_new_tokens, sampling.return_logprobs)
+        finally:  # TP > 1: the group's other ranks may still have turns to generate, with this rank in the call
+            finish = getattr(engine, "finish_token_lists", None)
+            if finish is not None:
+                finish(sampling)
         device = prompts["input_ids"].device
         batch = out.batch.to(device) if device.type != "cpu" else out.batch
         return Generation(batch, engine_metrics | out.metrics)

@@ -52,9 +52,6 @@ def agent_config_problems(config: Any, check_paths: bool = True) -> list[str]:
     if (mt.tool_config_path or mt.interaction_config_path) and not config.data.return_raw_chat:
         problems.append("tools / interactions need the prompt as messages: set data.return_raw_chat=True (as verl's "
                         "multi-turn scripts do)")
-    if rollout.name == "vllm" and int(rollout.tensor_model_parallel_size) > 1:
-        problems.append(f"{key}.tensor_model_parallel_size={rollout.tensor_model_parallel_size}: agent-loop rollouts "
-                        "run with tensor_model_parallel_size=1 only (for now)")
     return problems
 
 

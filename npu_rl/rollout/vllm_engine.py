@@ -353,14 +353,53 @@ class VllmRolloutEngine:
     def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
                              sampling: SamplingParams) -> TokenGeneration:
         """One ``LLM.generate`` call with a ``SamplingParams`` per request (its own ``max_tokens``), so a long
-        conversation never asks for more than ``max_model_len``. TP > 1 is not supported on this path yet."""
-        from vllm.inputs import TokensPrompt
+        conversation never asks for more than ``max_model_len``.
 
+        With TP > 1 every rank of the TP group must submit the same requests in the same calls (vLLM's
+        external_launcher runs one engine per rank in lockstep), while each rank's agent loops ask for their own
+        turns: each call gathers the group's requests, generates the union and returns this rank's share, and a
+        rank whose conversations are over keeps joining the calls through :meth:`finish_token_lists` until every
+        rank's are (an empty union ends it)."""
         check_token_requests(token_lists, max_tokens)
+        if self.tp_size > 1:
+            return self._lockstep_token_lists(list(token_lists), list(max_tokens), sampling)[0]
         if not token_lists:
             return TokenGeneration([])
-        if self.tp_size > 1:
-            raise NotImplementedError("agent-loop rollouts with tensor_model_parallel_size > 1 are not supported yet")
+        return self._token_lists(token_lists, max_tokens, sampling)
+
+    def finish_token_lists(self, sampling: SamplingParams) -> int:
+        """TP > 1, after this rank's conversations are over: join the group's calls until no rank asks for more;
+        returns how many calls it joined. Nothing to do with TP = 1."""
+        joined = 0
+        while self.tp_size > 1:
+            _, union = self._lockstep_token_lists([], [], sampling)
+            if not union:
+                return joined
+            joined += 1
+        return joined
+
+    def _lockstep_token_lists(self, token_lists: list, max_tokens: list, sampling: SamplingParams
+                              ) -> tuple[TokenGeneration, int]:
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        parts: list = [None] * self.tp_size
+        dist.all_gather_object(parts, ([list(map(int, ids)) for ids in token_lists], [int(m) for m in max_tokens]),
+                               group=group.cpu_group)
+        first = sum(len(p[0]) for p in parts[: group.rank_in_group])
+        lists = [ids for p in parts for ids in p[0]]
+        budgets = [m for p in parts for m in p[1]]
+        if not lists:
+            return TokenGeneration([]), 0
+        out = self._token_lists(lists, budgets, sampling)
+        mine = out.completions[first: first + len(token_lists)]
+        return TokenGeneration(mine, dict(out.metrics)), len(lists)
+
+    def _token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
+                     sampling: SamplingParams) -> TokenGeneration:
+        from vllm.inputs import TokensPrompt
+
         self._check_ready("generate_token_lists")
         start = time.perf_counter()
         params = [_vllm_sampling_params(replace(sampling, max_new_tokens=max(1, int(m))), 1) for m in max_tokens]
