@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import sys
+from typing import Callable
 
 from npu_rl.config.loader import ConfigError, load_config, to_yaml
 from npu_rl.trainer.arguments import parse_args
@@ -105,9 +106,15 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
         return 2
 
 
-if __name__ == "__main__":
+def as_command(entry: Callable[[], int]) -> int:
+    """``entry()``'s exit code, as ``python -m`` runs it: a second Ctrl-C (or the first one outside training) is exit
+    code 130 and one line, as ``npu-rl`` says it (``npu_rl.cli``), not a ``KeyboardInterrupt`` traceback and 1."""
     try:
-        sys.exit(main())
+        return entry()
     except KeyboardInterrupt:
         print("npu-rl: interrupted", file=sys.stderr)
-        sys.exit(130)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(as_command(main))
