@@ -1,16 +1,14 @@
-"""The Python API's arguments (``npu_rl.api``), before anything loads (issue 39): a pandas DataFrame is read as rows,
-not as its column names; a list of strings that are not paths is refused in words (it is read as data files); a
-reward function without a name of its own (a partial, a callable object) is named for what it is."""
+"""The Python API's data arguments (``npu_rl.api``), before anything loads (issue 39): a pandas DataFrame is read as
+rows, not as its column names; a list of strings that are not paths is refused in words (it is read as data files).
+Reward callables: tests/api/test_reward_funcs.py."""
 
 from __future__ import annotations
-
-import functools
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from npu_rl.api import _data_path, reward_reference
+from npu_rl.api import _data_path
 
 
 def test_a_dataframe_is_read_as_rows(tmp_path):
@@ -27,20 +25,3 @@ def test_a_list_of_prompt_strings_is_refused_in_words(tmp_path):
     data.write_bytes(b"")
     assert _data_path([str(data), "hf://datasets/o/n/x.parquet", "~/d/*.parquet"], str(tmp_path), "t") == [
         str(data), "hf://datasets/o/n/x.parquet", "~/d/*.parquet"]
-
-
-class _Scorer:
-    def __call__(self, data_source, solution_str, ground_truth, extra_info=None):
-        return 1.0
-
-
-def _score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
-    return scale
-
-
-@pytest.mark.parametrize("fn, kind", [(functools.partial(_score, scale=2.0), "partial"), (_Scorer(), "_Scorer")])
-def test_a_partial_or_a_callable_object_is_named_for_what_it_is(fn, kind):
-    """issue 39: both were called "defined inside a function" (their repr has a dot)."""
-    with pytest.raises(TypeError, match=f"is a {kind} \\(a callable without a name of its own\\)") as info:
-        reward_reference(fn)
-    assert "defined inside a function" not in str(info.value)
