@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - then plain pickle: partials and callab
 
 import npu_rl.reward.combined as combined
 from npu_rl.config.schema import PPOConfig
-from npu_rl.data.io import write_parquet
+from npu_rl.data.io import DataError, write_parquet
 from npu_rl.data.sources import DATA_SUFFIXES
 from npu_rl.trainer.preflight import check, load_checked
 from npu_rl.trainer.run import train
@@ -234,8 +234,12 @@ def _data_path(dataset: Any, out_dir: str, name: str) -> Union[str, list[str]]:
     if not rows:
         raise ValueError(f"{name} is empty")
 
-    return write_parquet([_to_row(r, i, name) for i, r in enumerate(rows)], os.path.join(out_dir, "data",
-                                                                                          f"{name}.parquet"))
+    try:
+        return write_parquet([_to_row(r, i, name) for i, r in enumerate(rows)],
+                             os.path.join(out_dir, "data", f"{name}.parquet"))
+    except DataError as exc:  # the column in the verl schema: ground_truth / answer / solution -> reward_model.*,
+        raise DataError(f"{name}: {exc} (your 'ground_truth' / 'answer' / 'solution' is reward_model.ground_truth "
+                        "there, your other columns extra_info.<column>)") from exc
 
 
 # ------------------------------------------------------------------------------------------------------- config

@@ -17,6 +17,7 @@ from npu_rl.trainer.arguments import parse_args
 from npu_rl.trainer.preflight import check, load_checked, run_settings_for
 from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.key_docs import ignored_settings
+from npu_rl.data.io import DataError
 from npu_rl.plan.job import plan_config, this_device
 from npu_rl.trainer.checkpoint import DiskFullError, disk_full_error
 from npu_rl.trainer.interrupt import set_command
@@ -94,6 +95,9 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
     except NonFiniteLossError as exc:  # said in words (which term, which key), not as a traceback
         print(f"npu-rl: error: {exc}", file=sys.stderr)
         return 1
+    except DataError as exc:  # a data file that cannot be read, a row the data set refuses: file, column, row
+        print(f"npu-rl: error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         full = exc if isinstance(exc, DiskFullError) else disk_full_error(exc, config.trainer.default_local_dir) \
             if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else None

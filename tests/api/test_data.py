@@ -25,3 +25,13 @@ def test_a_list_of_prompt_strings_is_refused_in_words(tmp_path):
     data.write_bytes(b"")
     assert _data_path([str(data), "hf://datasets/o/n/x.parquet", "~/d/*.parquet"], str(tmp_path), "t") == [
         str(data), "hf://datasets/o/n/x.parquet", "~/d/*.parquet"]
+
+
+def test_rows_whose_column_mixes_types_name_the_data_set_column_and_row(tmp_path):
+    """issue 39: pyarrow's 'Could not convert 2 with type int: tried to convert to string' named no column or row."""
+    from npu_rl.data.io import DataError
+
+    rows = [{"prompt": "1+1?", "answer": "2"}, {"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": 6}]
+    with pytest.raises(DataError, match=r"^train_dataset: cannot write .*train_dataset.parquet: column "
+                                        r"'reward_model.ground_truth', row 2: 6 is a int, but row 0 holds a str"):
+        _data_path(rows, str(tmp_path), "train_dataset")
