@@ -1,6 +1,7 @@
-"""Bad data given to ``python -m npu_rl.trainer.main_ppo`` (issue 39): a parquet file that is truncated or not parquet
-is refused at validation, naming key and file; one whose footer reads but whose column does not (found by the data
-loader, after validation) ends in one line naming the file, column and rows, exit code 2, no traceback."""
+"""Bad input that ``python -m npu_rl.trainer.main_ppo`` meets (issue 39): a parquet file that is truncated or not
+parquet is refused at validation, naming key and file; one whose footer reads but whose column does not (found by the
+data loader, after validation) ends in one line naming the file, column and rows, exit code 2, no traceback; so does a
+Hub model whose download is corrupt (validation only asks whether the repo exists)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,23 @@ def test_a_damaged_column_after_validation_is_one_line_naming_file_and_column(ti
     line = next(x for x in err.splitlines() if x.startswith("npu-rl: error: "))
     assert f"{bad}: cannot read as parquet: column 'prompt' (row group 0, rows 0-99): OSError" in line
     assert "Traceback" not in err
+
+
+def test_a_corrupt_hub_download_is_one_line_naming_the_files(tiny_model_dir, tmp_path, reward_file, capsys,
+                                                              monkeypatch):
+    from tests.fake_hub import FakeHub, folder_files, online_env
+
+    files = folder_files(tiny_model_dir)
+    files["generation_config.json"] = b'{"eos_token_id": '
+    server = FakeHub().start()
+    try:
+        server.add("models", "tiny-org/tiny-qwen", files)
+        online_env(monkeypatch, server, str(tmp_path / "hf"))
+        argv = [o for o in overrides(tiny_model_dir, tmp_path, reward_file, verl_rows(str(tmp_path / "t.parquet")))
+                if not o.startswith("actor_rollout_ref.model.path=")] + ["actor_rollout_ref.model.path=tiny-org/tiny-qwen"]
+        assert main(argv) == 2
+    finally:
+        server.stop()
+    err = capsys.readouterr().err
+    assert f"npu-rl: tiny-org/tiny-qwen: the snapshot downloaded from {server.endpoint} is not whole: " in err
+    assert "generation_config.json is not valid JSON" in err and "Traceback" not in err
