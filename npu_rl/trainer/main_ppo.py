@@ -12,6 +12,7 @@ import errno
 import sys
 from typing import Callable
 
+from npu_rl.agent.runner import AgentExitError
 from npu_rl.config.loader import ConfigError, load_config, to_yaml
 from npu_rl.trainer.arguments import parse_args
 from npu_rl.trainer.preflight import check, load_checked, run_settings_for
@@ -98,6 +99,10 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
     except DataError as exc:  # a data file that cannot be read, a row the data set refuses: file, column, row
         print(f"npu-rl: error: {exc}", file=sys.stderr)
         return 2
+    except AgentExitError as exc:  # a user's agent loop, tool or interaction tried to end the process: named
+        remote = getattr(exc, "cause", None)  # under Ray, a RayTaskError(AgentExitError): what the worker raised
+        print(f"npu-rl: error: {remote if isinstance(remote, AgentExitError) else exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         full = exc if isinstance(exc, DiskFullError) else disk_full_error(exc, config.trainer.default_local_dir) \
             if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else None
