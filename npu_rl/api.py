@@ -14,9 +14,12 @@
   the embedded ``smollm2-135m-instruct``.
 - ``reward_funcs``: callables or references (``path/to/file.py:name``, ``package.module:name``) with verl's
   signature ``fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; several are
-  summed (``reward_weights``, as TRL's). A callable is passed by reference (module and name, or the script's file and
-  name), so it works in the reward process pool and under Ray; a lambda or a function defined inside another
-  function cannot be, and is refused naming it. ``None``: the rule scorers by ``data_source``.
+  summed (``reward_weights``, as TRL's). A function at the top level of a module or script is passed by reference
+  (module and name, or the script's file and name); any other callable that pickles (a ``functools.partial``, a
+  callable object, a bound method, a lambda or a function defined inside a function, with cloudpickle, which comes
+  with Ray) is pickled when the ``Trainer`` is made, written under ``<output_dir>/reward_funcs/`` and loaded from
+  there in every process that scores; one that does not pickle is refused there, naming it and why. ``None``: the
+  rule scorers by ``data_source``.
 - ``train_dataset`` / ``eval_dataset``: a ``datasets.Dataset``, a list of dicts, or a path (anything
   ``data.train_files`` takes). Rows need ``prompt`` (a string or chat messages) and a ground truth (``ground_truth``,
   ``answer`` or ``solution``, or verl's ``reward_model.ground_truth``); their other columns reach the reward function
@@ -33,15 +36,23 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import json
 import os
+import pickle
+import re
 import sys
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+try:  # carries functions defined inside functions, lambdas and a script's own functions by value; comes with Ray
+    import cloudpickle
+except ImportError:  # pragma: no cover - then plain pickle: partials and callable objects of importable code
+    cloudpickle = None
+
 import npu_rl.reward.combined as combined
 from npu_rl.config.schema import PPOConfig
-from npu_rl.data.io import write_parquet
+from npu_rl.data.io import DataError, write_parquet
 from npu_rl.data.sources import DATA_SUFFIXES
 from npu_rl.trainer.preflight import check, load_checked
 from npu_rl.trainer.run import train
@@ -63,42 +74,96 @@ class TrainResult:
 
 
 # ---------------------------------------------------------------------------------------------- reward functions
-def reward_reference(fn: RewardFunc) -> str:
-    """``path/to/file.py:name`` or ``package.module:name`` for a reward function; raises naming it when it cannot be
-    found again by reference in another process."""
+@dataclasses.dataclass(frozen=True)
+class PickledReward:
+    """A reward callable that cannot be found again by module and name, pickled when the ``Trainer`` is made;
+    written under ``<output_dir>/reward_funcs/`` (:func:`write_pickled`), whose file is then its reference."""
+
+    label: str  # what the user gave, for messages and the metric name: 'partial(score)', 'Scorer object', ...
+    data: bytes
+
+
+def reward_reference(fn: RewardFunc) -> Union[str, PickledReward]:
+    """``path/to/file.py:name`` or ``package.module:name`` for a reward function, or the callable pickled when it has
+    no such name (:class:`PickledReward`); raises naming it when it is neither."""
     if isinstance(fn, str):
         source, sep, name = fn.rpartition(":")
+        if source.endswith(".pkl") and not sep:
+            source, sep, name = fn, ":", "pickled"
         if not sep or not source or not name:
             raise ValueError(f"reward function {fn!r}: expected 'path/to/file.py:name' or 'package.module:name'")
-        if source.endswith(".py"):
+        if source.endswith((".py", ".pkl")):
             path = os.path.abspath(os.path.expanduser(source))
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"reward function {fn!r}: file {path} does not exist")
-            return f"{path}:{name}"
+            return path if path.endswith(".pkl") else f"{path}:{name}"
         return fn
     if not callable(fn):
         raise TypeError(f"reward_funcs entries must be functions or 'file.py:name' strings, got {type(fn).__name__}")
+    ref = _named_reference(fn)
+    return ref if ref is not None else _pickled(fn)
+
+
+def _named_reference(fn: Callable[..., Any]) -> Optional[str]:
+    """``module:name`` or ``script.py:name`` when another process can import ``fn`` by name, else None."""
     qualname = getattr(fn, "__qualname__", None)
-    if qualname is None:  # a functools.partial, a callable object: no name to find it by in another process
-        raise TypeError(f"reward function {fn!r:.100} is a {type(fn).__name__} (a callable without a name of its own): "
-                        "reward workers find a function by its module and name (it is not pickled), so wrap it in "
-                        "a function defined at the top level of a module or of your script")
-    if getattr(fn, "__name__", "") == "<lambda>" or "<locals>" in qualname or "." in qualname:
-        kind = "a lambda" if "<lambda>" in qualname else "defined inside a function or class"
-        raise TypeError(f"reward function {qualname!r} is {kind}: reward workers find a function by its module and "
-                        "name (it is not pickled), so define it at the top level of a module or of your script")
+    if qualname is None or not isinstance(fn, type(_named_reference)):  # a partial, a callable object, a method
+        return None
+    if "<lambda>" in qualname or "<locals>" in qualname or "." in qualname:
+        return None
     module = getattr(fn, "__module__", None)
     if module in (None, "__main__"):
-        path = inspect.getsourcefile(fn) or getattr(sys.modules.get("__main__"), "__file__", None)
-        if not path or not os.path.isfile(path):
-            raise TypeError(f"reward function {qualname!r} is defined interactively (no source file): reward "
-                            "workers cannot import it; put it in a .py file")
+        try:
+            path = inspect.getsourcefile(fn)
+        except TypeError:
+            path = None
+        if not path or not os.path.isfile(path):  # defined interactively: no file to import it from
+            return None
         _check_main_guard(os.path.abspath(path), qualname)
         return f"{os.path.abspath(path)}:{qualname}"
-    if getattr(sys.modules.get(module), qualname, None) is not fn:
-        raise TypeError(f"reward function {qualname!r} is not reachable as {module}.{qualname} (a decorated or "
-                        "replaced name?); give its reference as 'module:name'")
+    if getattr(sys.modules.get(module), qualname, None) is not fn:  # a decorated or replaced name
+        return None
     return f"{module}:{qualname}"
+
+
+def _label(fn: Callable[..., Any]) -> str:
+    """The callable as the user knows it: 'partial(score)', 'Scorer object', 'make.<locals>.score', '<lambda>'."""
+    if isinstance(fn, functools.partial):
+        return f"partial({_label(fn.func)})"
+    qualname = getattr(fn, "__qualname__", None)
+    if qualname is not None:
+        return qualname
+    return f"{type(fn).__qualname__} object"
+
+
+def _pickled(fn: Callable[..., Any]) -> PickledReward:
+    """``fn`` pickled (and read back once, as every scoring process will), or a TypeError naming it and why."""
+    label = _label(fn)
+    dumps = cloudpickle.dumps if cloudpickle is not None else pickle.dumps
+    try:
+        data = dumps(fn)
+        pickle.loads(data)
+    except Exception as exc:  # noqa: BLE001 - whatever pickling raises is the reason given to the user
+        hint = "" if cloudpickle is not None else (" (without cloudpickle, which comes with Ray, a function defined "
+                                                   "inside a function or a lambda does not pickle)")
+        raise TypeError(f"reward function {label!r} cannot be passed to the processes that score: it has no module "
+                        f"and name to import it by, and pickling it failed: {type(exc).__name__}: {exc}{hint}. Define "
+                        "it at the top level of a module or of your script, or leave out what it holds that does "
+                        "not pickle") from exc
+    return PickledReward(label, data)
+
+
+def write_pickled(reward: PickledReward, out_dir: str, index: int) -> str:
+    """Write a pickled reward under ``out_dir/reward_funcs/`` (its file names it); the path is its reference."""
+    folder = os.path.join(out_dir, "reward_funcs")
+    os.makedirs(folder, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.()-]+", "_", reward.label)[:80]
+    path = os.path.join(folder, f"{index}-{name}.pkl")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(reward.data)
+    os.replace(tmp, path)
+    return path
 
 
 def _check_main_guard(path: str, qualname: str) -> None:
@@ -169,8 +234,12 @@ def _data_path(dataset: Any, out_dir: str, name: str) -> Union[str, list[str]]:
     if not rows:
         raise ValueError(f"{name} is empty")
 
-    return write_parquet([_to_row(r, i, name) for i, r in enumerate(rows)], os.path.join(out_dir, "data",
-                                                                                          f"{name}.parquet"))
+    try:
+        return write_parquet([_to_row(r, i, name) for i, r in enumerate(rows)],
+                             os.path.join(out_dir, "data", f"{name}.parquet"))
+    except DataError as exc:  # the column in the verl schema: ground_truth / answer / solution -> reward_model.*,
+        raise DataError(f"{name}: {exc} (your 'ground_truth' / 'answer' / 'solution' is reward_model.ground_truth "
+                        "there, your other columns extra_info.<column>)") from exc
 
 
 # ------------------------------------------------------------------------------------------------------- config
@@ -239,9 +308,10 @@ class Trainer:
                  config_name: str = "quickstart"):
         funcs = [] if reward_funcs is None else ([reward_funcs] if callable(reward_funcs) or
                                                  isinstance(reward_funcs, str) else list(reward_funcs))
-        self.reward_refs = [reward_reference(f) for f in funcs]  # fail now, naming the function
-        if reward_weights is not None and len(reward_weights) != len(self.reward_refs):
-            raise ValueError(f"reward_weights has {len(reward_weights)} entries for {len(self.reward_refs)} "
+        self.rewards = [reward_reference(f) for f in funcs]  # fail now, naming the function
+        self.reward_refs: list[str] = []  # the references the config holds (pickled ones written under output_dir)
+        if reward_weights is not None and len(reward_weights) != len(self.rewards):
+            raise ValueError(f"reward_weights has {len(reward_weights)} entries for {len(self.rewards)} "
                              "reward_funcs")
         self.model, self.train_dataset, self.eval_dataset = model, train_dataset, eval_dataset
         self.reward_weights = None if reward_weights is None else [float(w) for w in reward_weights]
@@ -262,6 +332,8 @@ class Trainer:
                                  "trainer.test_freq": -1})
         if self.eval_dataset is not None:
             settings["data.val_files"] = _data_path(self.eval_dataset, out_dir, "eval")
+        self.reward_refs = [write_pickled(r, out_dir, i) if isinstance(r, PickledReward) else r
+                            for i, r in enumerate(self.rewards)]
         if self.reward_refs:
             settings["custom_reward_function.path"] = combined.__file__
             settings["custom_reward_function.name"] = "compute_score"

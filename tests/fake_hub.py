@@ -278,3 +278,34 @@ class SilentHub:
         for conn in self._held:
             conn.close()
         self._socket.close()
+
+
+class TricklingHub(SilentHub):
+    """A server on 127.0.0.1 that answers every request (HEAD or GET) with a 200 whose headers never end: one byte
+    every ``interval_s`` seconds. Each read of the client gets a byte well within any per-read timeout, so only an
+    overall deadline ends a call to it (a mirror behind a stalling proxy, a link that crawls)."""
+
+    def __init__(self, interval_s: float = 0.2):
+        super().__init__()
+        self.interval_s = interval_s
+
+    def _accept(self) -> None:
+        self._socket.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            self._held.append(conn)
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn) -> None:
+        try:
+            conn.settimeout(5)
+            conn.recv(65536)  # the request (its headers); what it asks does not matter
+            conn.sendall(b"HTTP/1.1 200 OK\r\nX-Padding: ")
+            while not self._stop.wait(self.interval_s):
+                conn.sendall(b"a")
+        except OSError:  # the client gave up, or the server stopped
+            pass

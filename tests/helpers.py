@@ -26,3 +26,13 @@ def save_tiny_model_dir(path: str, pad_is_eos: bool = False, seed: int = 0, hidd
     """A tiny model + tokenizer folder that ``from_pretrained`` (and ``model.path``) can load."""
     return save_random_model(path, "tiny", seed, pad_is_eos, hidden_size=hidden_size,
                              intermediate_size=2 * hidden_size, **kwargs)
+
+
+def write_verl_parquet(path) -> str:
+    """A data file that validation reads: one row of verl's schema that the gsm8k rule scorer takes (a placeholder
+    where a test needs the path to exist; an empty file is not parquet, and is refused)."""
+    from npu_rl.data.io import write_parquet
+
+    return write_parquet([{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "1 + 1 = ?"}],
+                           "ability": "math", "reward_model": {"style": "rule", "ground_truth": "2"},
+                           "extra_info": {"split": "train", "index": 0}}], str(path))

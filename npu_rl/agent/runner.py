@@ -223,11 +223,16 @@ async def _run_all(context: AgentContext, server: TurnBatchingServer, names: Seq
             left = min(timeout_s - clocks[tasks[t]].own_s() for t in pending)
             done, pending = await asyncio.wait(pending, timeout=max(0.01, min(left, 1.0)),
                                                return_when=asyncio.FIRST_COMPLETED)
+            # read every finished task's error before raising the first: another one left unread would be logged
+            # with its traceback when collected ("Task exception was never retrieved")
+            error = next((e for e in [t.exception() for t in done if not t.cancelled()] if e is not None), None)
+            if error is not None:
+                raise error  # an engine error, an interrupt or user code ending the process ends the rollout here
             for task in done:
                 i = tasks[task]
                 outputs[i] = failed_output(samples[i], names[i], AgentSampleError(
                     f"row {samples[i].row}: agent loop {names[i]!r} was cancelled (not by npu-rl)")) \
-                    if task.cancelled() else task.result()  # an engine error or an interrupt ends the rollout here
+                    if task.cancelled() else task.result()
             for task in [t for t in pending if clocks[tasks[t]].own_s() >= timeout_s]:
                 i = tasks[task]
                 task.cancel()  # run_agents_loop gives it a moment to end and abandons it if it will not

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from npu_rl.data.sources import resolve_data_files
-from npu_rl.data.io import read_rows
+from npu_rl.data.io import DataError, read_rows
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +46,16 @@ def _to_messages(prompt: Any, where: RowSource, prompt_key: str) -> list[dict[st
         messages = []
         for j, message in enumerate(prompt):
             if not isinstance(message, dict) or "content" not in message or "role" not in message:
-                raise ValueError(f"{where}: {prompt_key}[{j}] must be a dict with 'role' and 'content', got {message!r}")
+                raise DataError(f"{where}: {prompt_key}[{j}] must be a dict with 'role' and 'content', got {message!r}")
             if not isinstance(message["content"], str):
-                raise ValueError(f"{where}: {prompt_key}[{j}].content is a {type(message['content']).__name__}, "
+                raise DataError(f"{where}: {prompt_key}[{j}].content is a {type(message['content']).__name__}, "
                                  "expected a string")
             messages.append({"role": str(message["role"]), "content": message["content"]})
     else:
-        raise ValueError(f"{where}: {prompt_key!r} is a {type(prompt).__name__}; expected a list of chat messages "
+        raise DataError(f"{where}: {prompt_key!r} is a {type(prompt).__name__}; expected a list of chat messages "
                          "or a string")
     if not messages or not any(m["content"].strip() for m in messages):
-        raise ValueError(f"{where}: {prompt_key!r} is empty")
+        raise DataError(f"{where}: {prompt_key!r} is empty")
     return messages
 
 
@@ -115,7 +115,7 @@ class PromptDataset:
                            max_prompt_length, ", ".join(self.files),
                            next(sources[i] for i, ids in enumerate(token_ids) if len(ids) > max_prompt_length))
         if not keep:
-            raise ValueError(f"no prompts left in {self.files} (all {len(rows)} are longer than "
+            raise DataError(f"no prompts left in {self.files} (all {len(rows)} are longer than "
                              f"max_prompt_length={max_prompt_length} tokens)")
         self.rows = [rows[i] for i in keep]
         self.sources = [sources[i] for i in keep]
@@ -138,15 +138,15 @@ class PromptDataset:
             for i, row in enumerate(read_rows(path)):
                 where = RowSource(path, i)
                 if self.prompt_key not in row or row[self.prompt_key] is None:
-                    raise ValueError(f"{where} has no prompt key {self.prompt_key!r} (data.prompt_key); "
+                    raise DataError(f"{where} has no prompt key {self.prompt_key!r} (data.prompt_key); "
                                      f"its keys are {sorted(row)}")
                 messages.append(_to_messages(row[self.prompt_key], where, self.prompt_key))
                 if require_ground_truth and _is_missing(ground_truth_of(row)):
-                    raise ValueError(f"{where} has no ground truth (reward_model.ground_truth); keys: {sorted(row)}")
+                    raise DataError(f"{where} has no ground truth (reward_model.ground_truth); keys: {sorted(row)}")
                 rows.append(row)
                 sources.append(where)
         if not rows:
-            raise ValueError(f"no rows in {self.files}")
+            raise DataError(f"no rows in {self.files}")
         return rows, sources, messages
 
     def render(self, messages: list[dict[str, str]]) -> str:
@@ -177,7 +177,7 @@ class PromptDataset:
         if self.truncation == "middle":
             left = limit // 2
             return np.concatenate([ids[:left], ids[len(ids) - (limit - left):]])
-        raise ValueError(f"{where}: prompt is {len(ids)} tokens, longer than data.max_prompt_length={limit}; "
+        raise DataError(f"{where}: prompt is {len(ids)} tokens, longer than data.max_prompt_length={limit}; "
                          "raise max_prompt_length, set data.truncation=left|right|middle, or "
                          "data.filter_overlong_prompts=True")
 

@@ -31,8 +31,8 @@ from urllib.parse import parse_qsl, urlsplit
 from npu_rl.data.builtin import cache_dir, is_builtin, resolve_builtin
 from npu_rl.data.io import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, PARQUET_SUFFIXES, expand_path, is_hf_dataset_dir, \
     write_parquet
-from npu_rl.utils.hf_env import bound_client, describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, \
-    is_offline, shown_endpoint
+from npu_rl.utils.hf_env import describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, is_offline, \
+    shown_endpoint
 from npu_rl.data.builtin import check_builtin
 from npu_rl.data.io import read_rows
 from npu_rl.data.preprocess import CONVERTERS
@@ -206,9 +206,11 @@ def _hub_dataset(repo: str, config: Optional[str], split: str, revision: Optiona
         from datasets import load_dataset
     except ImportError as exc:
         raise ValueError(f"{item!r}: reading a Hub data set needs pip install datasets") from exc
-    try:
-        bound_client(hub_timeout_s())  # each read of the download times out; the download itself takes its time
-        data = load_dataset(repo, config, split=split, revision=revision)
+    try:  # each read times out after NPU_RL_HUB_TIMEOUT_S, the whole load after NPU_RL_HUB_LOAD_TIMEOUT_S
+        data = hub_call(lambda: load_dataset(repo, config, split=split, revision=revision),
+                        f"{item!r}: datasets.load_dataset({repo!r}, {config!r}, split={split!r})", overall=True)
+    except TimeoutError:
+        raise
     except Exception as exc:  # DatasetNotFoundError, ConnectionError, ValueError (unknown split) ...
         offline = (" HF_HUB_OFFLINE is set and datasets' cache has no copy of it: load it once online, or save it "
                    "with save_to_disk and give that folder.") if is_offline() else ""

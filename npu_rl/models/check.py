@@ -1,7 +1,8 @@
 """Is a model folder whole? Checked at validation, before the data loads and long before ``from_pretrained`` would
 fail with a library traceback (or, for a folder without tokenizer files, succeed and tokenize every prompt to nothing).
 
-``model_folder_problems(folder)`` reads only file names and safetensors headers (a few KB), never the weights.
+``model_folder_problems(folder)`` reads only file names, safetensors headers (a few KB) and the JSON files (tokenizer,
+generation config), never the weights.
 ``model_path_problems(path)`` adds what comes before: the path exists, is a folder, is not empty, has a
 ``config.json`` that is a JSON object. Every command that takes a model folder (``train``'s validation,
 ``doctor --parity``, ``eval``, ``merge``) asks ``check_model_folder``, so they all say the same words.
@@ -16,31 +17,10 @@ import re
 import struct
 
 from npu_rl.models.loader import is_builtin
+from npu_rl.models.snapshot import json_problem, safetensors_problem
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer.tiktoken",
                    "qwen.tiktoken")
-
-
-def safetensors_problem(path: str) -> str | None:
-    """Why a ``.safetensors`` file is not whole (None: its header and size agree)."""
-    size = os.path.getsize(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                return f"{path} is truncated ({size} bytes, not even a header)"
-            (header_len,) = struct.unpack("<Q", head)
-            if header_len > size - 8:
-                return f"{path} is truncated: its header says {header_len} bytes of header, the file has {size - 8}"
-            header = json.loads(f.read(header_len))
-    except (OSError, ValueError) as exc:
-        return f"{path} is not a readable safetensors file ({type(exc).__name__}: {exc})"
-    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"
-            and isinstance(entry, dict) and "data_offsets" in entry]
-    expected = 8 + header_len + max(ends, default=0)
-    if size < expected:
-        return f"{path} is truncated: {size} bytes, its header describes {expected} (an interrupted download or copy?)"
-    return None
 
 
 def model_folder_problems(folder: str, need_tokenizer: bool = True) -> list[str]:
@@ -69,6 +49,11 @@ def model_folder_problems(folder: str, need_tokenizer: bool = True) -> list[str]
         problem = safetensors_problem(path)
         if problem:
             problems.append(problem)
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):  # tokenizer, generation config ...
+        if os.path.basename(path) not in ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            problem = json_problem(path)  # (those three are read above, with their own messages)
+            if problem:
+                problems.append(problem)
     if not problems:
         problems += expert_tensor_problems(folder)
     return problems

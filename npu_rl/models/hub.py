@@ -13,8 +13,10 @@ An id is resolved through huggingface_hub's cache, honouring its environment at 
 with a wrong id fails before anything heavy; ``resolve_hub_model`` (every rank, the rollout engine) reads the cache
 first, so they all open the same snapshot folder (a cached snapshot is used as it is: ``hf download <id>`` brings it
 up to date). A download holds a file lock beside the cache, so it happens once per node even when
-several ranks ask at once. Only the files a model needs are fetched: config, tokenizer, weights (safetensors; the
-``.bin`` files only when a repo has no safetensors), chat templates and generation config.
+several ranks ask at once; its files are then checked (``npu_rl.models.snapshot``: a truncated safetensors or a
+JSON file that does not parse is named, with the endpoint, instead of failing inside transformers). Only the files a
+model needs are fetched: config, tokenizer, weights (safetensors; the ``.bin`` files only when a repo has no
+safetensors), chat templates and generation config.
 
 ModelScope ids (``modelscope://owner/name``, or plain ids under ``VERL_USE_MODELSCOPE``) are resolved by
 ``npu_rl.models.modelscope_hub``. Schemes verl accepts for other stores (``hdfs://`` through its ``copy_to_local``)
@@ -28,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from npu_rl.models.snapshot import check_downloaded
 from npu_rl.utils.hf_env import describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, is_offline, \
     shown_endpoint
 
@@ -144,7 +147,9 @@ def fetch_model(hub_id: HubId) -> str:
         except Exception as exc:  # the connection dropped, the disk filled ...
             raise FileNotFoundError(f"{hub_id}: download from {shown_endpoint(endpoint)} failed: "
                                     f"{describe_error(exc)}") from exc
-    return folder
+    # truncated, or not what it claims; the snapshot's files link to blobs of the repo's cache folder: remove that
+    return check_downloaded(folder, str(hub_id), shown_endpoint(endpoint),
+                            f"`hf cache delete`, or remove {os.path.dirname(os.path.dirname(folder))}")
 
 
 def _not_cached(hub_id: HubId) -> FileNotFoundError:

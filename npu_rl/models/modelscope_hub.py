@@ -35,6 +35,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from npu_rl.models.hub import WANTED_FILES, parse_hub_id
+from npu_rl.models.snapshot import check_downloaded
 from npu_rl.utils.hf_env import TRUTHY, is_offline
 from npu_rl.utils.redact import redact_url
 
@@ -197,7 +198,8 @@ def fetch_model(ms_id: ModelScopeId) -> str:
         except Exception as exc:  # the connection dropped, a file failed its checksum, the disk filled ...
             raise FileNotFoundError(f"{ms_id}: download from {redact_url(endpoint())} failed: {type(exc).__name__}: "
                                     f"{redact_url(str(exc))}") from exc
-    return folder
+    # truncated, or not what it claims (modelscope's checksum covers only the files its server hashed)
+    return check_downloaded(folder, str(ms_id), redact_url(endpoint()), f"remove {folder}")
 
 
 def resolve_modelscope_model(ms_id: ModelScopeId) -> str:

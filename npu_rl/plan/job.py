@@ -42,9 +42,15 @@ def shape_from_config_json(path: str) -> ModelShape:
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file}: no config.json; give a model folder or --model-config FILE")
-    with open(file, encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's
+    try:
+        with open(file, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # not JSON, or nested past Python's recursion
+        raise ValueError(f"{file} is not a readable config.json ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]  # multimodal configs nest the language model's
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{file} holds a JSON {type(cfg).__name__}, not a model config (a JSON object)")
     return shape_from_config(cfg, file)
 
 
@@ -73,7 +79,7 @@ def _moe_fields(cfg: dict) -> dict:
 def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
     """The shape of a model from its config.json's contents (dense, MoE with shared experts, MLA)."""
     try:
-        return ModelShape(
+        shape = ModelShape(
             hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
             num_layers=int(cfg["num_hidden_layers"]), num_heads=int(cfg["num_attention_heads"]),
             num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
@@ -85,6 +91,15 @@ def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
     except KeyError as exc:
         raise ValueError(f"{source}: no {exc.args[0]!r}: not a decoder-only transformer config this planner "
                          "reads") from exc
+    except (TypeError, ValueError, OverflowError) as exc:  # "hidden_size": "big", a list, a float('inf') ...
+        raise ValueError(f"{source}: a size that is not a whole number ({type(exc).__name__}: {exc})") from None
+    sizes = {"hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size,
+             "num_hidden_layers": shape.num_layers, "num_attention_heads": shape.num_heads,
+             "num_key_value_heads": shape.num_kv_heads, "vocab_size": shape.vocab_size}
+    bad = {k: v for k, v in sizes.items() if v <= 0}
+    if bad:
+        raise ValueError(f"{source}: {', '.join(f'{k}={v}' for k, v in bad.items())} must be > 0")
+    return shape
 
 
 def model_shape(path: str, model_config: str | None = None, key: str = "actor_rollout_ref.model.path") -> ModelShape:

@@ -1,5 +1,7 @@
 """Several reward functions as one (the Python API's ``reward_funcs=[...]``, as in TRL): each is named by reference,
-``path/to/file.py:name`` or ``package.module:name``, so the pool workers load them themselves (nothing is pickled).
+``path/to/file.py:name`` or ``package.module:name``, so the pool workers load them themselves, or is a ``.pkl`` file
+the Python API wrote for a callable without such a name (a partial, a callable object, a nested function: pickled by
+``npu_rl.api`` and read here like a reward file, as code the user chose to run).
 
 The score is ``sum_i w_i * score_i`` (weights default to 1, as TRL's ``reward_weights``); each function's score is
 logged under its name, and with a single function its dict (``score`` and extras) is passed through unchanged. The
@@ -8,6 +10,8 @@ functions take verl's signature: ``fn(data_source, solution_str, ground_truth, e
 
 from __future__ import annotations
 
+import os
+import pickle
 from typing import Any, Optional
 
 from npu_rl.reward.score_fn import RewardFunctionError, to_score_dict
@@ -18,8 +22,19 @@ _LOADED: dict[str, Any] = {}
 
 def _function(ref: str):
     if ref not in _LOADED:
-        _LOADED[ref] = load_object(ref)
+        if ref.endswith(".pkl"):
+            with open(ref, "rb") as f:
+                _LOADED[ref] = pickle.load(f)
+        else:
+            _LOADED[ref] = load_object(ref)
     return _LOADED[ref]
+
+
+def function_name(ref: str) -> str:
+    """A reference's short name (its metric name): ``name`` of ``source:name``; ``label`` of ``.../N-label.pkl``."""
+    if ref.endswith(".pkl"):
+        return os.path.basename(ref)[: -len(".pkl")].partition("-")[2] or os.path.basename(ref)
+    return ref.rpartition(":")[2]
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, reward_funcs: list[str],
@@ -39,5 +54,5 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, r
         return results[0]
     out: dict[str, Any] = {"score": sum(w * r["score"] for w, r in zip(weights, results))}
     for ref, result in zip(reward_funcs, results):
-        out[ref.rpartition(":")[2]] = result["score"]
+        out[function_name(ref)] = result["score"]
     return out

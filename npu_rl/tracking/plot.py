@@ -9,6 +9,11 @@ Every training run writes ``curves.png`` / ``curves.html`` into its own folder w
 
 A RUN_DIR is a run folder (holding ``metrics.jsonl``), the ``metrics.jsonl`` itself, or a
 ``trainer.default_local_dir`` (its runs under ``logs/*`` are taken, oldest first, each its own line).
+
+Bounded whatever the file: one up to ``FULL_READ_BYTES`` is read whole; a larger one is sampled, ``SAMPLED_ROWS``
+rows read at evenly spaced offsets (the first and the last row included), each from at most ``WINDOW_BYTES``, so a
+multi-GB metrics.jsonl costs a few hundred MB of reads, and a file that is not JSON lines (no row in its first
+``MAX_BAD_SAMPLES`` samples) is refused, naming it. More than ``MAX_ROWS`` rows are thinned evenly for drawing (said).
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ MOE_PANELS: list[tuple[str, str, list[str]]] = [
 # Top-level phases of a step, in execution order (nested timers such as generate_sequences are inside gen).
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "testing",
           "save_checkpoint")
+FULL_READ_BYTES = 64 << 20  # a metrics.jsonl up to this size is read whole (20,000 steps of 53 metrics: 34 MB)
+SAMPLED_ROWS = 10_000  # rows read from a larger file, at evenly spaced offsets
+WINDOW_BYTES = 64 << 10  # the most read at one offset to find a whole line (a row of 100 metrics is ~4 KB)
+MAX_BAD_SAMPLES = 64  # samples with no metrics row before a large file is refused as not JSON lines
+MAX_ROWS = 50_000  # rows kept for drawing; more are thinned evenly (the first and the last kept)
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
           "#17becf")
 
@@ -56,6 +66,7 @@ class Run:
     rows: list[dict] = field(default_factory=list)
     num_skipped: int = 0  # lines that were not a JSON object with a numeric 'step' (counted, not fatal)
     first_skipped: str = ""
+    bounded: str = ""  # how the rows were bounded (sampled from a large file, thinned), said by plot_runs
     _columns: dict[str, tuple[list[int], list[float]]] | None = field(default=None, repr=False)
 
     def _index(self) -> dict[str, tuple[list[int], list[float]]]:
@@ -96,30 +107,102 @@ def find_metrics(target: str) -> list[str]:
 
 
 def load_run(path: str, label: str | None = None) -> Run:
-    """The rows of one metrics.jsonl, read in one pass; a line that is not a JSON object with a numeric ``step``
-    (a partial last line of a killed run, a corrupt line) is skipped and counted, never fatal to the whole run."""
+    """The rows of one metrics.jsonl, read in one pass (a large file sampled, see the module doc); a line that is
+    not a JSON object with a numeric ``step`` (a partial last line of a killed run, a corrupt line) is skipped and
+    counted, never fatal to the whole run."""
     run = Run(label or _label(path), path)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                _skip(run, lineno, getattr(exc, "msg", "nested too deeply"))
-                continue
-            step = row.get("step") if isinstance(row, dict) else None
-            if not isinstance(step, (int, float)) or isinstance(step, bool) or not math.isfinite(step):
-                _skip(run, lineno, "no numeric 'step'")
-                continue
-            run.rows.append(row)
+    if not os.path.isfile(path):  # a FIFO, a device (/dev/zero): reading it may never end
+        raise ValueError(f"{path} is not a regular file")
+    size = os.path.getsize(path)
+    if size <= FULL_READ_BYTES:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                _add_line(run, line, f"line {lineno}")
+    else:
+        _read_sampled(run, path, size)
+    if len(run.rows) > MAX_ROWS:
+        kept = [run.rows[len(run.rows) * i // MAX_ROWS] for i in range(MAX_ROWS - 1)] + [run.rows[-1]]
+        run.bounded += f"{'; ' if run.bounded else ''}{len(run.rows)} rows thinned evenly to {len(kept)} for drawing"
+        run.rows = kept
     return run
 
 
-def _skip(run: Run, lineno: int, why: str) -> None:
+def _add_line(run: Run, line: bytes, where: str) -> bool:
+    """Append ``line``'s row, or skip and count it; whether it was a row."""
+    if not line.strip():
+        return False
+    try:
+        row = json.loads(line.decode("utf-8", errors="replace"))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        _skip(run, where, getattr(exc, "msg", "nested too deeply"))
+        return False
+    step = row.get("step") if isinstance(row, dict) else None
+    if not isinstance(step, (int, float)) or isinstance(step, bool) or not math.isfinite(step):
+        _skip(run, where, "no numeric 'step'")
+        return False
+    run.rows.append(row)
+    return True
+
+
+def _read_sampled(run: Run, path: str, size: int) -> None:
+    """``SAMPLED_ROWS`` rows at evenly spaced offsets of a file larger than ``FULL_READ_BYTES``: at each, the first
+    line that starts at or after the offset (the file's first line at offset 0), and the file's last line."""
+    seen: set[int] = set()  # line starts already read (rows longer than the spacing are met twice)
+    bad = 0
+    with open(path, "rb") as f:
+        for n in range(SAMPLED_ROWS + 1):
+            start, line = _line_at(f, size * n // SAMPLED_ROWS, size) if n < SAMPLED_ROWS else _last_line(f, size)
+            if start is not None and start in seen:
+                continue
+            seen.add(start)
+            if start is None:  # no line starts within the window
+                bad += 1
+            elif line is None:
+                _skip(run, f"byte {start}", f"no line end within {WINDOW_BYTES} bytes")
+                bad += 1
+            elif not _add_line(run, line, f"byte {start}"):
+                bad += 1
+            if not run.rows and bad >= MAX_BAD_SAMPLES:
+                raise ValueError(f"{path}: {size / 2**20:.0f} MiB with no metrics row in the first {bad} samples: not "
+                                 "a metrics.jsonl (JSON lines with a numeric 'step')")
+    run.bounded = (f"{size / 2**20:.0f} MiB: {len(run.rows)} rows sampled evenly over the file (it is larger than "
+                   f"{FULL_READ_BYTES >> 20} MiB)")
+
+
+def _line_at(f, offset: int, size: int) -> tuple[int | None, bytes | None]:
+    """(start, bytes) of the first line starting at or after ``offset``, read from at most ``WINDOW_BYTES``; bytes
+    None when it does not end there (too long, or not JSON lines); start None when no line starts in the window."""
+    f.seek(offset)
+    block = f.read(WINDOW_BYTES)
+    begin = 0
+    if offset > 0:  # inside a line, or at a line's start when the byte before is a newline
+        f.seek(offset - 1)
+        if f.read(1) != b"\n":
+            cut = block.find(b"\n")
+            if cut < 0:
+                return None, None
+            begin = cut + 1
+    end = block.find(b"\n", begin)
+    if end < 0:
+        return (offset + begin, block[begin:]) if offset + len(block) == size else (offset + begin, None)
+    return offset + begin, block[begin:end]
+
+
+def _last_line(f, size: int) -> tuple[int | None, bytes | None]:
+    """(start, bytes) of the file's last non-empty line, if it starts within its last ``WINDOW_BYTES``."""
+    offset = max(0, size - WINDOW_BYTES)
+    f.seek(offset)
+    block = f.read(WINDOW_BYTES).rstrip(b"\n")
+    cut = block.rfind(b"\n")
+    if cut < 0:
+        return (0, block) if offset == 0 else (None, None)
+    return offset + cut + 1, block[cut + 1:]
+
+
+def _skip(run: Run, where: str, why: str) -> None:
     run.num_skipped += 1
     if not run.first_skipped:
-        run.first_skipped = f"line {lineno}: {why}"
+        run.first_skipped = f"{where}: {why}"
 
 
 def _label(path: str) -> str:
@@ -290,6 +373,8 @@ def plot_runs(targets: list[str], out_dir: str | None = None, name: str = "curve
         raise ValueError(f"{len(labels)} labels for {len(paths)} runs")
     runs = [load_run(p, labels[i] if labels else None) for i, p in enumerate(paths)]
     for run in runs:
+        if run.bounded:
+            print(f"npu-rl plot: {run.path}: {run.bounded}", file=sys.stderr)
         if run.num_skipped:
             print(f"npu-rl plot: {run.path}: skipped {run.num_skipped} line(s) that are not metrics rows (first: "
                   f"{run.first_skipped})", file=sys.stderr)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import errno
 import sys
+from typing import Callable
 
+from npu_rl.agent.runner import AgentExitError
 from npu_rl.config.loader import ConfigError, load_config, to_yaml
 from npu_rl.trainer.arguments import parse_args
 from npu_rl.trainer.preflight import check, load_checked, run_settings_for
 from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.key_docs import ignored_settings
+from npu_rl.data.io import DataError
 from npu_rl.plan.job import plan_config, this_device
 from npu_rl.trainer.checkpoint import DiskFullError, disk_full_error
 from npu_rl.trainer.interrupt import set_command
@@ -93,6 +96,13 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
     except NonFiniteLossError as exc:  # said in words (which term, which key), not as a traceback
         print(f"npu-rl: error: {exc}", file=sys.stderr)
         return 1
+    except DataError as exc:  # a data file that cannot be read, a row the data set refuses: file, column, row
+        print(f"npu-rl: error: {exc}", file=sys.stderr)
+        return 2
+    except AgentExitError as exc:  # a user's agent loop, tool or interaction tried to end the process: named
+        remote = getattr(exc, "cause", None)  # under Ray, a RayTaskError(AgentExitError): what the worker raised
+        print(f"npu-rl: error: {remote if isinstance(remote, AgentExitError) else exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         full = exc if isinstance(exc, DiskFullError) else disk_full_error(exc, config.trainer.default_local_dir) \
             if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else None
@@ -105,9 +115,15 @@ def main(argv: list[str] | None = None, default_config: str = "ppo_trainer",
         return 2
 
 
-if __name__ == "__main__":
+def as_command(entry: Callable[[], int]) -> int:
+    """``entry()``'s exit code, as ``python -m`` runs it: a second Ctrl-C (or the first one outside training) is exit
+    code 130 and one line, as ``npu-rl`` says it (``npu_rl.cli``), not a ``KeyboardInterrupt`` traceback and 1."""
     try:
-        sys.exit(main())
+        return entry()
     except KeyboardInterrupt:
         print("npu-rl: interrupted", file=sys.stderr)
-        sys.exit(130)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(as_command(main))

@@ -42,6 +42,7 @@ from npu_rl.trainer.checks.moe import router_replay_problems
 from npu_rl.trainer.checks.names import estimator_resolves, name_problems
 from npu_rl.trainer.rollout_correction import correction_spec
 from npu_rl.utils.paths import check_name_component, check_output_dir
+from npu_rl.utils.redact import MASK, is_secret_name
 
 
 def load_checked(overrides: list[str] | None = None, config_name: str = "ppo_trainer", config_path: str | None = None,
@@ -141,8 +142,37 @@ def check(config: PPOConfig, run_settings: RunSettings | None = None, check_path
         raise ConfigError(problems)
 
 
+# Keys whose value becomes a folder name or a tracker's run name: written in plain text wherever a path is
+PATH_NAME_KEYS = ("project_name", "experiment_name", "default_local_dir", "rollout_data_dir", "validation_data_dir")
+MIN_SECRET_CHARS = 8  # shorter values of secret-named variables are not looked for (a "1" would match everything)
+
+
+def secret_path_problems(config, environ=None) -> list[str]:
+    """Keys of ``PATH_NAME_KEYS`` holding the value of a secret-named environment variable (``*_API_KEY``,
+    ``*_TOKEN``, ``*SECRET*``, ``*PASSWORD*``), however it got there (``${oc.env:WANDB_API_KEY}``, a shell's
+    ``$WANDB_API_KEY``, an interpolation of a key holding it): named, the variable named, the value never shown.
+    Masking cannot help here (a folder named <redacted> would be every run's); a variable of another name
+    (``${oc.env:RUN_NAME}``, ``${oc.env:USER}``) is taken as a name, as written."""
+    environ = os.environ if environ is None else environ
+    secrets = {name: value for name, value in environ.items()  # (a secret-named variable that holds a path,
+               if is_secret_name(name) and len(value.strip()) >= MIN_SECRET_CHARS  # SECRETS_DIR=/home/me, is not one)
+               and not os.path.exists(os.path.expanduser(value.strip()))}
+    problems = []
+    for key in PATH_NAME_KEYS:
+        value = getattr(config.trainer, key, None)
+        name = next((n for n, secret in secrets.items() if isinstance(value, str) and secret.strip() in value), None)
+        if name is not None:
+            problems.append(f"trainer.{key} holds the value of the environment variable {name} ({MASK}), a secret: "
+                            "as a folder name or a tracker's run name it would be written in plain text on disk, in "
+                            "every path printed and in the trackers. Give a name that is not a secret")
+    return problems
+
+
 def run_folder_problems(config) -> list[str]:
     """What is wrong with the run folder for this config (empty: nothing)."""
+    secrets = secret_path_problems(config)
+    if secrets:  # before any check whose message would show the path, and before anything is made there
+        return secrets
     trainer = config.trainer
     if not isinstance(trainer.default_local_dir, str) or not trainer.default_local_dir.strip() \
             or "\0" in trainer.default_local_dir:

@@ -6,8 +6,11 @@ A Hub or mirror that accepts a connection and never answers would hold a run for
 client has no timeout (``model_info``, file listings), and a file's metadata request is retried with a 60 s timeout
 five times. So every metadata call (a repo's info, a listing, a file's metadata) runs under ``hub_call``: it ends
 within ``NPU_RL_HUB_TIMEOUT_S`` seconds (default 60) whatever the library does inside, with an error naming the id
-or path and the endpoint (credentials masked, in huggingface_hub's own log lines too); and the shared client gets that timeout for each read, so a byte
-transfer that stalls ends too (a download that keeps moving is not cut: a large model takes its time).
+or path and the endpoint (credentials masked, in huggingface_hub's own log lines too); and the shared client gets that
+timeout for each read, so a byte transfer that stalls ends too (a download that keeps moving is not cut: a large model
+takes its time). A Hub data set read through ``datasets.load_dataset`` (many requests, and retries inside) has an
+overall deadline as well, ``NPU_RL_HUB_LOAD_TIMEOUT_S`` (default 1800 s): a mirror that trickles a byte at a time
+passes every per-read timeout, and only that ends it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ TRUTHY = ("1", "ON", "YES", "TRUE")  # how an environment switch says yes (HF_HU
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TIMEOUT_VARIABLE = "NPU_RL_HUB_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
+LOAD_TIMEOUT_VARIABLE = "NPU_RL_HUB_LOAD_TIMEOUT_S"
+DEFAULT_LOAD_TIMEOUT_S = 1800.0
 _T = TypeVar("_T")
 _client_timeout: list[float] = []  # the timeout the shared client was given (set_client_factory closes the old)
 _client_lock = threading.Lock()
@@ -54,15 +59,24 @@ def shown_endpoint(endpoint: str | None = None) -> str:
 
 def hub_timeout_s() -> float:
     """``NPU_RL_HUB_TIMEOUT_S``: seconds one Hub call may take (a positive, finite number)."""
-    raw = os.environ.get(TIMEOUT_VARIABLE)
+    return _seconds(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT_S)
+
+
+def hub_load_timeout_s() -> float:
+    """``NPU_RL_HUB_LOAD_TIMEOUT_S``: seconds a whole ``load_dataset`` of a Hub data set may take."""
+    return _seconds(LOAD_TIMEOUT_VARIABLE, DEFAULT_LOAD_TIMEOUT_S)
+
+
+def _seconds(variable: str, default: float) -> float:
+    raw = os.environ.get(variable)
     if not raw:
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{TIMEOUT_VARIABLE}={raw!r} must be a positive number of seconds")
+        raise ValueError(f"{variable}={raw!r} must be a positive number of seconds")
     return value
 
 
@@ -85,12 +99,15 @@ def bound_client(timeout: float) -> None:
         _client_timeout[:] = [timeout]
 
 
-def hub_call(call: Callable[[], _T], what: str, endpoint: str | None = None) -> _T:
+def hub_call(call: Callable[[], _T], what: str, endpoint: str | None = None, overall: bool = False) -> _T:
     """``call()`` (a request to the Hub about ``what``), ended after ``hub_timeout_s()`` with a ``TimeoutError``
     naming ``what`` and the endpoint. The call runs in a daemon thread: one that the library keeps retrying is left
-    to end on its own (its reads time out too), never waited for."""
-    timeout = hub_timeout_s()
-    bound_client(timeout)
+    to end on its own (its reads time out too), never waited for. ``overall``: ``call`` is a whole load (many
+    requests), ended after ``hub_load_timeout_s()`` instead; each of its reads still times out after
+    ``hub_timeout_s()``."""
+    variable = LOAD_TIMEOUT_VARIABLE if overall else TIMEOUT_VARIABLE
+    timeout = hub_load_timeout_s() if overall else hub_timeout_s()
+    bound_client(hub_timeout_s())
     result: dict = {}
     done = threading.Event()
 
@@ -104,9 +121,9 @@ def hub_call(call: Callable[[], _T], what: str, endpoint: str | None = None) -> 
 
     threading.Thread(target=run, name=f"npu-rl hub call: {what}", daemon=True).start()
     if not done.wait(timeout):
-        raise TimeoutError(f"{what}: {shown_endpoint(endpoint)} did not answer within {timeout:g} s "
-                           f"({TIMEOUT_VARIABLE}); check the network or the mirror, or set HF_HUB_OFFLINE=1 to use "
-                           f"only the cache ({hub_cache_dir()})")
+        raise TimeoutError(f"{what}: {shown_endpoint(endpoint)} did not {'finish' if overall else 'answer'} within "
+                           f"{timeout:g} s ({variable}); check the network or the mirror, or set HF_HUB_OFFLINE=1 "
+                           f"to use only the cache ({hub_cache_dir()})")
     if "error" in result:
         raise result["error"]
     return result["value"]

@@ -54,6 +54,10 @@ class RolloutPoolWorker(ReportsMemory):
         self.stop_ids = stop_token_ids(self.tokenizer, cfg.path)
         self.engine = build_rollout_engine(self.rollout_cfg, cfg.path, None, self.tokenizer,
                                            allow_compile=self.run_settings.allow_compile)
+        # hf sampling draws from this process's generators, which nothing else seeds: trainer.seed (+ the pool rank,
+        # so ranks differ), as the synchronous trainer seeds the process its colocated engine samples in; two runs
+        # with one seed then sample the same tokens. vLLM seeds its own engine (rollout.seed), in both trainers.
+        get_backend().manual_seed(self.run_settings.seed + rank())
         self.agent = None  # rollout.mode=async / multi_turn: the same agent loops as the colocated worker
         if agent_rollout_enabled(self.rollout_cfg):
             self.agent = AgentRollout(self.rollout_cfg, self.tokenizer, self.stop_ids,

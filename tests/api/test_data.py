@@ -1,16 +1,14 @@
-"""The Python API's arguments (``npu_rl.api``), before anything loads (issue 39): a pandas DataFrame is read as rows,
-not as its column names; a list of strings that are not paths is refused in words (it is read as data files); a
-reward function without a name of its own (a partial, a callable object) is named for what it is."""
+"""The Python API's data arguments (``npu_rl.api``), before anything loads (issue 39): a pandas DataFrame is read as
+rows, not as its column names; a list of strings that are not paths is refused in words (it is read as data files).
+Reward callables: tests/api/test_reward_funcs.py."""
 
 from __future__ import annotations
-
-import functools
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from npu_rl.api import _data_path, reward_reference
+from npu_rl.api import _data_path
 
 
 def test_a_dataframe_is_read_as_rows(tmp_path):
@@ -29,18 +27,11 @@ def test_a_list_of_prompt_strings_is_refused_in_words(tmp_path):
         str(data), "hf://datasets/o/n/x.parquet", "~/d/*.parquet"]
 
 
-class _Scorer:
-    def __call__(self, data_source, solution_str, ground_truth, extra_info=None):
-        return 1.0
+def test_rows_whose_column_mixes_types_name_the_data_set_column_and_row(tmp_path):
+    """issue 39: pyarrow's 'Could not convert 2 with type int: tried to convert to string' named no column or row."""
+    from npu_rl.data.io import DataError
 
-
-def _score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
-    return scale
-
-
-@pytest.mark.parametrize("fn, kind", [(functools.partial(_score, scale=2.0), "partial"), (_Scorer(), "_Scorer")])
-def test_a_partial_or_a_callable_object_is_named_for_what_it_is(fn, kind):
-    """issue 39: both were called "defined inside a function" (their repr has a dot)."""
-    with pytest.raises(TypeError, match=f"is a {kind} \\(a callable without a name of its own\\)") as info:
-        reward_reference(fn)
-    assert "defined inside a function" not in str(info.value)
+    rows = [{"prompt": "1+1?", "answer": "2"}, {"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": 6}]
+    with pytest.raises(DataError, match=r"^train_dataset: cannot write .*train_dataset.parquet: column "
+                                        r"'reward_model.ground_truth', row 2: 6 is a int, but row 0 holds a str"):
+        _data_path(rows, str(tmp_path), "train_dataset")

@@ -29,6 +29,7 @@ def model_config(tmp_path_factory):
 @pytest.mark.parametrize("override, words", [
     ("trainer.n_gpus_per_node=0", "trainer.nnodes and trainer.n_gpus_per_node must be >= 1"),
     ("trainer.n_gpus_per_node=-8", "trainer.nnodes and trainer.n_gpus_per_node must be >= 1"),
+    ("trainer.n_gpus_per_node=100000000000", "rows must divide evenly over 100000000000 data-parallel ranks"),
     ("data.max_prompt_length=-5", "data.max_prompt_length must be > 0"),
     ("data.max_response_length=0", "data.max_response_length must be > 0"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0 must be > 0"),
@@ -44,3 +45,22 @@ def test_a_sound_config_is_still_planned(model_config, capsys):
     assert plan(_args(model_config)) in (0, 1)
     out = capsys.readouterr().out
     assert "FIT" in out.upper() and os.path.basename(model_config) not in out  # the verdict, not an error
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[" * 100_000 + "]" * 100_000, r"is not a readable config.json \(RecursionError"),
+    ("not json", r"is not a readable config.json \(JSONDecodeError"),
+    ("[1, 2]", "holds a JSON list, not a model config"),
+    ('{"model_type": "qwen2", "hidden_size": "big", "intermediate_size": 8, "num_hidden_layers": 2, '
+     '"num_attention_heads": 2, "vocab_size": 10}', r"a size that is not a whole number \(ValueError"),
+    ('{"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": -2, '
+     '"num_attention_heads": 2, "vocab_size": 10}', "num_hidden_layers=-2 must be > 0"),
+])
+def test_a_deep_or_absurd_model_config_is_named_not_a_traceback(tmp_path, capsys, text, words):
+    """issue 39: a config.json nested 100,000 deep ended in a RecursionError traceback."""
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    assert plan(["--device", "h200", "--model-config", str(path), "algorithm.adv_estimator=grpo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"npu-rl plan: {path}") and "Traceback" not in err
+    assert __import__("re").search(words, err), err

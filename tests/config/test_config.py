@@ -12,6 +12,7 @@ from npu_rl.config.loader import ConfigError, all_keys, compose, load_config, to
 from npu_rl.config.schema import PPOConfig
 from npu_rl.trainer.preflight import check as validate, load_checked
 from tests.conftest import REPO_ROOT
+from tests.helpers import write_verl_parquet
 
 PRESETS = ("ppo", "grpo", "dapo", "gspo", "rloo", "reinforce_plus_plus", "remax")
 
@@ -233,7 +234,7 @@ def test_seed_ppo_script_resolves_and_validates(tmp_path, tiny_model_dir):
     data = tmp_path / "data"
     data.mkdir()
     for name in ("train.parquet", "test.parquet"):
-        (data / name).write_bytes(b"")
+        write_verl_parquet(data / name)
     overrides = _script_overrides("run_ppo_gsm8k_single_card.sh", tmp_path,
                                   {"MODEL_PATH": tiny_model_dir, "DATA_DIR": str(data)})
     assert "critic.ppo_micro_batch_size_per_gpu=4" in overrides and len(overrides) == 24

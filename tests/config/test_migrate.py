@@ -16,6 +16,7 @@ from npu_rl.compat.verl.script import ScriptError, read_script
 from npu_rl.trainer.main_ppo import main as train_main
 from tests.config.test_verl_keys import MUST_PASS, header
 from tests.conftest import REPO_ROOT
+from tests.helpers import write_verl_parquet
 
 SCRIPTS = os.path.join(REPO_ROOT, "tests", "config", "data", "verl_scripts")
 
@@ -119,7 +120,7 @@ def test_migrate_cli_on_the_seeds_ppo_script_writes_a_command_that_loads(capsys,
     data = tmp_path / "gsm8k"
     data.mkdir()
     for name in ("train.parquet", "test.parquet"):
-        (data / name).write_bytes(b"")
+        write_verl_parquet(data / name)
     code = main([script, "--env", f"MODEL_PATH={tiny_model_dir}", "--env", f"DATA_DIR={data}",
                  "--env", f"HOME={tmp_path}"])
     out = capsys.readouterr().out
@@ -218,7 +219,7 @@ def test_migrate_command_passes_cfg_job_on_verl_example_scripts(capsys, tmp_path
     listing = tmp_path / "overrides.txt"
     paths = {"data.train_files": tmp_path / "train.parquet", "data.val_files": tmp_path / "test.parquet"}
     for path in paths.values():
-        path.write_bytes(b"")
+        write_verl_parquet(path)
     lines = []
     for line in read_overrides("grpo_trainer_run_qwen3_8b_fsdp"):
         key = line.split("=", 1)[0]

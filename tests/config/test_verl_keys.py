@@ -14,6 +14,7 @@ from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.loader import ConfigError, check_key, load_config
 from npu_rl.trainer.preflight import check as validate, run_settings_for
 from tests.conftest import REPO_ROOT
+from tests.helpers import write_verl_parquet
 
 DATA = os.path.join(REPO_ROOT, "tests", "config", "data")
 SCRIPTS = os.path.join(DATA, "verl_scripts")
@@ -295,7 +296,7 @@ def supply_paths(overrides: list[str], files: dict[str, str]) -> list[str]:
 def local_files(tmp_path_factory, tiny_model_dir):
     folder = tmp_path_factory.mktemp("verl_script_data")
     for name in ("train.parquet", "test.parquet"):
-        (folder / name).write_bytes(b"")
+        write_verl_parquet(folder / name)
     import json
     import shutil
 

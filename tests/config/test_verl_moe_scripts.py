@@ -15,6 +15,7 @@ from npu_rl.config.loader import ConfigError, load_config
 from npu_rl.trainer.main_ppo import parse_args
 from npu_rl.trainer.preflight import check as validate
 from tests.models.moe_models import save_tiny_moe
+from tests.helpers import write_verl_parquet
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "verl_moe_scripts")
 PATHS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
@@ -42,7 +43,7 @@ def problems_of(name: str, files: dict[str, str], env: dict[str, str] | None = N
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("moe_scripts")
     for name in ("train.parquet", "test.parquet"):
-        (folder / name).write_bytes(b"")
+        write_verl_parquet(folder / name)
     model = save_tiny_moe(str(folder / "qwen3_moe"))
     return {"data.train_files": str(folder / "train.parquet"), "data.val_files": str(folder / "test.parquet"),
             "actor_rollout_ref.model.path": model}

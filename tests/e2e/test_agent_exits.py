@@ -100,3 +100,26 @@ def test_os_exit_in_agent_code_stops_the_rollout_named_not_the_process(tmp_path,
                             env={**os.environ, "PYTHONPATH": REPO_ROOT})
     assert result.returncode == 1, (result.returncode, result.stdout, result.stderr[-2000:])
     assert f"AgentExitError: {words}" in result.stdout, result.stdout
+
+
+def test_a_run_whose_agent_loop_ends_the_process_says_so_in_one_line(tiny_model_dir, tmp_path):
+    """The same guard in a training run (``python -m npu_rl.trainer.main_ppo``): exit 1 and one line naming row and
+    loop, not an AgentExitError traceback (issue 39)."""
+    from tests.trainer.conftest import REWARD_FN, base_overrides
+
+    (tmp_path / "exiting.py").write_text(EXITING)
+    (tmp_path / "loops.yaml").write_text(f"- {{name: quitter, _target_: {tmp_path}/exiting.py:QuittingLoop}}\n")
+    (tmp_path / "reward.py").write_text(REWARD_FN)
+    argv = base_overrides(tiny_model_dir, str(tmp_path / "run"), str(tmp_path / "reward.py")) + [
+        "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.agent.default_agent_loop=quitter",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={tmp_path / 'loops.yaml'}",
+        "data.return_raw_chat=True", "algorithm.adv_estimator=grpo", "trainer.total_training_steps=1",
+        "trainer.val_before_train=False", "trainer.test_freq=0"]
+    result = subprocess.run([sys.executable, "-m", "npu_rl.trainer.main_ppo", *argv], capture_output=True, text=True,
+                            timeout=300, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT,
+                                                             "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("npu-rl: error: ")]
+    assert len(errors) == 1 and "agent loop 'quitter' called os._exit(0), which would have ended the trainer" in \
+        errors[0], result.stderr[-3000:]

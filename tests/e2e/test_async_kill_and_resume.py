@@ -7,7 +7,7 @@ its own (its own Ray cluster), killed or interrupted from outside, then the same
   stream continue; Ctrl-C (SIGINT to the process group, as a terminal sends it) finishes and saves the step, drains
   and closes the pool, exits 130; the same command then reaches trainer.total_training_steps.
 - one-step off-policy: SIGTERM to the driver (as ``kill PID`` sends it) saves the step, drains the pool, exits 143;
-  the same command resumes.
+  the same command resumes. A second Ctrl-C stops at once: exit 130 said in words, no traceback, nothing left.
 
 The signal and the hold come from the reward function at a known call (so at a known step); every process the run
 starts carries a tag in its environment, which is how the test finds what is left of it.
@@ -54,7 +54,7 @@ REWARD = textwrap.dedent("""\
             if calls == int(os.environ.get("FAULT_HOLD_AT", "0")):  # the step stops here until the test kills it
                 open(os.environ["FAULT_HOLDING"], "w").close()
                 time.sleep(3600)
-            if calls == int(os.environ.get("FAULT_SIGNAL_AT", "0")):
+            if calls in [int(at) for at in os.environ.get("FAULT_SIGNAL_AT", "0").split(",")]:
                 sig = getattr(signal, os.environ["FAULT_SIGNAL"])
                 if os.environ.get("FAULT_SIGNAL_GROUP") == "1":
                     os.killpg(os.getpgid(0), sig)  # a terminal's Ctrl-C: every process of the foreground group
@@ -269,3 +269,24 @@ def test_one_step_off_sigterm_saves_drains_and_resumes(tiny_model_dir, tmp_path,
     assert rows[3]["weight_sync/version"] == 2  # the loaded weights to the pool before it generates
     assert rows[3]["async/staleness/hist_0"] == 1.0 and rows[3]["async/resume_dropped_samples"] == 4.0
     assert_nothing_left(tag, "after the resumed run")
+
+
+def test_one_step_off_second_ctrl_c_exits_130_in_words(tiny_model_dir, tmp_path, reward):
+    out = str(tmp_path / "run")
+    argv = [o for o in async_overrides(tiny_model_dir, out, reward) if not o.startswith("trainer.resume_mode=")] + [
+        "preset=grpo", "trainer.total_training_steps=3", "trainer.test_freq=0", "trainer.save_freq=1",
+        "trainer.val_before_train=False", "trainer.resume_mode=auto", "ray_kwargs.ray_init.num_cpus=4"]
+    tag = uuid.uuid4().hex
+    rows_per_step = 4 * N
+    # Ctrl-C twice to the process group (a terminal's) in step 2's reward phase: the second abandons the step
+    run = Run(ONE_STEP_OFF, argv, str(tmp_path / "run.log"), tag, FAULT_COUNTER=str(tmp_path / "calls"),
+              FAULT_SIGNAL_AT=f"{rows_per_step + 2},{rows_per_step + 4}", FAULT_SIGNAL="SIGINT",
+              FAULT_SIGNAL_GROUP="1")
+    assert run.wait() == 130, run.output[-4000:]
+    log = run.output
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-4000:]
+    assert "npu-rl: SIGINT again: stopping now, the step in progress is lost" in log
+    assert log.rstrip().splitlines()[-1] == "npu-rl: interrupted", log[-2000:]
+    assert saved_steps(out) == [1] and latest_step(out) == 1  # step 2 abandoned; step 1 whole
+    verify_step(step_dir(out, 1))
+    assert_nothing_left(tag, "after a second Ctrl-C")

@@ -1,5 +1,5 @@
 """The Python API (npu_rl.Trainer): a short script with a reward callable and a list of dicts trains the tiny model;
-reward functions go by reference and are refused, named, when they cannot."""
+reward functions go by reference, or pickled when they have no name to import them by."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from npu_rl.api import Trainer, reward_reference
+from npu_rl.api import PickledReward, Trainer, reward_reference
 from tests.conftest import REPO_ROOT
 
 # The user's script: 10 lines from the import to the print.
@@ -60,24 +60,54 @@ def module_level(data_source, solution_str, ground_truth, extra_info=None, **kwa
     return 1.0
 
 
-def test_reward_functions_go_by_reference_or_are_refused_by_name(tmp_path):
+def test_reward_functions_go_by_reference_or_are_pickled(tmp_path):
     assert reward_reference(module_level) == f"{__name__}:module_level"
-    with pytest.raises(TypeError, match=r"reward function '\S*<locals>.<lambda>' is a lambda"):
-        reward_reference(lambda data_source, solution_str, ground_truth, extra_info=None: 0.0)
+    lam = reward_reference(lambda data_source, solution_str, ground_truth, extra_info=None: 0.0)
+    assert isinstance(lam, PickledReward) and lam.label.endswith("<locals>.<lambda>")
 
     def local(data_source, solution_str, ground_truth, extra_info=None):
         return 0.0
 
-    with pytest.raises(TypeError, match=r"'test_reward_functions_go_by_reference_or_are_refused_by_name.<locals>"
-                                        r".local' is defined inside a function"):
-        reward_reference(local)
-    with pytest.raises(TypeError, match=r"<lambda>' is a lambda"):
-        Trainer(model="smollm2-135m-instruct", reward_funcs=[lambda *a, **k: 0.0], train_dataset=[])
+    assert reward_reference(local).label == "test_reward_functions_go_by_reference_or_are_pickled.<locals>.local"
     file = tmp_path / "rewards.py"
     file.write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     assert reward_reference(f"{file}:f") == f"{file}:f"
     with pytest.raises(FileNotFoundError, match="does not exist"):
         reward_reference(str(tmp_path / "missing.py") + ":f")
+
+
+# A script whose rewards have no name to import them by: a partial and a function made inside a function; the
+# reward pool (another process) scores them from the files the Trainer wrote.
+PICKLED_SCRIPT = textwrap.dedent("""\
+    import functools, json, sys
+    from npu_rl import Trainer
+    def count(data_source, solution_str, ground_truth, extra_info=None, char="7", **kwargs):
+        return solution_str.count(char) / max(len(solution_str), 1)
+    def make(bonus):
+        def constant(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+            return bonus
+        return constant
+    if __name__ == "__main__":
+        rows = [{"prompt": f"What is {i} + 3?", "answer": str(i + 3)} for i in range(8)]
+        result = Trainer(model=sys.argv[1], reward_funcs=[functools.partial(count, char="7"), make(0.25)],
+                         train_dataset=rows, config=json.loads(sys.argv[2]), output_dir=sys.argv[3]).train()
+        print(json.dumps({"step": result.global_step, "metrics": result.metrics}))
+    """)
+
+
+def test_a_partial_and_a_nested_function_score_in_the_reward_pool(tiny_model_dir, tmp_path):
+    script = tmp_path / "train_pickled.py"
+    script.write_text(PICKLED_SCRIPT)
+    config = {**SMALL, "trainer": {**SMALL["trainer"], "total_training_steps": 1, "save_freq": -1}}
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)
+    out = subprocess.run([sys.executable, str(script), tiny_model_dir, json.dumps(config), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["step"] == 1
+    assert sorted(os.listdir(tmp_path / "out" / "reward_funcs")) == ["0-partial(count).pkl",
+                                                                     "1-make._locals_.constant.pkl"]
+    assert 0.25 <= result["metrics"]["critic/score/mean"] <= 1.25  # 0.25 from the nested function, each row
 
 
 def test_a_script_that_trains_at_its_top_level_is_refused(tmp_path):

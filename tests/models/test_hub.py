@@ -136,3 +136,32 @@ def test_the_examples_default_model_resolves_where_it_is_cached(tiny_model_dir, 
     partial = _prefill_cache(os.path.join(home, "hub"), "org/config-only", {"config.json": b"{}"})
     assert hub.cached_model(hub.HubId("org/config-only")) is None  # no weights there: not a usable snapshot
     assert os.path.isdir(partial)
+
+
+def test_a_corrupt_download_is_named_file_by_file(tiny_model_dir, tmp_path, monkeypatch):
+    """issue 39: a mirror that serves a truncated safetensors and a tokenizer_config.json cut short passed
+    validation (the repo exists) and then failed inside transformers with a raw JSONDecodeError."""
+    from npu_rl.models.check import model_path_problems
+    from npu_rl.models.loader import local_model_folder
+    from npu_rl.utils.safe_load import CorruptFileError
+
+    files = folder_files(tiny_model_dir)
+    files["model.safetensors"] = files["model.safetensors"][:-100]
+    files["tokenizer_config.json"] = files["tokenizer_config.json"][:-10]
+    server = FakeHub().start()
+    try:
+        server.add("models", REPO, files)
+        online_env(monkeypatch, server, str(tmp_path / "hf"))
+        assert check_model_path(REPO) is None  # validation: the repo exists; nothing downloaded yet
+        with pytest.raises(CorruptFileError) as info:
+            load_tokenizer(REPO)  # the run's first use downloads it
+    finally:
+        server.stop()
+    message = str(info.value)
+    assert message.startswith(f"{REPO}: the snapshot downloaded from {server.endpoint} is not whole: ")
+    assert "tokenizer_config.json is not valid JSON (JSONDecodeError" in message
+    assert "model.safetensors is truncated" in message and "hf cache delete" in message
+    # the next run's validation reads the cached snapshot and names the same files before anything loads
+    problems = model_path_problems(local_model_folder(REPO))
+    assert any("tokenizer_config.json is not valid JSON" in p for p in problems), problems
+    assert any("model.safetensors is truncated" in p for p in problems), problems

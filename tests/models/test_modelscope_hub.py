@@ -233,3 +233,23 @@ def test_plan_reads_a_cached_modelscope_snapshot(tiny_model_dir, tmp_path, monke
     capsys.readouterr()
     assert plan_main(["--device", "atlas-a3", "actor_rollout_ref.model.path=tiny-org/not-cached"] + SMALL[:5]) == 2
     assert "tiny-org/not-cached' is not a folder or a cached model on this machine" in capsys.readouterr().err
+
+
+@needs_modelscope
+def test_a_corrupt_modelscope_download_is_named_file_by_file(tiny_model_dir, tmp_path, monkeypatch):
+    """issue 39: the same for ModelScope: a tokenizer.json cut short is named with the endpoint, not a raw
+    traceback from transformers."""
+    from npu_rl.utils.safe_load import CorruptFileError
+
+    files = folder_files(tiny_model_dir)
+    files["tokenizer.json"] = files["tokenizer.json"][: len(files["tokenizer.json"]) // 2]
+    server = FakeModelScope().start()
+    try:
+        server.add(REPO, files)
+        ms_env(monkeypatch, tmp_path, server.endpoint)
+        with pytest.raises(CorruptFileError, match=rf"modelscope://{REPO}: the snapshot downloaded from "
+                                                   rf"{server.endpoint} is not whole: \S+/tokenizer.json is not "
+                                                   r"valid JSON \(JSONDecodeError"):
+            resolve_model_path(f"modelscope://{REPO}")
+    finally:
+        server.stop()

@@ -108,3 +108,71 @@ def test_every_panel_names_metrics_the_trainer_logs():
               "actor/grad_norm", "perf/throughput"}
     for title, _, keys in PANELS:
         assert keys[0].endswith("/") or keys[0] in logged, title
+
+
+def _write_rows(path, steps: int) -> None:
+    with open(path, "w") as f:
+        for s in range(1, steps + 1):
+            f.write(json.dumps({"step": s, "critic/score/mean": s * 0.001, "actor/entropy": 1.0}) + "\n")
+
+
+def test_a_file_larger_than_the_full_read_is_sampled_evenly(tmp_path, monkeypatch, capsys):
+    """issue 39: plot of a multi-GB metrics.jsonl ran for ever. Here the bounds are made small (64 KiB read whole,
+    100 rows sampled) so that a 700 KB file stands for a large one."""
+    import npu_rl.tracking.plot as plot
+
+    monkeypatch.setattr(plot, "FULL_READ_BYTES", 64 << 10)
+    monkeypatch.setattr(plot, "SAMPLED_ROWS", 100)
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    _write_rows(path, 10_000)
+    read = []
+    real_open = open
+
+    def counting_open(*args, **kwargs):
+        f = real_open(*args, **kwargs)
+        real_read = f.read
+        f.read = lambda n=-1: read.append(len(data := real_read(n))) or data  # noqa: E731
+        return f
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    run = load_run(str(path))
+    monkeypatch.setattr("builtins.open", real_open)
+    steps = [r["step"] for r in run.rows]
+    assert steps[0] == 1 and steps[-1] == 10_000 and steps == sorted(set(steps)) and 95 <= len(steps) <= 101
+    assert sum(read) < 101 * (64 << 10) + 101  # a window per sample and a byte before it, not the file twice
+    assert "rows sampled evenly over the file" in run.bounded
+    assert cli(["plot", str(path.parent)]) == 0
+    assert "rows sampled evenly over the file (it is larger than 0 MiB)" in capsys.readouterr().err
+
+
+def test_a_large_file_that_is_not_json_lines_is_refused_without_reading_it_all(tmp_path, monkeypatch, capsys):
+    import npu_rl.tracking.plot as plot
+
+    monkeypatch.setattr(plot, "FULL_READ_BYTES", 64 << 10)
+    monkeypatch.setattr(plot, "WINDOW_BYTES", 4 << 10)
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(os.urandom(4 << 20).replace(b"\n", b" "))  # 4 MiB, no line ends: a binary file
+    assert cli(["plot", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"npu-rl plot: {path}: 4 MiB with no metrics row in the first 64 samples: not a metrics.jsonl" in err
+
+
+def test_many_rows_are_thinned_for_drawing(tmp_path, monkeypatch):
+    import npu_rl.tracking.plot as plot
+
+    monkeypatch.setattr(plot, "MAX_ROWS", 50)
+    path = tmp_path / "metrics.jsonl"
+    _write_rows(path, 1000)
+    run = load_run(str(path))
+    steps = [r["step"] for r in run.rows]
+    assert len(steps) == 50 and steps[0] == 1 and steps[-1] == 1000 and steps == sorted(steps)
+    assert run.bounded == "1000 rows thinned evenly to 50 for drawing"
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_is_refused_not_read(tmp_path):
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)  # opening it would wait for a writer for ever
+    with pytest.raises(ValueError, match="is not a regular file"):
+        load_run(str(fifo))

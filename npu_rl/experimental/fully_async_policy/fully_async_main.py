@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from npu_rl.experimental import verl_flags
+from npu_rl.trainer.main_ppo import as_command
 from npu_rl.trainer.main_ppo import main as _main
 
 MODULE = "npu_rl.experimental.fully_async_policy.fully_async_main"
@@ -18,4 +19,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(as_command(main))

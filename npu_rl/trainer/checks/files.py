@@ -2,7 +2,8 @@
 them, their rows; model folders; the output folder. Each problem names the key, the file and the row.
 
 - data files exist (or are a valid ``builtin://`` / ``hf://`` data set, a glob, a ``save_to_disk`` folder or a
-  ``DatasetDict`` root: ``npu_rl.data.sources``);
+  ``DatasetDict`` root: ``npu_rl.data.sources``); a parquet file's footer reads (a truncated file, or one that is
+  not parquet, is named; a damaged column is named by the data loader, with its column and rows);
 - a run that cannot do what it asks is refused: a vision-language actor, image rows, a generative reward model;
 - model folders resolve; their tokenizer files are present, their weights present and not truncated
   (``npu_rl.models.check``); a LoRA adapter fits the model;
@@ -19,7 +20,7 @@ from typing import Any
 
 from npu_rl.config.derived import as_list
 from npu_rl.data.dataset import ground_truth_of
-from npu_rl.data.io import read_rows
+from npu_rl.data.io import PARQUET_SUFFIXES, parquet_problem, read_rows
 from npu_rl.data.sources import data_files_problems, multimodal_problems, resolve_data_path
 from npu_rl.models.check import model_path_problems
 from npu_rl.models.kinds import actor_model_problem, reward_function_problem, reward_model_problem
@@ -43,6 +44,7 @@ def file_problems(config, use_critic: bool) -> list[str]:
     if config.reward_model.enable:
         p.attempt(lambda: _check_model_path(config.reward_model.model.path), "reward_model.model.path: ")
     p += _model_problems(config, use_critic)
+    p += _unreadable_data(config)
     p += _data_problems(config)
     p += _capability_problems(config)
     return p
@@ -97,6 +99,18 @@ def _model_problems(config, use_critic: bool) -> list[str]:
         if folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
             continue  # built-in (converted on first use), a Hub id not downloaded yet, or reported by the path check
         problems += [f"{key}: {p}" for p in model_path_problems(folder, need_tokenizer)]
+    return problems
+
+
+def _unreadable_data(config) -> list[str]:
+    """Parquet files whose footer does not read (truncated, not parquet): named now, from the footer alone."""
+    problems = []
+    for files_key in ("train_files", "val_files"):
+        for path in _resolved_data(config, files_key):
+            if path.lower().endswith(PARQUET_SUFFIXES) and os.path.isfile(path):
+                problem = parquet_problem(path)
+                if problem:
+                    problems.append(f"data.{files_key}: {problem}")
     return problems
 
 
