@@ -7,6 +7,7 @@ One step::
        --> actor forward (no grad) --> old logprobs, entropy  (bypass mode: the rollout's logprobs instead)
        --> rollout correction: IS weights, rejection, rollout_corr/* metrics (algorithm.rollout_correction)
        --> reference forward --> ref logprobs             (when a KL term is on)
+       --> teacher forward --> teacher logprobs           (on-policy distillation: distillation.enabled)
        --> critic forward --> values                      (PPO / GAE)
        --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
        --> advantage estimator (registry) --> advantages, returns
@@ -80,6 +81,7 @@ class Roles:
     ref: Any = None
     critic: Any = None
     reward_model: Any = None  # a model-based reward replaces the rule score (reward_model.enable)
+    teacher: Any = None  # on-policy distillation's frozen teacher (distillation.enabled)
     num_devices: int = 1
 
 
@@ -255,6 +257,9 @@ class PPOTrainer:
         if self.run_settings.use_ref:
             with timer("ref"):
                 batch = batch.union(self.roles.ref.compute_ref_logprobs(batch))
+        if self.roles.teacher is not None:
+            with timer("teacher"):
+                batch = batch.union(self.roles.teacher.compute_teacher_logprobs(batch))
         if self.run_settings.use_critic:
             with timer("values"):
                 batch = batch.union(self.roles.critic.compute_values(batch))
