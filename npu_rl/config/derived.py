@@ -117,6 +117,8 @@ class RunSettings:
     allow_compile: bool
     # distillation.enabled: the loss's settings (the core's DistillationSpec), else None; the teacher is a role
     distillation: Any = None
+    # reward_model.enable with a causal LM: the reward model is a judge (npu_rl/workers/judge.py), not a classifier
+    reward_judge: bool = False
     # data.apply_chat_template_kwargs: the agent loops render later turns with the same template settings as the prompt
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     # what the plan reads differently from the keys as written (verl's global micro-batch sizes, uneven micro-batches,
@@ -186,7 +188,7 @@ def _role_settings(world: int, sp: int, mini_batch_size: int, n: int) -> RoleSet
 
 
 def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correction: Any,
-                        distillation: Any = None) -> RunSettings:
+                        distillation: Any = None, reward_judge: bool = False) -> RunSettings:
     """The plan of a config (see :func:`plan_problems` for the checks behind each number). ``needs``: what the
     advantage estimator reads (``npu_rl.core.estimator_needs``); ``bypass_correction``: the core's settings of
     ``algorithm.rollout_correction`` in bypass mode, else None. ``npu_rl.trainer.preflight.run_settings_for`` passes both."""
@@ -226,6 +228,7 @@ def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correct
         bypass_correction=bypass_correction if config.algorithm.rollout_correction.bypass_mode else None,
         allow_compile=not uses_precision_debugger(config),
         distillation=distillation,
+        reward_judge=reward_judge,
         notes=tuple(notes),
     )
 

@@ -606,11 +606,57 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class JudgeRolloutConfig:
+    """verl's ``reward_model.rollout``: the engine and sampling of a generative reward model (a judge)."""
+
+    name: str = "hf"
+    """hf (transformers generate on rank 0); vLLM / SGLang judges are not implemented yet"""
+    dtype: str = "bfloat16"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    prompt_length: int = 2048
+    """a judge prompt longer than this (tokens, after its chat template) stops the run naming it"""
+    response_length: int = 2048
+    """the judge's new tokens per sample"""
+    free_cache_engine: bool = True
+    """offload the judge's weights between steps (it sleeps while the policy trains)"""
+
+
+JUDGE_TEMPLATE = (
+    "Below are a problem, a reference answer and a response to grade.\n\n"
+    "[Problem]\n{problem}\n\n[Reference answer]\n{reference}\n\n[Response]\n{response}\n\n"
+    "Is the response's final answer correct? Reply with a short reason, then the score, 1 if correct and 0 if not, "
+    "in \\boxed{{}}."
+)
+JUDGE_SCORE_PATTERN = r"\\boxed\{\s*([-+0-9.eE]+)\s*\}"
+
+
+@dataclass
+class JudgeConfig:
+    """npu-rl: how a generative reward model's text becomes a score (npu_rl/reward/judge.py). verl leaves the template
+    and the parser to a custom reward function; here they are keys, and a custom function may call the judge too."""
+
+    prompt_template: str = JUDGE_TEMPLATE
+    """the judge's user message; fields {problem}, {response}, {reference} (write a literal brace as {{ or }})"""
+    score_pattern: str = JUDGE_SCORE_PATTERN
+    """a regular expression whose first group, in its last match in the judge's text, is the score"""
+    fallback_score: Optional[float] = None
+    """null: a text without a score stops the run naming the sample; a number: such samples score it and are counted
+    in reward/judge_parse_failures"""
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
-    """a model-based reward (HF sequence-classification folder) in addition to rules"""
+    """a model-based reward in place of the rule score: an HF sequence-classification folder scores each response,
+    or a causal LM (a generative reward model) judges it from a prompt (reward_model.judge, reward_model.rollout)"""
     strategy: str = "fsdp"
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    rollout: JudgeRolloutConfig = field(default_factory=JudgeRolloutConfig)
+    """a generative reward model's engine and sampling"""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     micro_batch_size: Optional[int] = None
     micro_batch_size_per_gpu: Optional[int] = None
     max_length: Optional[int] = None
