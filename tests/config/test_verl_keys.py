@@ -397,3 +397,18 @@ def test_docs_list_every_alias_and_the_counts():
             assert documented == str(kinds.count(kind)), (
                 f"docs/configuration.md says {documented} {label} keys for {name}, the table gives "
                 f"{kinds.count(kind)} (a feature landed or an entry moved): update the counts there")
+
+
+def test_prime_is_refused_naming_what_is_missing():
+    from npu_rl.compat.verl.migrate import entry_point_rows
+
+    (row,) = entry_point_rows("recipe.prime.main_prime")
+    assert row.kind == "refused" and "implicit process reward model" in row.detail
+    for key in ("data.filter_accuracy", "data.accuracy_lower_bound", "reward_model.model.beta_train",
+                "reward_model.prime_granularity", "algorithm.reward_dpo_coef"):
+        status = verl_keys.classify(key)
+        assert status.kind == "refused" and "PRIME" in status.why and "accuracy filter" in status.why, key
+    assert verl_keys.refused_value("reward_model.reward_manager", "prime") is not None
+    assert load("data.filter_accuracy=False") is not None  # off: accepted with a note
+    with pytest.raises(ConfigError, match=r"data.accuracy_lower_bound=0.2: PRIME .* is not implemented"):
+        load("data.accuracy_lower_bound=0.2")
