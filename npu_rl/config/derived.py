@@ -7,7 +7,8 @@ correction needs) is a value of the plan. :func:`plan_problems` is the validatio
 split of a step's rows must come out even (prompts -> mini-batches -> data-parallel ranks -> micro-batches).
 
 This module reads the config only; what it needs from the rest of the house (what the advantage estimator reads,
-the core's rollout-correction settings) is passed in by the caller (``npu_rl.trainer.preflight.run_settings_for``).
+the core's rollout-correction and distillation settings) is passed in by the caller
+(``npu_rl.trainer.preflight.run_settings_for``).
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ class RunSettings:
     # torch.compile may be used where the device layer allows it (compiled decoding, compiled blocks); False when
     # msprobe's precision dumps are on (msprobe refuses TorchDynamo)
     allow_compile: bool
+    # distillation.enabled: the loss's settings (the core's DistillationSpec), else None; the teacher is a role
+    distillation: Any = None
+    # reward_model.enable with a causal LM: the reward model is a judge (npu_rl/workers/judge.py), not a classifier
+    reward_judge: bool = False
     # data.apply_chat_template_kwargs: the agent loops render later turns with the same template settings as the prompt
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     # what the plan reads differently from the keys as written (verl's global micro-batch sizes, uneven micro-batches,
@@ -182,7 +187,8 @@ def _role_settings(world: int, sp: int, mini_batch_size: int, n: int) -> RoleSet
     return RoleSettings(dp_size=dp, sp_size=sp, rows_per_mini_batch=mini_batch_size * n // dp)
 
 
-def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correction: Any) -> RunSettings:
+def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correction: Any,
+                        distillation: Any = None, reward_judge: bool = False) -> RunSettings:
     """The plan of a config (see :func:`plan_problems` for the checks behind each number). ``needs``: what the
     advantage estimator reads (``npu_rl.core.estimator_needs``); ``bypass_correction``: the core's settings of
     ``algorithm.rollout_correction`` in bypass mode, else None. ``npu_rl.trainer.preflight.run_settings_for`` passes both."""
@@ -221,6 +227,8 @@ def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correct
         policy_loss_mode=policy_loss_mode(config),
         bypass_correction=bypass_correction if config.algorithm.rollout_correction.bypass_mode else None,
         allow_compile=not uses_precision_debugger(config),
+        distillation=distillation,
+        reward_judge=reward_judge,
         notes=tuple(notes),
     )
 

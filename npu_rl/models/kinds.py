@@ -4,10 +4,10 @@ what was asked are refused at validation with the reason.
 - A vision-language model (a ``vision_config``, or an architecture such as ``Qwen2_5_VLForConditionalGeneration``)
   as the actor: only text is read and generated here; images in the rows would be dropped.
 - A generative reward model (a GenRM, as verl's FAPO recipe serves through its reward loop): a checkpoint whose
-  architectures are all causal / conditional LMs, given as ``reward_model.model.path``. npu-rl scores with a
-  sequence-classification head (``AutoModelForSequenceClassification``), which such a checkpoint does not have: it
-  would get a random head and score noise. A ``custom_reward_function`` that takes verl's ``reward_router_address``
-  (it calls the GenRM server) is refused for the same reason.
+  architectures are all causal / conditional LMs, given as ``reward_model.model.path``, is served as a judge
+  (:func:`is_generative`; npu_rl/reward/judge.py), not scored with a sequence-classification head. A
+  ``custom_reward_function`` that takes verl's ``reward_router_address`` (it calls verl's GenRM HTTP router) is
+  refused: npu-rl passes the judge as a ``judge`` argument instead.
 """
 
 from __future__ import annotations
@@ -44,16 +44,29 @@ def actor_model_problem(key: str, folder: str) -> Optional[str]:
             "verl for vision-language RL")
 
 
-def reward_model_problem(key: str, folder: str) -> Optional[str]:
+def is_generative(folder: str) -> bool:
+    """Whether a model folder's architectures are all causal / conditional LMs (a judge, not a classifier)."""
     names = [str(a) for a in _config(folder).get("architectures") or []]
-    if not names or any(a.endswith(_SCORING_SUFFIXES) for a in names):
+    return bool(names) and all(a.endswith(_GENERATIVE_SUFFIXES) for a in names)
+
+
+def _function_args(path: str, name: str) -> Optional[list[str]]:
+    """The parameter names of function ``name`` in the Python file ``path``, read from its source (not run)."""
+    full = os.path.abspath(os.path.expanduser(path))
+    try:
+        with open(full, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), full)
+    except (OSError, SyntaxError, ValueError):
         return None
-    if all(a.endswith(_GENERATIVE_SUFFIXES) for a in names):
-        return (f"{key}: {folder} is a generative model ({', '.join(names)}), i.e. a generative reward model "
-                "(GenRM, as in verl's FAPO recipe); npu-rl scores with a sequence-classification head and has no "
-                "GenRM serving, so it would score with a random head. Use a classifier reward model "
-                "(...ForSequenceClassification), or a rule / custom_reward_function reward")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return [a.arg for a in node.args.args + node.args.kwonlyargs]
     return None
+
+
+def reward_function_takes_judge(path: str, name: str) -> bool:
+    """Whether the custom reward function has a ``judge`` parameter (it receives the generative reward model)."""
+    return "judge" in (_function_args(path, name) or [])
 
 
 def reward_function_problem(path: str, name: str) -> Optional[str]:
@@ -70,6 +83,7 @@ def reward_function_problem(path: str, name: str) -> Optional[str]:
             args = [a.arg for a in node.args.args + node.args.kwonlyargs]
             if "reward_router_address" in args:
                 return (f"custom_reward_function {name!r} in {full} takes reward_router_address: it calls verl's "
-                        "generative reward model server (the reward loop), which npu-rl does not run. Score with "
-                        "the function alone, or with a classifier reward model (reward_model.enable=True)")
+                        "generative reward model HTTP router (the reward loop), which npu-rl does not run. npu-rl "
+                        "serves a causal-LM reward_model.model.path as a judge and passes it to a compute_score "
+                        "with a 'judge' parameter (judge.generate([user messages]) -> texts; docs/data_and_rewards.md)")
     return None

@@ -29,7 +29,7 @@ are counted as timeouts (and stop the run unless tolerated), so N hung rows neve
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -128,6 +128,13 @@ class RuleRewardManager:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
+
+    def pass_to_score_fn(self, **kwargs: Any) -> None:
+        """Extra keyword arguments for every call of the scoring function (the judge, npu_rl/reward/judge.py); the
+        function runs in this process then (reward_model.num_workers=0, checked at validation)."""
+        spec = self.settings.score_fn
+        self.settings = replace(self.settings, score_fn=replace(spec, kwargs={**spec.kwargs, **kwargs}))
+        self.close()
 
     def __call__(self, batch: Batch) -> RewardResult:
         key = self.settings.reward_fn_key

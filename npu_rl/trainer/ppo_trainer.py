@@ -7,6 +7,7 @@ One step::
        --> actor forward (no grad) --> old logprobs, entropy  (bypass mode: the rollout's logprobs instead)
        --> rollout correction: IS weights, rejection, rollout_corr/* metrics (algorithm.rollout_correction)
        --> reference forward --> ref logprobs             (when a KL term is on)
+       --> teacher forward --> teacher logprobs           (on-policy distillation: distillation.enabled)
        --> critic forward --> values                      (PPO / GAE)
        --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
        --> advantage estimator (registry) --> advantages, returns
@@ -41,6 +42,8 @@ from npu_rl.trainer.estimator_inputs import estimator_extras
 from npu_rl.trainer.rollout_correction import bypass_old_logprobs, correct_batch
 from npu_rl.trainer.sampling import PromptStream, filter_groups, score_batch
 from npu_rl.trainer.validation import validate
+from npu_rl.reward.judge import judge_client, score_with_judge
+from npu_rl.trainer.checks.judge import function_takes_judge
 from npu_rl.utils.flops import step_flops
 from npu_rl.trainer.profiling import StepProfiler
 from npu_rl.utils.timer import PhaseTimer
@@ -80,6 +83,8 @@ class Roles:
     ref: Any = None
     critic: Any = None
     reward_model: Any = None  # a model-based reward replaces the rule score (reward_model.enable)
+    teacher: Any = None  # on-policy distillation's frozen teacher (distillation.enabled)
+    judge: Any = None  # a generative reward model (reward_model.enable with a causal LM): scores replace the rule's
     num_devices: int = 1
 
 
@@ -112,6 +117,12 @@ class PPOTrainer:
         self.first_nonfinite: str | None = None
         self.last_val_metrics: dict[str, float] = {}
         self.profiler = StepProfiler(config, tracker.run_dir, rank=0, device=backend.name)  # global_profiler keys
+        self.judge = judge_client(config.reward_model, roles.judge)
+        self.judge_in_reward_fn = self.judge is not None and function_takes_judge(config)
+        if self.judge_in_reward_fn:  # the custom function scores, calling the judge itself (verl's GenRM usage)
+            for fn in (reward_fn, val_reward_fn):
+                if fn is not None:
+                    fn.pass_to_score_fn(judge=self.judge)
 
     # ------------------------------------------------------------------------------------------------- the loop
     def fit(self) -> int:
@@ -219,10 +230,17 @@ class PPOTrainer:
         return batch, metrics
 
     def _score(self, batch: Batch) -> tuple[Batch, dict[str, Any]]:
-        """``batch`` with token-level scores: from the reward model when there is one, else from the rule-based
-        reward manager."""
+        """``batch`` with token-level scores: from the reward model when there is one (a classifier, or a judge with
+        the template and parser of reward_model.judge), else from the reward manager (whose custom function may call
+        the judge)."""
         if self.roles.reward_model is not None:
             return batch.union(self.roles.reward_model.compute_rm_scores(batch)), {}
+        if self.judge_in_reward_fn:  # what the function asked the judge, beside the samples
+            self.judge.calls_path = os.path.join(self.tracker.run_dir, "judge", f"{self.global_step}.jsonl")
+            self.judge.step = self.global_step
+        if self.judge is not None and not self.judge_in_reward_fn:  # the step's samples in one batched call
+            record = os.path.join(self.tracker.run_dir, "judge", f"{self.global_step}.jsonl")
+            return score_with_judge(batch, self.judge, self.tokenizer, record, self.global_step)
         return score_batch(batch, self.reward_fn)
 
     def _greedy_baseline(self, prompts: Batch) -> torch.Tensor:
@@ -255,6 +273,9 @@ class PPOTrainer:
         if self.run_settings.use_ref:
             with timer("ref"):
                 batch = batch.union(self.roles.ref.compute_ref_logprobs(batch))
+        if self.roles.teacher is not None:
+            with timer("teacher"):
+                batch = batch.union(self.roles.teacher.compute_teacher_logprobs(batch))
         if self.run_settings.use_critic:
             with timer("values"):
                 batch = batch.union(self.roles.critic.compute_values(batch))

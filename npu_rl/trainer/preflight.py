@@ -9,7 +9,7 @@ and what to change.
   arithmetic (``npu_rl.config.derived.plan_problems``), the rules between keys, then what needs the rest of the
   house (:mod:`npu_rl.trainer.checks`: names, files, the device) and the agent loops' settings.
 - :func:`run_settings_for`: the :class:`~npu_rl.config.derived.RunSettings`, with what it needs from the core (the estimator's
-  declared inputs, the rollout-correction settings) passed in.
+  declared inputs, the rollout-correction and distillation settings) passed in.
 - The run folder: ``trainer.default_local_dir`` must be a folder that can be made and written (not a file, not
   under a file, not ``/proc/...`` or a read-only mount); so must ``trainer.rollout_data_dir`` /
   ``validation_data_dir`` when set. ``trainer.project_name`` / ``experiment_name`` may not climb out of the run
@@ -37,7 +37,9 @@ from npu_rl.core import estimator_needs
 from npu_rl.device import DeviceUnavailableError, select_backend
 from npu_rl.trainer.checkpoint import MARKER, checkpoint_space_problem, remove_path, saved_steps, step_dir
 from npu_rl.trainer.checks.device import device_problems
+from npu_rl.trainer.checks.distillation import distillation_config_problems, distillation_spec, teacher_file_problems
 from npu_rl.trainer.checks.files import file_problems
+from npu_rl.trainer.checks.judge import judge_problems, uses_judge
 from npu_rl.trainer.checks.moe import router_replay_problems
 from npu_rl.trainer.checks.names import estimator_resolves, name_problems
 from npu_rl.trainer.rollout_correction import correction_spec
@@ -119,7 +121,7 @@ def _plan(config: PPOConfig, strict: bool) -> RunSettings:
         except ValueError:
             if strict:
                 raise
-    return derive_run_settings(config, needs, bypass)
+    return derive_run_settings(config, needs, bypass, distillation_spec(config), uses_judge(config))
 
 
 def check(config: PPOConfig, run_settings: RunSettings | None = None, check_paths: bool = True, check_device: bool = True) -> None:
@@ -133,8 +135,11 @@ def check(config: PPOConfig, run_settings: RunSettings | None = None, check_path
     problems += name_problems(config, run_settings.use_critic)
     problems += agent_config_problems(config, check_paths)
     problems += router_replay_problems(config, check_paths)
+    problems += distillation_config_problems(config)
+    problems += judge_problems(config)
     if check_paths:
         problems += file_problems(config, run_settings.use_critic)
+        problems += teacher_file_problems(config)
         problems += run_folder_problems(config)
     if check_device:
         problems += device_problems(config)

@@ -179,6 +179,12 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     if "critic" in group.role_names():
         group.critic.init_model(total_steps)
         roles.critic = group.critic
+    if "teacher" in group.role_names():
+        group.teacher.init_model()
+        roles.teacher = group.teacher
+    if "judge" in group.role_names():
+        group.judge.init_model()
+        roles.judge = group.judge
     if "reward_model" in group.role_names():
         group.reward_model.init_model()
         roles.reward_model = group.reward_model

@@ -8,6 +8,10 @@ Loss of one micro-batch (aggregated with the mini-batch's global denominators)::
     + router_aux_loss_coef * aux_loss * seqs / global_seqs  # an MoE model's load-balancing loss, when its config
                                                        # sets output_router_logits (its share of the mini-batch)
 
+With on-policy distillation (``distillation.enabled``; npu_rl/core/distillation.py) that loss becomes
+``loss + distillation_loss_coef * L_distill(logprobs, teacher_logprobs)``, or ``L_distill`` alone with
+``use_task_rewards=False``; its metrics are ``actor/distillation/*``.
+
 Mixture-of-experts models (npu_rl/models/moe.py): the update's forward captures the routing for the
 ``actor/moe/*`` metrics; ``router_replay.mode`` R3 replays the rollout's ``routed_experts`` in the log-prob pass
 and the update, R2 records them in the log-prob pass and replays them in the update.
@@ -21,6 +25,7 @@ from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import ActorConfig, ModelConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl_loss, resolved_clip_ratios
+from npu_rl.core.distillation import combined_loss, distillation_loss
 from npu_rl.models.forward import LogprobOptions
 from npu_rl.models.fused_losses import implementation_name
 from npu_rl.models.loader import load_causal_lm
@@ -222,7 +227,16 @@ class ActorWorker:
             metrics["actor/kl_coef"] = torch.tensor(cfg.kl_loss_coef)
         if routed is not None:
             loss = loss + self._router_loss(routed, metrics, response_mask, denominators)
-        return MicroLoss(loss, metrics, {"actor/pg_loss": policy.loss.detach()})
+        shares, extremes = {"actor/pg_loss": policy.loss.detach()}, {}
+        spec = self.run_settings.distillation
+        if spec is not None:
+            distill = distillation_loss(inputs=inputs, teacher_logprobs=mb["teacher_logprobs"].to(device), spec=spec)
+            loss = combined_loss(loss, distill.loss, spec)
+            shares["actor/distillation/loss"] = distill.loss.detach()
+            for key, value in distill.metrics.items():
+                target = extremes if key.endswith(("_min", "_max")) else metrics
+                target[f"actor/{key}"] = value
+        return MicroLoss(loss, metrics, shares, extremes)
 
     def _router_loss(self, routed, metrics: dict[str, torch.Tensor], response_mask: torch.Tensor,
                      denominators: dict[str, torch.Tensor]) -> torch.Tensor | float:

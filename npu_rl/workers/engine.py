@@ -62,6 +62,9 @@ class MicroLoss(NamedTuple):
     # Shares of a mini-batch quantity (the loss value itself): summed over micro-batches and times dp, so each
     # rank reports its estimate of the mini-batch mean and the ranks' mean is the mini-batch's value.
     shares: dict[str, torch.Tensor]
+    # Extremes over the mini-batch: a key ending in ``_min`` takes the smallest micro-batch value, any other the
+    # largest (verl's MIN / MAX metrics, e.g. ``actor/distillation/loss_min``)
+    extremes: dict[str, torch.Tensor] = {}
 
 
 LossFn = Callable[[Batch, dict[str, torch.Tensor]], MicroLoss]
@@ -298,7 +301,7 @@ class TrainingEngine:
             result = loss_fn(mb, denominators)
             (result.loss * dp).backward()
             runner.grads_to_master()
-            results.append(MicroLoss(result.loss.detach(), result.metrics, result.shares))
+            results.append(MicroLoss(result.loss.detach(), result.metrics, result.shares, result.extremes))
         grad_norm = clip_grad_norm(self.model, self.update_settings.grad_clip)
         finite = math.isfinite(float(grad_norm))  # one host sync per mini-batch, to decide on the step
         if finite:
@@ -308,6 +311,9 @@ class TrainingEngine:
         out = mean_of([r.metrics for r in results])
         for key in results[0].shares:
             out[key] = torch.stack([r.shares[key].float() for r in results]).sum() * dp
+        for key in results[0].extremes:
+            values = torch.stack([r.extremes[key].detach().float() for r in results])
+            out[key] = values.min() if key.endswith("_min") else values.max()
         out[f"{self.role}/grad_norm"] = grad_norm.detach().float()
         out[f"{self.role}/nan_skipped"] = torch.tensor(0.0 if finite else 1.0)
         return out

@@ -14,6 +14,12 @@ from npu_rl.workers.model_runner import MicroBatching
 
 
 class ReferenceWorker:
+    """A frozen causal LM's log-probs of the sampled response tokens, on a forward-only engine: the reference (below)
+    and the distillation teacher (npu_rl/workers/teacher.py) differ only in their model and these three names."""
+
+    ROLE = "ref"  # the engine's role (metric prefixes, profiler)
+    OUTPUT = "ref_logprobs"
+
     def __init__(self, model_cfg: ModelConfig, ref_cfg: RefConfig, run_settings: RunSettings):
         self.model_cfg = model_cfg
         self.cfg = ref_cfg
@@ -25,7 +31,7 @@ class ReferenceWorker:
         ref = self.cfg
         micro = MicroBatching(self.run_settings.micro_batches.ref_logprob, ref.log_prob_use_dynamic_bsz,
                               ref.log_prob_max_token_len_per_gpu)
-        self.engine = build_policy_engine(self.model_cfg, ref.fsdp_config, role="ref", run_settings=self.run_settings,
+        self.engine = build_policy_engine(self.model_cfg, ref.fsdp_config, role=self.ROLE, run_settings=self.run_settings,
                                           forward_micro=micro, sp_size=ref.ulysses_sequence_parallel_size,
                                           trainable=False,
                                           compile_blocks=ref.use_torch_compile and self.run_settings.allow_compile)
@@ -33,12 +39,21 @@ class ReferenceWorker:
     def dispatch_layout(self):
         return self.engine.dispatch_layout() if self.engine is not None else None
 
-    @register(Dispatch.DP_SPLIT)
-    def compute_ref_logprobs(self, batch: Batch) -> Batch:
-        """``ref_logprobs`` [B, R] at the rollout temperature (the same temperature the actor's log-probs use)."""
+    @property
+    def temperature(self) -> float:
+        """The reference's: the rollout temperature (the same temperature the actor's log-probs use)."""
+        return self.run_settings.logprob_temperature
+
+    def logprobs(self, batch: Batch) -> Batch:
+        """``{OUTPUT: [B, R]}``: this model's log-probs of the response tokens at :attr:`temperature`."""
         options = logprob_options(self.model_cfg, compute_entropy=False)
 
         def forward(mb: Batch) -> dict[str, torch.Tensor]:
-            return {"ref_logprobs": self.engine.forward_logprobs(mb, self.run_settings.logprob_temperature, options)[0]}
+            return {self.OUTPUT: self.engine.forward_logprobs(mb, self.temperature, options)[0]}
 
         return self.engine.infer(batch, forward)
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """``ref_logprobs`` [B, R] at the rollout temperature."""
+        return self.logprobs(batch)

@@ -11,7 +11,9 @@ from npu_rl.controller.worker_group import WorkerSpec
 from npu_rl.workers.actor_rollout import ActorRolloutWorker
 from npu_rl.workers.critic import CriticWorker
 from npu_rl.workers.reference import ReferenceWorker
+from npu_rl.workers.judge import JudgeWorker
 from npu_rl.workers.reward_model import RewardModelWorker
+from npu_rl.workers.teacher import TeacherWorker, teacher_slices
 
 
 def worker_specs(config: PPOConfig, run_settings: RunSettings) -> dict[str, WorkerSpec]:
@@ -25,6 +27,11 @@ def worker_specs(config: PPOConfig, run_settings: RunSettings) -> dict[str, Work
         roles["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.ref, run_settings))
     if run_settings.use_critic:
         roles["critic"] = WorkerSpec(CriticWorker, (config.critic, run_settings))
-    if run_settings.use_reward_model:
+    if run_settings.distillation is not None:  # a frozen teacher on the same devices, like the reference
+        teacher_model, teacher_ref = teacher_slices(arr.model, arr.ref, config.distillation.teacher_models.teacher_model)
+        roles["teacher"] = WorkerSpec(TeacherWorker, (teacher_model, teacher_ref, run_settings))
+    if run_settings.use_reward_model and run_settings.reward_judge:  # a generative reward model, served on rank 0
+        roles["judge"] = WorkerSpec(JudgeWorker, (config.reward_model, run_settings))
+    elif run_settings.use_reward_model:
         roles["reward_model"] = WorkerSpec(RewardModelWorker, (config.reward_model, run_settings))
     return roles

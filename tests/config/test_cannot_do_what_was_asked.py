@@ -53,18 +53,19 @@ def _reward(tmp_path, body="def compute_score(data_source, solution_str, ground_
     return str(path)
 
 
-def test_a_generative_reward_model_is_refused(tiny_model_dir, tmp_path):
+def test_a_generative_reward_model_is_served_as_a_judge(tiny_model_dir, tmp_path):
+    from npu_rl.trainer.preflight import run_settings_for
+
     genrm = shutil.copytree(tiny_model_dir, tmp_path / "genrm")  # a causal LM: FAPO's GenRM is one
     rm = ["reward_model.enable=True", f"reward_model.model.path={genrm}"]
-    with pytest.raises(ConfigError, match=r"reward_model.model.path: .*genrm is a generative model "
-                                          r"\(Qwen2ForCausalLM\), i.e. a generative reward model"):
-        _config(tiny_model_dir, tmp_path, *rm)
+    assert run_settings_for(_config(tiny_model_dir, tmp_path, *rm)).reward_judge
     _edit_config(genrm, architectures=["Qwen2ForSequenceClassification"], num_labels=1)
-    _config(tiny_model_dir, tmp_path, *rm)  # a classifier reward model is what reward_model.* scores with
+    assert not run_settings_for(_config(tiny_model_dir, tmp_path, *rm)).reward_judge  # a classifier scores
 
 
 def test_a_reward_function_calling_the_genrm_router_is_refused(tiny_model_dir, tmp_path):
     body = ("async def compute_score(data_source, solution_str, ground_truth, extra_info, reward_router_address,\n"
             "                        reward_model_tokenizer):\n    return 0.0\n")
-    with pytest.raises(ConfigError, match="takes reward_router_address: it calls verl's generative reward model"):
+    with pytest.raises(ConfigError, match="takes reward_router_address: it calls verl's generative reward model "
+                                          "HTTP router.*passes it to a compute_score with a 'judge' parameter"):
         _config(tiny_model_dir, tmp_path, f"custom_reward_function.path={_reward(tmp_path, body)}")

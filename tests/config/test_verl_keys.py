@@ -54,10 +54,21 @@ def test_generated_tree_counts():
 
 
 def test_table_entries_are_not_our_keys():
-    """A table entry for a key the schema has would never be consulted (classify checks the schema first)."""
+    """A table entry for a key the schema has would never be consulted (classify checks the schema first), except a
+    refused row on one of our subtrees: it covers the children the schema lacks (``distillation.teacher_models``:
+    ``teacher_model`` is ours, any other teacher's name is refused)."""
     for key, entry in verl_keys.table().items():
-        if entry.kind != "alias":
-            assert not verl_keys.implemented(key), key
+        if entry.kind != "alias" and verl_keys.implemented(key):
+            assert entry.kind == "refused" and key in SUBTREE_ROWS, key
+
+
+SUBTREE_ROWS = {"distillation.teacher_models"}
+
+
+def test_a_second_teacher_is_refused_and_the_first_is_ours():
+    assert verl_keys.classify("distillation.teacher_models.teacher_model.model_path").kind == "implemented"
+    status = verl_keys.classify("distillation.teacher_models.gsm8k.model_path")
+    assert status.kind == "refused" and "several teachers" in status.why
 
 
 def test_aliases_land_on_our_keys():
@@ -244,6 +255,7 @@ MUST_PASS = {"docs_gsm8k_example_ppo", "docs_quickstart_ppo_gsm8k", "recipe_dapo
              "ascend_extras_ppo_trainer_run_qwen3_8b_fsdp", "ascend_extras_grpo_trainer_run_qwen3_32b_fsdp",
              "ascend_extras_gspo_trainer_run_qwen3_32b_fsdp", "grpo_trainer_run_qwen2_5_32b_fsdp",
              "tuning_lora_run_qwen3_8b_fsdp", "tuning_lora_run_qwen3_8b_merge_fsdp",
+             "on_policy_distillation_trainer_run_qwen3_8b_fsdp", "on_policy_distillation_trainer_run_qwen3_5_4b_fsdp",
              # verl-recipe's DAPO scripts (reward.reward_kwargs / reward_model.reward_kwargs) and others on main_ppo
              *(f"recipe_dapo_{n}" for n in (
                  "run_dapo_early_qwen2.5_32b", "run_dapo_qwen2.5_32b", "run_dapo_qwen2.5_32b_fsdp2_20k_npu",
@@ -278,7 +290,7 @@ def refused_override(problem: str, overrides: list[str]) -> bool:
 
 PATH_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model.path",
              "reward_model.model.path", "reward.reward_model.model_path", "reward.custom_reward_function.path",
-             "custom_reward_function.path")
+             "custom_reward_function.path", "distillation.teacher_models.teacher_model.model_path")
 
 
 def supply_paths(overrides: list[str], files: dict[str, str]) -> list[str]:
@@ -310,7 +322,8 @@ def local_files(tmp_path_factory, tiny_model_dir):
     return {"data.train_files": str(folder / "train.parquet"), "data.val_files": str(folder / "test.parquet"),
             "actor_rollout_ref.model.path": tiny_model_dir, "critic.model.path": tiny_model_dir,
             "reward_model.model.path": str(rm), "reward.reward_model.model_path": str(rm),
-            "reward.custom_reward_function.path": str(reward), "custom_reward_function.path": str(reward)}
+            "reward.custom_reward_function.path": str(reward), "custom_reward_function.path": str(reward),
+            "distillation.teacher_models.teacher_model.model_path": tiny_model_dir}
 
 
 SCRIPT_NAMES = sorted(f[:-4] for f in os.listdir(SCRIPTS) if f.endswith(".txt"))
@@ -385,3 +398,18 @@ def test_docs_list_every_alias_and_the_counts():
             assert documented == str(kinds.count(kind)), (
                 f"docs/configuration.md says {documented} {label} keys for {name}, the table gives "
                 f"{kinds.count(kind)} (a feature landed or an entry moved): update the counts there")
+
+
+def test_prime_is_refused_naming_what_is_missing():
+    from npu_rl.compat.verl.migrate import entry_point_rows
+
+    (row,) = entry_point_rows("recipe.prime.main_prime")
+    assert row.kind == "refused" and "implicit process reward model" in row.detail
+    for key in ("data.filter_accuracy", "data.accuracy_lower_bound", "reward_model.model.beta_train",
+                "reward_model.prime_granularity", "algorithm.reward_dpo_coef"):
+        status = verl_keys.classify(key)
+        assert status.kind == "refused" and "PRIME" in status.why and "accuracy filter" in status.why, key
+    assert verl_keys.refused_value("reward_model.reward_manager", "prime") is not None
+    assert load("data.filter_accuracy=False") is not None  # off: accepted with a note
+    with pytest.raises(ConfigError, match=r"data.accuracy_lower_bound=0.2: PRIME .* is not implemented"):
+        load("data.accuracy_lower_bound=0.2")

@@ -115,6 +115,10 @@ def entry_point_rows(module: str) -> list[Row]:
     """A refused row for a recipe's own trainer (none for main_ppo, its DAPO entry point and the async trainers)."""
     if module in ENTRY_POINTS:
         return []
+    if module.rpartition(".")[0] == "recipe.prime":  # said in full: what of PRIME is missing
+        prime = classify("algorithm.reward_dpo_coef")
+        return [Row(f"-m {module}", module, "refused", f"{module} is a recipe's own trainer (PRIME): {prime.why}; "
+                                                       f"instead: {prime.instead}")]
     return [Row(f"-m {module}", module, "refused", f"{module} is a recipe's own trainer (its own loop and config), "
                                                    "not main_ppo; instead: python3 -m npu_rl.trainer.main_ppo with "
                                                    "the overrides below")]

@@ -4,7 +4,8 @@ them, their rows; model folders; the output folder. Each problem names the key, 
 - data files exist (or are a valid ``builtin://`` / ``hf://`` data set, a glob, a ``save_to_disk`` folder or a
   ``DatasetDict`` root: ``npu_rl.data.sources``); a parquet file's footer reads (a truncated file, or one that is
   not parquet, is named; a damaged column is named by the data loader, with its column and rows);
-- a run that cannot do what it asks is refused: a vision-language actor, image rows, a generative reward model;
+- a run that cannot do what it asks is refused: a vision-language actor, image rows, a reward function calling
+  verl's GenRM router;
 - model folders resolve; their tokenizer files are present, their weights present and not truncated
   (``npu_rl.models.check``); a LoRA adapter fits the model;
 - (the output folder, ``trainer.default_local_dir``, is the preflight's run-folder check);
@@ -23,7 +24,7 @@ from npu_rl.data.dataset import ground_truth_of
 from npu_rl.data.io import PARQUET_SUFFIXES, parquet_problem, read_rows
 from npu_rl.data.sources import data_files_problems, multimodal_problems, resolve_data_path
 from npu_rl.models.check import model_path_problems
-from npu_rl.models.kinds import actor_model_problem, reward_function_problem, reward_model_problem
+from npu_rl.models.kinds import actor_model_problem, reward_function_problem
 from npu_rl.models.loader import check_model_path, is_builtin, local_model_folder
 from npu_rl.models.lora import check_against_model
 from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
@@ -69,18 +70,13 @@ def _resolved_data(config, files_key: str) -> list[str]:
 
 
 def _capability_problems(config) -> list[str]:
-    """Runs accepted by the schema that cannot do what they ask: a vision-language actor or image rows, a
-    generative reward model (npu_rl.models.kinds, npu_rl.data.sources.multimodal_problems)."""
+    """Runs accepted by the schema that cannot do what they ask: a vision-language actor or image rows, a reward
+    function calling verl's GenRM router (npu_rl.models.kinds, npu_rl.data.sources.multimodal_problems)."""
     problems = []
     actor_path = str(config.actor_rollout_ref.model.path)
     folder = None if is_builtin(actor_path) else local_model_folder(actor_path)
     if folder:
         problems.append(actor_model_problem("actor_rollout_ref.model.path", folder))
-    if config.reward_model.enable:
-        rm_path = str(config.reward_model.model.path)
-        folder = None if is_builtin(rm_path) else local_model_folder(rm_path)
-        if folder:
-            problems.append(reward_model_problem("reward_model.model.path", folder))
     fn = config.custom_reward_function
     if fn.path:
         problems.append(reward_function_problem(str(fn.path), str(fn.name or "compute_score")))

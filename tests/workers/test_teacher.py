@@ -1,0 +1,43 @@
+"""The distillation teacher: the reference's forward-only engine on the teacher's folder; its log-probs of the
+response tokens equal an unpadded transformers forward at temperature 1, whatever the rollout's temperature."""
+
+from __future__ import annotations
+
+import torch
+
+from npu_rl.config.loader import load_config
+from npu_rl.protocol import Batch
+from npu_rl.trainer.preflight import run_settings_for
+from npu_rl.workers.roles import worker_specs
+from tests.trainer.conftest import base_overrides
+
+
+def test_teacher_logprobs_equal_a_transformers_forward_at_temperature_one(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import save_tiny_model_dir
+
+    teacher = save_tiny_model_dir(str(tmp_path / "teacher"), seed=5)
+    config = load_config(base_overrides(tiny_model_dir, str(tmp_path / "run")) + [
+        "preset=grpo", "actor_rollout_ref.rollout.temperature=0.7", "distillation.enabled=True",
+        f"distillation.teacher_models.teacher_model.model_path={teacher}",
+        "distillation.teacher_models.teacher_model.fsdp_config.mixed_precision.param_dtype=fp32",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1", "data.max_response_length=3"])
+    spec = worker_specs(config, run_settings_for(config))["teacher"]
+    worker = spec.cls(*spec.args)
+    worker.init_model()
+    prompts = torch.tensor([[0, 0, 10, 11], [0, 12, 13, 14]])  # left-padded to 4
+    responses = torch.tensor([[20, 21, 0], [22, 0, 0]])  # right-padded to 3
+    response_mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    attention_mask = torch.cat([(prompts != 0).long(), response_mask], 1)
+    batch = Batch({"prompts": prompts, "responses": responses, "response_mask": response_mask,
+                   "input_ids": torch.cat([prompts, responses], 1), "attention_mask": attention_mask,
+                   "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0)})
+    out = worker.compute_teacher_logprobs(batch)["teacher_logprobs"]
+    reference = AutoModelForCausalLM.from_pretrained(teacher).eval()
+    for row, (prompt, response) in enumerate([([10, 11], [20, 21]), ([12, 13, 14], [22])]):
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            logp = torch.log_softmax(reference(input_ids=ids).logits[0].float(), -1)  # temperature 1
+        expected = torch.stack([logp[len(prompt) - 1 + i, tok] for i, tok in enumerate(response)])
+        torch.testing.assert_close(out[row, :len(response)], expected, rtol=1e-5, atol=1e-5)
