@@ -107,7 +107,10 @@ def open_image(ref: Any, base_dir: Optional[str] = None) -> Image.Image:
                          f"{type(ref).__name__}")
     try:
         image = Image.open(source)
-    except (UnidentifiedImageError, OSError) as exc:
+    except UnidentifiedImageError as exc:
+        raise ValueError(f"the image ({what}) cannot be read: not an image format PIL reads (corrupt or "
+                         "truncated bytes?)") from exc
+    except OSError as exc:
         raise ValueError(f"the image ({what}) cannot be read: {exc}") from exc
     width, height = image.size
     if width * height > MAX_DECODE_PIXELS:

@@ -215,6 +215,6 @@ def build_dataloader(data_config, tokenizer, split: str = "train", *, batch_size
         size = batch_size or data_config.val_batch_size or len(dataset)
         shuffle, drop_last = bool(data_config.validation_shuffle), False
     workers = data_config.dataloader_num_workers if num_workers is None else num_workers
-    return PromptDataLoader(dataset, int(size), collate_fn=PromptCollator(pad_id_of(tokenizer), getattr(dataset, "vision", None)),
-                            shuffle=shuffle,
-                            seed=int(data_config.seed), drop_last=drop_last, num_workers=int(workers))
+    collate = PromptCollator(pad_id_of(tokenizer), getattr(dataset, "vision", None))
+    return PromptDataLoader(dataset, int(size), collate_fn=collate, shuffle=shuffle, seed=int(data_config.seed),
+                            drop_last=drop_last, num_workers=int(workers))

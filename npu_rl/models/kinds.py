@@ -2,7 +2,9 @@
 what was asked are refused at validation with the reason.
 
 - A vision-language model (a ``vision_config``, or an architecture such as ``Qwen2_5_VLForConditionalGeneration``)
-  as the actor: only text is read and generated here; images in the rows would be dropped.
+  as the actor: image rows are read (``npu_rl.data.images``) and the Qwen-VL log-prob forward exists
+  (``npu_rl.models.vision``), but the trainer, the rollout engines and the checkpoint paths do not build one yet
+  (docs/vl.md), so such a run is refused here rather than failing after the model loads.
 - A generative reward model (a GenRM, as verl's FAPO recipe serves through its reward loop): a checkpoint whose
   architectures are all causal / conditional LMs, given as ``reward_model.model.path``. npu-rl scores with a
   sequence-classification head (``AutoModelForSequenceClassification``), which such a checkpoint does not have: it
@@ -39,9 +41,9 @@ def actor_model_problem(key: str, folder: str) -> Optional[str]:
     if not is_vision_language(folder):
         return None
     names = ", ".join(_config(folder).get("architectures") or []) or "a vision_config"
-    return (f"{key}: {folder} is a vision-language model ({names}); npu-rl trains text-only models (prompts and "
-            "responses are text; images are not read), so this run cannot do what it asks. Use a text model, or "
-            "verl for vision-language RL")
+    return (f"{key}: {folder} is a vision-language model ({names}); npu-rl reads image rows and computes a "
+            "Qwen-VL actor's log-probs, but training one through npu-rl train (its loading, rollout with images, "
+            "checkpoints) is not built yet (docs/vl.md). Use a text model, or verl for vision-language RL")
 
 
 def reward_model_problem(key: str, folder: str) -> Optional[str]:

@@ -11,6 +11,8 @@ import pytest
 from npu_rl.config.errors import ConfigError
 from npu_rl.trainer.preflight import load_checked
 from npu_rl.data.io import write_parquet
+from npu_rl.data.images import image_bytes
+from PIL import Image
 from tests.trainer.conftest import base_overrides
 
 
@@ -30,18 +32,25 @@ def test_a_vision_language_actor_is_refused(tiny_model_dir, tmp_path):
     vlm = shutil.copytree(tiny_model_dir, tmp_path / "vlm")
     _edit_config(vlm, architectures=["Qwen2_5_VLForConditionalGeneration"], vision_config={"depth": 2})
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.path: .*vlm is a vision-language model "
-                                          r"\(Qwen2_5_VLForConditionalGeneration\); npu-rl trains text-only"):
+                                          r"\(Qwen2_5_VLForConditionalGeneration\); .* through npu-rl train .* is "
+                                          r"not built yet"):
         _config(str(vlm), tmp_path)
 
 
 def test_image_rows_are_refused_naming_file_and_row(tiny_model_dir, tmp_path):
     text = {"data_source": "hiyouga/geometry3k", "prompt": [{"role": "user", "content": "<image>Find x."}],
             "reward_model": {"style": "rule", "ground_truth": "3"}}
-    rows = [dict(text, images=[]), dict(text, images=[{"bytes": b"\x89PNG", "path": None}])]
+    png = image_bytes(Image.new("RGB", (40, 30)))
+    rows = [dict(text, images=[{"bytes": png, "path": None}]), dict(text, images=[{"bytes": b"\x89PNG", "path": None}]),
+            dict(text, images=[{"bytes": png, "path": None}] * 2)]
     path = write_parquet(rows, str(tmp_path / "geo3k" / "train.parquet"))
     with pytest.raises(ConfigError) as exc:
         _config(tiny_model_dir, tmp_path, f"data.train_files={path}", "data.image_key=images")
-    assert f"data.train_files: {path}: row 1 has 'images' (a multi-modal data set" in str(exc.value)
+    message = str(exc.value)
+    assert f"data.train_files: {path}: row 1: images[0]: the image (4 bytes) cannot be read: not an image format" in message
+    assert f"data.train_files: {path}: row 2: the prompt has 1 <image> tag(s) and 'images' has 2 image(s)" in message
+    assert "data.train_files: rows carry images ('images') but the actor" in message  # a text actor
+    assert f"{path}: row 0: " not in message
     write_parquet([dict(text, images=[])], path)  # an empty image list is a text row
     _config(tiny_model_dir, tmp_path, f"data.train_files={path}", "custom_reward_function.path=" + _reward(tmp_path))
 

@@ -104,7 +104,7 @@ def test_dataset_expands_tags_and_decodes_per_item(tmp_path):
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda r: r[0].update(images=[{"bytes": b"not a png"}]), "images[0]: the image (9 bytes) cannot be read"),
+    (lambda r: r[0].update(images=[{"bytes": b"not a png"}]), "images[0]: the image (9 bytes) cannot be read: not an image format"),
     (lambda r: r[1].update(images=[r[0]["images"][0], {"bytes": None, "path": "missing.png"}]), "images[1]: image file 'missing.png' does not"),
     (lambda r: r[0]["prompt"][0].update(content="<image><image>two?"), "2 <image> tag(s) and 'images' has 1 image"),
     (lambda r: r[2]["prompt"][0].update(content="<image>?"), "1 <image> tag(s) and 'images' has 0 image"),

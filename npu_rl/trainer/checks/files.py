@@ -3,7 +3,8 @@ them, their rows; model folders; the output folder. Each problem names the key, 
 
 - data files exist (or are a valid ``builtin://`` / ``hf://`` data set, a glob, a ``save_to_disk`` folder or a
   ``DatasetDict`` root: ``npu_rl.data.sources``);
-- a run that cannot do what it asks is refused: a vision-language actor, image rows, a generative reward model;
+- a run that cannot do what it asks is refused: a vision-language actor (training one is not wired yet; docs/vl.md),
+  image rows for a text actor, bad image rows (named), video / audio rows, a generative reward model;
 - model folders resolve; their tokenizer files are present, their weights present and not truncated
   (``npu_rl.models.check``); a LoRA adapter fits the model;
 - (the output folder, ``trainer.default_local_dir``, is the preflight's run-folder check);
@@ -20,9 +21,10 @@ from typing import Any
 from npu_rl.config.derived import as_list
 from npu_rl.data.dataset import ground_truth_of
 from npu_rl.data.io import read_rows
-from npu_rl.data.sources import data_files_problems, multimodal_problems, resolve_data_path
+from npu_rl.data.sources import data_files_problems, has_image_rows, multimodal_problems, resolve_data_path
 from npu_rl.models.check import model_path_problems
-from npu_rl.models.kinds import actor_model_problem, reward_function_problem, reward_model_problem
+from npu_rl.models.kinds import actor_model_problem, is_vision_language, reward_function_problem, \
+    reward_model_problem
 from npu_rl.models.loader import check_model_path, is_builtin, local_model_folder
 from npu_rl.models.lora import check_against_model
 from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
@@ -72,6 +74,7 @@ def _capability_problems(config) -> list[str]:
     problems = []
     actor_path = str(config.actor_rollout_ref.model.path)
     folder = None if is_builtin(actor_path) else local_model_folder(actor_path)
+    actor_is_vl = bool(folder) and is_vision_language(folder)
     if folder:
         problems.append(actor_model_problem("actor_rollout_ref.model.path", folder))
     if config.reward_model.enable:
@@ -82,8 +85,13 @@ def _capability_problems(config) -> list[str]:
     fn = config.custom_reward_function
     if fn.path:
         problems.append(reward_function_problem(str(fn.path), str(fn.name or "compute_score")))
+    image_key, prompt_key = str(config.data.image_key), str(config.data.prompt_key)
     for files_key in ("train_files", "val_files"):
-        problems += multimodal_problems(files_key, _resolved_data(config, files_key))
+        paths = _resolved_data(config, files_key)
+        problems += multimodal_problems(files_key, paths, image_key, prompt_key)
+        if not actor_is_vl and has_image_rows(paths, image_key):
+            problems.append(f"data.{files_key}: rows carry images ({image_key!r}) but the actor "
+                            f"({actor_path}) reads text only and would drop them; use a text data set")
     return [p for p in problems if p]
 
 
