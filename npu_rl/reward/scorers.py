@@ -12,6 +12,7 @@ it extracted, "" when none), which the trainer logs. Keyword arguments a scorer 
     math_dapo, math, math_dapo_reasoning, aime*           math_dapo 1 / -1 (verl's DAPO scorer: "Answer: x" line
                                                                    first, else the last \\boxed{})
     arith                                                 arith    1 / 0   (\\boxed{} or the last integer)
+    shapes                                                shapes   1 / 0   (the visual counting task; as arith)
 
 ``default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`` is verl's function
 of the same name: the default reward function, and the fallback a custom function can call.
@@ -99,6 +100,12 @@ def arith_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict]
     if pred is None:
         pred = last_number(solution_str)
     return _result(pred is not None and _numbers_equal(pred, ground_truth), pred)
+
+
+@SCORERS.register("shapes")
+def shapes_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, **_: Any) -> dict[str, Any]:
+    """The generated shape-counting task (npu_rl/data/shapes.py): the count read as ``arith`` reads an answer."""
+    return arith_score(solution_str, ground_truth, extra_info)
 
 
 # ------------------------------------------------------------------------------------------------ dispatch
