@@ -2,9 +2,9 @@
 what was asked are refused at validation with the reason.
 
 - A vision-language model (a ``vision_config``, or an architecture such as ``Qwen2_5_VLForConditionalGeneration``)
-  as the actor: image rows are read (``npu_rl.data.images``) and the Qwen-VL log-prob forward exists
-  (``npu_rl.models.vision``), but the trainer, the rollout engines and the checkpoint paths do not build one yet
-  (docs/vl.md), so such a run is refused here rather than failing after the model loads.
+  as the actor: a Qwen-VL folder (Qwen2-VL / Qwen2.5-VL / Qwen3-VL, with its preprocessor_config.json) is trained
+  (docs/vl.md) where the run uses only what is built for it (``vision_language_problems``: the padded forward, the
+  hf rollout, no LoRA, no agent loops); any other vision-language family is refused.
 - A generative reward model (a GenRM, as verl's FAPO recipe serves through its reward loop): a checkpoint whose
   architectures are all causal / conditional LMs, given as ``reward_model.model.path``. npu-rl scores with a
   sequence-classification head (``AutoModelForSequenceClassification``), which such a checkpoint does not have: it
@@ -18,6 +18,8 @@ import ast
 import json
 import os
 from typing import Optional
+
+from npu_rl.data.images import QWEN_VL_TYPES
 
 _GENERATIVE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 _SCORING_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel", "RewardModel")
@@ -37,13 +39,39 @@ def is_vision_language(folder: str) -> bool:
     return "vision_config" in config or any("VL" in a or "Vision" in a or "Llava" in a for a in names)
 
 
+def is_qwen_vl_folder(folder: str) -> bool:
+    return str(_config(folder).get("model_type", "")) in QWEN_VL_TYPES
+
+
 def actor_model_problem(key: str, folder: str) -> Optional[str]:
     if not is_vision_language(folder):
         return None
-    names = ", ".join(_config(folder).get("architectures") or []) or "a vision_config"
-    return (f"{key}: {folder} is a vision-language model ({names}); npu-rl reads image rows and computes a "
-            "Qwen-VL actor's log-probs, but training one through npu-rl train (its loading, rollout with images, "
-            "checkpoints) is not built yet (docs/vl.md). Use a text model, or verl for vision-language RL")
+    config = _config(folder)
+    names = ", ".join(config.get("architectures") or []) or "a vision_config"
+    if not is_qwen_vl_folder(folder):
+        return (f"{key}: {folder} is a vision-language model ({names}, model_type {config.get('model_type')!r}); "
+                f"npu-rl trains the Qwen-VL family only ({', '.join(QWEN_VL_TYPES)}): other families' prompt layout "
+                "and position ids are not built. Use a Qwen-VL model, or verl")
+    if not os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+        return (f"{key}: {folder} is a vision-language model ({names}) without preprocessor_config.json (its image "
+                "processor: patch size, pixel bounds, normalisation); copy it from the base model")
+    return None
+
+
+def vision_language_problems(key: str, *, remove_padding: bool, sp_size: int, lora_rank: int, rollout_name: str,
+                             agent_loops: bool) -> list[str]:
+    """What a Qwen-VL actor's run asks that is not built for it (docs/vl.md)."""
+    wanted = [
+        (remove_padding or sp_size > 1, "remove-padding and Ulysses (model.use_remove_padding / "
+         "ulysses_sequence_parallel_size > 1): the packed forward with 3-D rotary ids",
+         "model.use_remove_padding=False and ulysses_sequence_parallel_size=1"),
+        (lora_rank > 0, "LoRA on a vision-language model (model.lora_rank)", "model.lora_rank=0"),
+        (rollout_name != "hf", f"rollout.name={rollout_name} with images (vLLM's multi_modal_data)", "rollout.name=hf"),
+        (agent_loops, "agent-loop rollouts (rollout.mode=async / multi_turn) with images",
+         "rollout.mode=sync, multi_turn.enable=False"),
+    ]
+    return [f"{key} is a Qwen-VL model: {what} is not built for it yet; set {instead}"
+            for asked, what, instead in wanted if asked]
 
 
 def reward_model_problem(key: str, folder: str) -> Optional[str]:

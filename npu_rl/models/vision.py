@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from npu_rl.data.images import QWEN_VL_TYPES, VisionInputs, VisionSpec
+from npu_rl.models.kinds import is_qwen_vl_folder
 from npu_rl.models.loader import load_causal_lm, resolve_model_path
 
 MULTI_MODAL_KEY = "multi_modal_inputs"
@@ -58,6 +59,15 @@ def load_vision_inputs(path: str, mm_processor_kwargs: Optional[dict[str, Any]] 
     kwargs = dict(mm_processor_kwargs or {})
     spec = VisionSpec.from_image_processor(processor, kwargs.get("min_pixels"), kwargs.get("max_pixels"))
     return VisionInputs(spec, processor, int(config.image_token_id))
+
+
+def vision_inputs_for(model_cfg, data_cfg) -> Optional[VisionInputs]:
+    """The image side the prompt data needs when ``actor_rollout_ref.model.path`` is a Qwen-VL folder, else None
+    (a text model: image rows are then refused by the data set, naming the row)."""
+    folder = resolve_model_path(str(model_cfg.path))
+    if not is_qwen_vl_folder(folder):
+        return None
+    return load_vision_inputs(folder, dict(data_cfg.mm_processor_kwargs or {}), bool(model_cfg.trust_remote_code))
 
 
 def load_vl_model(path: str, dtype: str | torch.dtype = "fp32", attn_implementation: str = "sdpa",

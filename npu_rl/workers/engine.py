@@ -320,8 +320,8 @@ class TrainingEngine:
         return out
 
     # --------------------------------------------------------------------------------------------- checkpoints
-    def save(self, path: str, contents, tokenizer=None) -> None:
-        save_worker_state(path, self.model, self.optimizer, self.scheduler, contents, tokenizer)
+    def save(self, path: str, contents, tokenizer=None, hf_files=()) -> None:
+        save_worker_state(path, self.model, self.optimizer, self.scheduler, contents, tokenizer, hf_files=hf_files)
 
     def load(self, path: str, contents) -> None:
         """Weights, optimizer and scheduler (per ``contents``); the update count follows the scheduler, so the

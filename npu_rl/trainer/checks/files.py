@@ -3,8 +3,9 @@ them, their rows; model folders; the output folder. Each problem names the key, 
 
 - data files exist (or are a valid ``builtin://`` / ``hf://`` data set, a glob, a ``save_to_disk`` folder or a
   ``DatasetDict`` root: ``npu_rl.data.sources``);
-- a run that cannot do what it asks is refused: a vision-language actor (training one is not wired yet; docs/vl.md),
-  image rows for a text actor, bad image rows (named), video / audio rows, a generative reward model;
+- a run that cannot do what it asks is refused: a vision-language actor other than Qwen-VL or with options not built
+  for it (docs/vl.md), image rows for a text actor, bad image rows (named), video / audio rows, a generative reward
+  model;
 - model folders resolve; their tokenizer files are present, their weights present and not truncated
   (``npu_rl.models.check``); a LoRA adapter fits the model;
 - (the output folder, ``trainer.default_local_dir``, is the preflight's run-folder check);
@@ -24,7 +25,7 @@ from npu_rl.data.io import read_rows
 from npu_rl.data.sources import data_files_problems, has_image_rows, multimodal_problems, resolve_data_path
 from npu_rl.models.check import model_path_problems
 from npu_rl.models.kinds import actor_model_problem, is_vision_language, reward_function_problem, \
-    reward_model_problem
+    reward_model_problem, vision_language_problems
 from npu_rl.models.loader import check_model_path, is_builtin, local_model_folder
 from npu_rl.models.lora import check_against_model
 from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
@@ -46,7 +47,7 @@ def file_problems(config, use_critic: bool) -> list[str]:
         p.attempt(lambda: _check_model_path(config.reward_model.model.path), "reward_model.model.path: ")
     p += _model_problems(config, use_critic)
     p += _data_problems(config)
-    p += _capability_problems(config)
+    p += _capability_problems(config, use_critic)
     return p
 
 
@@ -68,7 +69,7 @@ def _resolved_data(config, files_key: str) -> list[str]:
     return resolved
 
 
-def _capability_problems(config) -> list[str]:
+def _capability_problems(config, use_critic: bool) -> list[str]:
     """Runs accepted by the schema that cannot do what they ask: a vision-language actor or image rows, a
     generative reward model (npu_rl.models.kinds, npu_rl.data.sources.multimodal_problems)."""
     problems = []
@@ -77,6 +78,19 @@ def _capability_problems(config) -> list[str]:
     actor_is_vl = bool(folder) and is_vision_language(folder)
     if folder:
         problems.append(actor_model_problem("actor_rollout_ref.model.path", folder))
+    if actor_is_vl:
+        arr = config.actor_rollout_ref
+        problems += vision_language_problems(
+            "actor_rollout_ref.model.path", remove_padding=bool(arr.model.use_remove_padding),
+            sp_size=max(int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)),
+            lora_rank=int(arr.model.lora_rank), rollout_name=str(arr.rollout.name),
+            agent_loops=arr.rollout.mode == "async" or bool(arr.rollout.multi_turn.enable))
+    if use_critic:
+        critic_folder = None if is_builtin(str(config.critic.model.path)) else local_model_folder(
+            str(config.critic.model.path))
+        if critic_folder and is_vision_language(critic_folder):
+            problems.append(f"critic.model.path: {critic_folder} is a vision-language model; a value model over "
+                            "images is not built (GRPO-style estimators need no critic)")
     if config.reward_model.enable:
         rm_path = str(config.reward_model.model.path)
         folder = None if is_builtin(rm_path) else local_model_folder(rm_path)
