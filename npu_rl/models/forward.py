@@ -9,7 +9,7 @@ response positions only, in chunks of rows, as the reference.
 Shapes: ``input_ids`` [B, T] = prompt (left-padded) + response (right-padded); ``responses`` [B, R] are its last R
 columns. Position t's hidden state predicts token t+1, so the response log-probs come from positions
 T-R-1 .. T-2. A Qwen-VL model's rows (``npu_rl.models.vision``) add ``position_ids`` [B, 3, T] and the image inputs
-(``model_inputs``: ``pixel_values``, ``image_grid_thw``); the padded path takes them, the packed one refuses them.
+(``model_inputs``: ``pixel_values``, ``image_grid_thw``); both paths take them (the packed one without Ulysses).
 """
 
 from __future__ import annotations
@@ -190,6 +190,7 @@ def packed_response_logprobs(
     options: LogprobOptions | None = None,
     sp_group=None,
     return_sum_pi_squared: bool = False,
+    model_inputs: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """:func:`response_logprobs` without padding (``model.use_remove_padding``) and, with ``sp_group``, with the
     packed sequence split over the Ulysses group. The model must use ``npu_rl.parallel.use_varlen_attention``.
@@ -198,12 +199,17 @@ def packed_response_logprobs(
     rank's hidden states line up with their own targets and temperatures (verl #5957 sliced the ids only).
     """
     options = options or LogprobOptions()
-    if position_ids.dim() == 3:
-        raise ValueError("remove-padding (use_remove_padding / Ulysses) with 3-D rotary ids (a Qwen-VL model) is not "
-                         "built; set actor_rollout_ref.model.use_remove_padding=False")
+    rotary_3d = position_ids.dim() == 3  # [B, 3, T]: a Qwen-VL model
+    if rotary_3d and sp_group is not None and torch.distributed.get_world_size(sp_group) > 1:
+        raise ValueError("Ulysses with 3-D rotary ids (a Qwen-VL model) is not built; set "
+                         "ulysses_sequence_parallel_size=1")
     batch, width = input_ids.shape
     response_length = responses.shape[1]
-    inputs = prepare_packed_inputs(input_ids, attention_mask, position_ids, sp_group=sp_group)
+    inputs = prepare_packed_inputs(input_ids, attention_mask, None if rotary_3d else position_ids, sp_group=sp_group)
+    model_position_ids = inputs.position_ids
+    if rotary_3d:  # each axis packed like the ids: [3, 1, total]
+        keep = inputs.packed.indices
+        model_position_ids = position_ids.transpose(0, 1).reshape(3, -1)[:, keep].unsqueeze(1)
     targets = inputs.slice(torch.roll(input_ids, shifts=-1, dims=1))  # position t predicts token t + 1
     wanted = torch.zeros_like(attention_mask, dtype=torch.bool)
     wanted[:, width - response_length - 1: width - 1] = True  # the positions that predict response tokens
@@ -213,8 +219,8 @@ def packed_response_logprobs(
         per_position[:, width - response_length - 1: width - 1] = temperature
         temperature = inputs.slice(per_position.float(), pad_value=1.0)
     with inputs.attention() as layout, swapped_lm_head(model, _head_fn(targets, temperature, options, rows)):
-        out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False,
-                    npu_rl_varlen_layout=layout)
+        out = model(input_ids=inputs.input_ids, position_ids=model_position_ids, use_cache=False,
+                    npu_rl_varlen_layout=layout, **(model_inputs or {}))
     full = inputs.restore(out.logits)  # [B, T, 2 or 3], gathered over the sp group
     packed = full[:, width - response_length - 1: width - 1]
     return _split_channels(packed, options, return_sum_pi_squared)

@@ -3,8 +3,8 @@ what was asked are refused at validation with the reason.
 
 - A vision-language model (a ``vision_config``, or an architecture such as ``Qwen2_5_VLForConditionalGeneration``)
   as the actor: a Qwen-VL folder (Qwen2-VL / Qwen2.5-VL / Qwen3-VL, with its preprocessor_config.json) is trained
-  (docs/vl.md) where the run uses only what is built for it (``vision_language_problems``: the padded forward, the
-  hf rollout, no LoRA, no agent loops); any other vision-language family is refused.
+  (docs/vl.md) where the run uses only what is built for it (``vision_language_problems``: no Ulysses, the hf
+  rollout, no LoRA, no agent loops); any other vision-language family is refused.
 - A generative reward model (a GenRM, as verl's FAPO recipe serves through its reward loop): a checkpoint whose
   architectures are all causal / conditional LMs, given as ``reward_model.model.path``. npu-rl scores with a
   sequence-classification head (``AutoModelForSequenceClassification``), which such a checkpoint does not have: it
@@ -58,13 +58,12 @@ def actor_model_problem(key: str, folder: str) -> Optional[str]:
     return None
 
 
-def vision_language_problems(key: str, *, remove_padding: bool, sp_size: int, lora_rank: int, rollout_name: str,
+def vision_language_problems(key: str, *, sp_size: int, lora_rank: int, rollout_name: str,
                              agent_loops: bool) -> list[str]:
     """What a Qwen-VL actor's run asks that is not built for it (docs/vl.md)."""
     wanted = [
-        (remove_padding or sp_size > 1, "remove-padding and Ulysses (model.use_remove_padding / "
-         "ulysses_sequence_parallel_size > 1): the packed forward with 3-D rotary ids",
-         "model.use_remove_padding=False and ulysses_sequence_parallel_size=1"),
+        (sp_size > 1, "Ulysses (ulysses_sequence_parallel_size > 1) with 3-D rotary ids",
+         "ulysses_sequence_parallel_size=1 (model.use_remove_padding=True works without it)"),
         (lora_rank > 0, "LoRA on a vision-language model (model.lora_rank)", "model.lora_rank=0"),
         (rollout_name != "hf", f"rollout.name={rollout_name} with images (vLLM's multi_modal_data)", "rollout.name=hf"),
         (agent_loops, "agent-loop rollouts (rollout.mode=async / multi_turn) with images",

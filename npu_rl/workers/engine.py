@@ -233,7 +233,7 @@ class TrainingEngine:
         want_spi = options.compute_sum_pi_squared
         if self.runner.packed:
             out = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group,
-                                           return_sum_pi_squared=want_spi)
+                                           return_sum_pi_squared=want_spi, model_inputs=self._image_inputs(mb))
         else:
             out = response_logprobs(*args, temperature, options, return_sum_pi_squared=want_spi,
                                     model_inputs=self._image_inputs(mb))

@@ -1,5 +1,6 @@
 """Runs the schema accepts but that could not do what they ask are refused at validation with the reason: a
-vision-language actor or image rows (verl's Qwen2.5-VL on geo3k), a generative reward model (verl's FAPO recipe)."""
+vision-language actor other than Qwen-VL or with options not built for it, bad image rows or image rows for a text
+actor, a generative reward model (verl's FAPO recipe)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,26 @@ def test_a_vision_language_actor_is_refused(tiny_model_dir, tmp_path):
     vlm = shutil.copytree(tiny_model_dir, tmp_path / "vlm")
     _edit_config(vlm, architectures=["Qwen2_5_VLForConditionalGeneration"], vision_config={"depth": 2})
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.path: .*vlm is a vision-language model "
-                                          r"\(Qwen2_5_VLForConditionalGeneration\); .* through npu-rl train .* is "
-                                          r"not built yet"):
+                                          r"\(Qwen2_5_VLForConditionalGeneration, model_type 'qwen2'\); npu-rl "
+                                          r"trains the Qwen-VL family only"):
         _config(str(vlm), tmp_path)
+
+
+def test_a_qwen_vl_actor_is_accepted_where_built(tmp_path):
+    from npu_rl.models.synthetic import save_random_vl_model
+
+    folder = save_random_vl_model(str(tmp_path / "qwen_vl"))
+    shapes = ["data.train_files=builtin://shapes/train?num_train=8&num_test=2&size=56",
+              "data.val_files=builtin://shapes/test?num_train=8&num_test=2&size=56"]
+    _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.use_remove_padding=True")
+    with pytest.raises(ConfigError) as exc:
+        _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.lora_rank=8")
+    message = str(exc.value)
+    assert "is a Qwen-VL model: rollout.name=vllm with images (vLLM's multi_modal_data) is not built" in message
+    assert "is a Qwen-VL model: LoRA on a vision-language model (model.lora_rank) is not built" in message
+    (tmp_path / "qwen_vl" / "preprocessor_config.json").unlink()
+    with pytest.raises(ConfigError, match="without preprocessor_config.json"):
+        _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf")
 
 
 def test_image_rows_are_refused_naming_file_and_row(tiny_model_dir, tmp_path):

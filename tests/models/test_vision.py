@@ -11,6 +11,7 @@ from npu_rl.models.forward import LogprobOptions, packed_response_logprobs, resp
 from npu_rl.models.synthetic import VL_KINDS, random_vl_model, save_random_vl_model, tiny_image_processor, \
     vl_char_tokenizer
 from npu_rl.models.vision import load_vision_inputs, load_vl_model, multi_modal_kwargs, vision_tower
+from npu_rl.parallel.attention import use_varlen_attention
 from npu_rl.rollout.utils import assemble_rollout_batch
 
 
@@ -96,12 +97,23 @@ def test_gradients_reach_the_vision_tower():
                                      for p in tower.patch_embed.parameters())
 
 
-def test_packed_forward_refuses_3d_positions():
-    batch, _, tokenizer = _batch("qwen2_5_vl")
-    model = random_vl_model("qwen2_5_vl", tokenizer)
-    with pytest.raises(ValueError, match="remove-padding .* 3-D rotary ids .* not built"):
-        packed_response_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                                 batch["responses"])
+@pytest.mark.parametrize("kind", VL_KINDS)
+def test_packed_forward_equals_padded(kind):
+    """Remove-padding: rows packed into one sequence (varlen attention in the language model, the vision tower's
+    own attention untouched), each of the 3 rotary axes packed like the ids."""
+    batch, vision, tokenizer = _batch(kind)
+    model = random_vl_model(kind, tokenizer, seed=5).eval()
+    images = multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu")
+    args = (batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"], 1.0,
+            LogprobOptions(compute_entropy=True))
+    with torch.no_grad():
+        padded = response_logprobs(model, *args, model_inputs=images)
+        use_varlen_attention(model)
+        assert model.model.visual.config._attn_implementation == "sdpa"
+        packed = packed_response_logprobs(model, *args, model_inputs=images)
+    mask = batch["response_mask"].bool()
+    for ours, theirs in zip(packed, padded):
+        torch.testing.assert_close(ours[mask], theirs[mask], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", VL_KINDS)

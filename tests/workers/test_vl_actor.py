@@ -1,6 +1,7 @@
 """A Qwen2.5-VL actor on the engine: log-probs of a rollout batch of the shipped visual task (micro-batched, images
 per row) equal one plain forward, and a PPO update moves the vision tower as well as the language model."""
 
+import pytest
 import torch
 
 from npu_rl.data.dataset import PromptDataset
@@ -32,16 +33,18 @@ def _rollout_batch(folder: str, num_prompts: int = 3, n: int = 2, response: int 
                               "advantages": torch.randn(rows, response, generator=g) * mask}))
 
 
-def test_vl_actor_logprobs_and_update(tmp_path):
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_vl_actor_logprobs_and_update(tmp_path, remove_padding):
     folder = save_random_vl_model(str(tmp_path / "vl"))
     config = actor_config(folder, str(tmp_path / "run"), "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-                          "data.max_prompt_length=128")
+                          "data.max_prompt_length=128", f"actor_rollout_ref.model.use_remove_padding={remove_padding}")
     worker = actor_worker(config)
     worker.init_model(total_training_steps=1)
     batch = _rollout_batch(folder)
     assert batch["position_ids"].dim() == 3
     out = worker.compute_logprobs(batch)
-    with torch.no_grad():
+    assert worker.engine.runner.packed == remove_padding
+    with torch.no_grad():  # one padded forward of the whole batch (the packed model still runs padded batches)
         expected, _ = response_logprobs(worker.model, batch["input_ids"], batch["attention_mask"],
                                         batch["position_ids"], batch["responses"], 1.0,
                                         model_inputs=multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu"))
