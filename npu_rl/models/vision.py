@@ -36,9 +36,9 @@ def is_qwen_vl(config) -> bool:
 
 def check_qwen_vl(config, where: str = "model") -> None:
     if not is_qwen_vl(config):
-        raise ValueError(f"{where}: model_type {model_type_of(config)!r} is not a Qwen-VL model ({', '.join(QWEN_VL_TYPES)}); "
-                         "other vision-language families (LLaVA, Kimi-VL, InternVL ...) are not supported: their "
-                         "prompt layout and position ids differ")
+        raise ValueError(f"{where}: model_type {model_type_of(config)!r} is not a Qwen-VL model "
+                         f"({', '.join(QWEN_VL_TYPES)}); other vision-language families (LLaVA, Kimi-VL, InternVL "
+                         "...) are not supported: their prompt layout and position ids differ")
 
 
 def load_vision_inputs(path: str, mm_processor_kwargs: Optional[dict[str, Any]] = None,

@@ -90,7 +90,8 @@ class CheckpointFiles:
         ``visual.*`` for ``model.visual.*``: transformers renames them at load and back at save)."""
         for name in names:
             name = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
-            candidates = [name] + [stored + name[len(ours):] for ours, stored in QWEN_VL_STORED if name.startswith(ours)]
+            candidates = [name] + [stored + name[len(ours):] for ours, stored in QWEN_VL_STORED
+                                   if name.startswith(ours)]
             if base_prefix:
                 prefix = base_prefix + "."
                 candidates.append(name[len(prefix):] if name.startswith(prefix) else prefix + name)

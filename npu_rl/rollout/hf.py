@@ -202,7 +202,8 @@ class HFRolloutEngine:
         if not self.compiled_decode or self.record_routing or "cache_implementation" in self.generate_kwargs:
             return False
 
-        # FSDP2's per-layer hooks are not traced; PEFT's adapter layers and Qwen-VL models under compile are not verified
+        # FSDP2's per-layer hooks are not traced; PEFT's adapter layers and Qwen-VL models under compile are not
+        # verified
         return not (is_sharded(module) or has_lora_layers(module) or _image_token_id(module) is not None)
 
     def _generation_config(self, sampling: SamplingParams, compiled: bool = False) -> GenerationConfig:

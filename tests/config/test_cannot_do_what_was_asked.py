@@ -44,7 +44,8 @@ def test_a_qwen_vl_actor_is_accepted_where_built(tmp_path):
     folder = save_random_vl_model(str(tmp_path / "qwen_vl"))
     shapes = ["data.train_files=builtin://shapes/train?num_train=8&num_test=2&size=56",
               "data.val_files=builtin://shapes/test?num_train=8&num_test=2&size=56"]
-    _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.use_remove_padding=True")
+    _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.model.use_remove_padding=True")
     with pytest.raises(ConfigError) as exc:
         _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.lora_rank=8")
     message = str(exc.value)

@@ -9,8 +9,14 @@ from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
 
 from npu_rl.data.dataset import PromptDataset
-from npu_rl.data.images import VisionInputs, VisionSpec, expand_image_tags, image_bytes, mrope_position_ids, \
-    smart_resize
+from npu_rl.data.images import (
+    VisionInputs,
+    VisionSpec,
+    expand_image_tags,
+    image_bytes,
+    mrope_position_ids,
+    smart_resize,
+)
 from npu_rl.data.io import write_parquet
 from npu_rl.data.loader import PromptCollator
 from npu_rl.models.synthetic import VL_KINDS, random_vl_model, tiny_image_processor, vl_char_tokenizer
@@ -104,8 +110,10 @@ def test_dataset_expands_tags_and_decodes_per_item(tmp_path):
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda r: r[0].update(images=[{"bytes": b"not a png"}]), "images[0]: the image (9 bytes) cannot be read: not an image format"),
-    (lambda r: r[1].update(images=[r[0]["images"][0], {"bytes": None, "path": "missing.png"}]), "images[1]: image file 'missing.png' does not"),
+    (lambda r: r[0].update(images=[{"bytes": b"not a png"}]),
+     "images[0]: the image (9 bytes) cannot be read: not an image format"),
+    (lambda r: r[1].update(images=[r[0]["images"][0], {"bytes": None, "path": "missing.png"}]),
+     "images[1]: image file 'missing.png' does not"),
     (lambda r: r[0]["prompt"][0].update(content="<image><image>two?"), "2 <image> tag(s) and 'images' has 1 image"),
     (lambda r: r[2]["prompt"][0].update(content="<image>?"), "1 <image> tag(s) and 'images' has 0 image"),
 ])

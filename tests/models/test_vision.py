@@ -8,8 +8,13 @@ from PIL import Image
 
 from npu_rl.data.images import VisionInputs, VisionSpec, expand_image_tags, mrope_position_ids
 from npu_rl.models.forward import LogprobOptions, packed_response_logprobs, response_logprobs
-from npu_rl.models.synthetic import VL_KINDS, random_vl_model, save_random_vl_model, tiny_image_processor, \
-    vl_char_tokenizer
+from npu_rl.models.synthetic import (
+    VL_KINDS,
+    random_vl_model,
+    save_random_vl_model,
+    tiny_image_processor,
+    vl_char_tokenizer,
+)
 from npu_rl.models.vision import load_vision_inputs, load_vl_model, multi_modal_kwargs, vision_tower
 from npu_rl.parallel.attention import use_varlen_attention
 from npu_rl.rollout.utils import assemble_rollout_batch
@@ -37,8 +42,8 @@ def _batch(kind):
         prompt_mask[r, width - len(ids):] = 1
     mm = [inputs for _, inputs in rows]
     grid = torch.cat([m["image_grid_thw"] for m in mm if m])
-    from npu_rl.protocol import Batch
     from npu_rl.data.dataset import object_array
+    from npu_rl.protocol import Batch
     prompts = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask,
                      "position_ids": mrope_position_ids(prompt_ids, prompt_mask, grid, vision.image_token_id, 2)},
                     {"multi_modal_inputs": object_array(mm)})
@@ -86,7 +91,7 @@ def test_logprobs_equal_transformers_forward(kind):
 
 
 def test_gradients_reach_the_vision_tower():
-    batch, vision, tokenizer = _batch("qwen2_5_vl")
+    batch, _, tokenizer = _batch("qwen2_5_vl")
     model = random_vl_model("qwen2_5_vl", tokenizer, seed=2)
     logprobs, _ = response_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
                                     batch["responses"], 1.0,
@@ -101,7 +106,7 @@ def test_gradients_reach_the_vision_tower():
 def test_packed_forward_equals_padded(kind):
     """Remove-padding: rows packed into one sequence (varlen attention in the language model, the vision tower's
     own attention untouched), each of the 3 rotary axes packed like the ids."""
-    batch, vision, tokenizer = _batch(kind)
+    batch, _, tokenizer = _batch(kind)
     model = random_vl_model(kind, tokenizer, seed=5).eval()
     images = multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu")
     args = (batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"], 1.0,

@@ -4,8 +4,8 @@ per row) equal one plain forward, and a PPO update moves the vision tower as wel
 import pytest
 import torch
 
-from npu_rl.data.dataset import PromptDataset
 from npu_rl.data.builtin import resolve_builtin
+from npu_rl.data.dataset import PromptDataset
 from npu_rl.data.loader import PromptCollator
 from npu_rl.models.forward import response_logprobs
 from npu_rl.models.synthetic import save_random_vl_model
@@ -36,8 +36,9 @@ def _rollout_batch(folder: str, num_prompts: int = 3, n: int = 2, response: int 
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_vl_actor_logprobs_and_update(tmp_path, remove_padding):
     folder = save_random_vl_model(str(tmp_path / "vl"))
-    config = actor_config(folder, str(tmp_path / "run"), "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-                          "data.max_prompt_length=128", f"actor_rollout_ref.model.use_remove_padding={remove_padding}")
+    config = actor_config(folder, str(tmp_path / "run"),
+                          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "data.max_prompt_length=128",
+                          f"actor_rollout_ref.model.use_remove_padding={remove_padding}")
     worker = actor_worker(config)
     worker.init_model(total_training_steps=1)
     batch = _rollout_batch(folder)

@@ -81,7 +81,8 @@ def _capability_problems(config, use_critic: bool) -> list[str]:
     if actor_is_vl:
         arr = config.actor_rollout_ref
         problems += vision_language_problems(
-            "actor_rollout_ref.model.path", sp_size=max(int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)),
+            "actor_rollout_ref.model.path",
+            sp_size=max(int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)),
             lora_rank=int(arr.model.lora_rank), rollout_name=str(arr.rollout.name),
             agent_loops=arr.rollout.mode == "async" or bool(arr.rollout.multi_turn.enable))
     if use_critic:
