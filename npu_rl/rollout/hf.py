@@ -45,6 +45,7 @@ distribution, not e.g. Qwen2.5-Instruct's top_k=20, top_p=0.8).
 from __future__ import annotations
 
 import difflib
+import inspect
 import logging
 import time
 from contextlib import nullcontext
@@ -306,7 +307,11 @@ class HFRolloutEngine:
                              "a Qwen-VL model")
         dtype = next(self.module.parameters()).dtype
         inputs = multi_modal_kwargs([row for row in rows for _ in range(n)], device, dtype)
-        return {**inputs, "mm_token_type_ids": (input_ids == image_token_id).int()}
+        rope_index = getattr(getattr(self.module, "model", None), "get_rope_index", None)
+        if rope_index is not None and "mm_token_type_ids" in inspect.signature(rope_index).parameters:
+            # transformers >= 5.19 finds the image tokens from these; earlier versions from the ids themselves
+            inputs["mm_token_type_ids"] = (input_ids == image_token_id).int()
+        return inputs
 
     def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
                              sampling: SamplingParams) -> TokenGeneration:
