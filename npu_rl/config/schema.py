@@ -72,6 +72,9 @@ class DataConfig:
     image_key: str = "images"
     """the column holding a row's images ({"bytes": ...} dicts or paths; one <image> tag in the prompt per image);
     read with a Qwen-VL actor (docs/vl.md)"""
+    image_patch_size: int = 14
+    """verl's patch size for resizing images; here the model's image processor's patch size decides (Qwen2.5-VL 14,
+    Qwen3-VL 16): a value other than verl's default 14 must equal it"""
     mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
     """image bounds for a Qwen-VL actor: min_pixels / max_pixels (each image resized to fit, before the model's image
     processor); other keys are refused"""

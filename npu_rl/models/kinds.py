@@ -58,6 +58,21 @@ def actor_model_problem(key: str, folder: str) -> Optional[str]:
     return None
 
 
+def image_patch_size_problem(folder: str, image_patch_size: int) -> Optional[str]:
+    """``data.image_patch_size`` set (away from verl's default 14) to another patch size than the model's image
+    processor uses (its preprocessor_config.json)."""
+    try:
+        with open(os.path.join(folder, "preprocessor_config.json"), encoding="utf-8") as f:
+            patch = json.load(f).get("patch_size")
+    except (OSError, ValueError):
+        return None  # reported by actor_model_problem
+    if image_patch_size == 14 or patch is None or int(patch) == image_patch_size:
+        return None
+    return (f"data.image_patch_size={image_patch_size}, but {folder}'s image processor (preprocessor_config.json) uses "
+            f"patch_size={patch}; the model's own patch size is used: leave data.image_patch_size at 14 or set it "
+            f"to {patch}")
+
+
 def vision_language_problems(key: str, *, sp_size: int, lora_rank: int, rollout_name: str,
                              agent_loops: bool) -> list[str]:
     """What a Qwen-VL actor's run asks that is not built for it (docs/vl.md)."""

@@ -51,6 +51,9 @@ def test_a_qwen_vl_actor_is_accepted_where_built(tmp_path):
     message = str(exc.value)
     assert "is a Qwen-VL model: rollout.name=vllm with images (vLLM's multi_modal_data) is not built" in message
     assert "is a Qwen-VL model: LoRA on a vision-language model (model.lora_rank) is not built" in message
+    _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf", "data.image_patch_size=14")  # verl's
+    with pytest.raises(ConfigError, match="data.image_patch_size=16, but .* uses patch_size=14"):
+        _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf", "data.image_patch_size=16")
     (tmp_path / "qwen_vl" / "preprocessor_config.json").unlink()
     with pytest.raises(ConfigError, match="without preprocessor_config.json"):
         _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf")

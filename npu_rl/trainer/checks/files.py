@@ -25,7 +25,7 @@ from npu_rl.data.io import read_rows
 from npu_rl.data.sources import data_files_problems, has_image_rows, multimodal_problems, resolve_data_path
 from npu_rl.models.check import model_path_problems
 from npu_rl.models.kinds import actor_model_problem, is_vision_language, reward_function_problem, \
-    reward_model_problem, vision_language_problems
+    reward_model_problem, image_patch_size_problem, vision_language_problems
 from npu_rl.models.loader import check_model_path, is_builtin, local_model_folder
 from npu_rl.models.lora import check_against_model
 from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
@@ -79,6 +79,7 @@ def _capability_problems(config, use_critic: bool) -> list[str]:
     if folder:
         problems.append(actor_model_problem("actor_rollout_ref.model.path", folder))
     if actor_is_vl:
+        problems.append(image_patch_size_problem(folder, int(config.data.image_patch_size)))
         arr = config.actor_rollout_ref
         problems += vision_language_problems(
             "actor_rollout_ref.model.path",
