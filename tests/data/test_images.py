@@ -143,3 +143,13 @@ def test_prompt_with_images_is_never_truncated(tmp_path):
                          filter_overlong_prompts=True)
     assert data.num_filtered >= 1 and all(len(ids) <= 35 for ids in data.token_ids)
     assert os.path.exists(path)
+
+
+def test_mm_processor_kwargs_take_pixel_bounds_only():
+    from npu_rl.config.schema import DataConfig
+
+    assert DataConfig(mm_processor_kwargs={"min_pixels": 784, "max_pixels": 3136}).check("data") == []
+    assert DataConfig(mm_processor_kwargs={"fps": 2}).check("data") == [
+        "data.mm_processor_kwargs: ['fps'] not read here; only min_pixels / max_pixels"]
+    assert DataConfig(mm_processor_kwargs={"max_pixels": -1}).check("data") == [
+        "data.mm_processor_kwargs: min_pixels / max_pixels must be positive integers"]
