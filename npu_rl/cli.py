@@ -17,7 +17,7 @@ commands:
   eval        accuracy / pass@k of a model folder or checkpoint on gsm8k | math500 | aime24 | arith
   merge       turn a (sharded) checkpoint into a plain Hugging Face folder
   convert     a Megatron-LM / MindSpeed checkpoint (torch_dist or mp_rank_*) -> a Hugging Face folder
-  preprocess  write verl-schema parquet from local JSONL: gsm8k | math500 | aime24 | arith
+  preprocess  write verl-schema parquet from local files: gsm8k | math500 | aime24 | arith | geo3k
   migrate     read a verl run script (runs none of its commands): what each override becomes here, checked,
               and the npu-rl command
   doctor      device, versions found and known-bad combinations; --parity MODEL: rollout vs actor log-probs

@@ -69,9 +69,23 @@ class DataConfig:
     trust_remote_code: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
+    image_key: str = "images"
+    """the column holding a row's images ({"bytes": ...} dicts or paths; one <image> tag in the prompt per image);
+    read with a Qwen-VL actor (docs/vl.md)"""
+    image_patch_size: int = 14
+    """verl's patch size for resizing images; here the model's image processor's patch size decides (Qwen2.5-VL 14,
+    Qwen3-VL 16): a value other than verl's default 14 must equal it"""
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    """image bounds for a Qwen-VL actor: min_pixels / max_pixels (each image resized to fit, before the model's image
+    processor); other keys are refused"""
 
     def check(self, key: str) -> list[str]:
+        unknown = sorted(set(self.mm_processor_kwargs or {}) - {"min_pixels", "max_pixels"})
+        bounds = [v for v in (self.mm_processor_kwargs or {}).values()]
         return broken(
+            (not unknown, f"{key}.mm_processor_kwargs: {unknown} not read here; only min_pixels / max_pixels"),
+            (all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in bounds),
+             f"{key}.mm_processor_kwargs: min_pixels / max_pixels must be positive integers"),
             (self.max_prompt_length > 0, f"{key}.max_prompt_length must be > 0"),
             (self.max_response_length > 0, f"{key}.max_response_length must be > 0"),
             (self.gen_batch_size is None or self.gen_batch_size > 0, f"{key}.gen_batch_size must be > 0"),

@@ -3,10 +3,13 @@
     builtin://arith/train                      the generated arithmetic task (defaults of ArithSpec)
     builtin://arith/test?max_digits=2&operators=+-&seed=3
     builtin://arith_tool/train                 3-digit multiplication with the calculator tool (npu_rl/data/tool_task.py)
+    builtin://shapes/train?max_count=5&size=84 count the shapes in a generated picture (npu_rl/data/shapes.py; a
+                                               vision-language task: images in verl's schema)
     builtin://gsm8k/train   builtin://gsm8k/test   builtin://math500/test   builtin://aime24/test
 
 Query parameters set ArithSpec fields (``num_operands, operators, min_digits, max_digits, num_train, num_test,
-seed``; ``digits=N`` sets both digit bounds). The local data sets are converted from the raw JSONL shipped in the package
+seed``; ``digits=N`` sets both digit bounds); for ``shapes``, ShapesSpec fields (``min_count, max_count, size,
+num_train, num_test, seed``). The local data sets are converted from the raw JSONL shipped in the package
 (``npu_rl/data/sets``; ``$NPU_RL_DATA_DIR`` or a ``data_dir=`` query parameter point elsewhere). Files land in
 ``$NPU_RL_CACHE/datasets/<name>-<hash>/`` (default ``~/.cache/npu_rl``), keyed by a hash of the generator settings,
 and are written atomically, so several processes resolving the same path at once are safe.
@@ -23,6 +26,7 @@ from urllib.parse import parse_qsl, urlsplit
 from npu_rl.data.arith import ArithSpec, generate_arith
 from npu_rl.data.io import expand_path, write_parquet
 from npu_rl.data.preprocess import CONVERTERS, convert, default_data_dir, find_raw_file
+from npu_rl.data.shapes import ShapesSpec, generate_shapes
 from npu_rl.data.tool_task import TOOL_TASK_DEFAULTS, generate_tool_task
 
 SCHEME = "builtin://"
@@ -41,7 +45,7 @@ def is_builtin(path: object) -> bool:
 def _parse(uri: str) -> tuple[str, str, dict[str, str]]:
     parts = urlsplit(uri)
     name, split = parts.netloc, parts.path.strip("/")
-    known = sorted(CONVERTERS) + ["arith", "arith_tool"]
+    known = sorted(CONVERTERS) + ["arith", "arith_tool", "shapes"]
     if name not in known or not split:
         raise ValueError(f"unknown built-in data set {uri!r}; expected builtin://<name>/<split> with name in {known}")
     return name, split, dict(parse_qsl(parts.query, keep_blank_values=True))
@@ -68,6 +72,19 @@ def arith_spec_from_query(query: dict[str, str], uri: str = "", defaults: dict |
     return ArithSpec(**{**(defaults or {}), **kwargs})  # type: ignore[arg-type]
 
 
+def shapes_spec_from_query(query: dict[str, str], uri: str = "") -> ShapesSpec:
+    fields = {f.name for f in dataclasses.fields(ShapesSpec)}
+    kwargs: dict[str, int] = {}
+    for key, value in query.items():
+        if key not in fields:
+            raise ValueError(f"{uri}: unknown shapes parameter {key!r}; known: {', '.join(sorted(fields))}")
+        try:
+            kwargs[key] = int(value)
+        except ValueError as exc:
+            raise ValueError(f"{uri}: shapes parameter {key}={value!r} is not an integer") from exc
+    return ShapesSpec(**kwargs)
+
+
 def resolve_builtin(uri: str) -> str:
     """The local parquet path for a ``builtin://`` URI, generating (and caching) it when missing."""
     name, split, query = _parse(uri)
@@ -81,6 +98,11 @@ def resolve_builtin(uri: str) -> str:
         spec = arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS)
         key = {"version": GENERATOR_VERSION, "task": "arith_tool", **spec.to_dict()}
         make = lambda: generate_tool_task(spec)  # noqa: E731
+        splits = ("train", "test")
+    elif name == "shapes":  # the visual counting task (npu_rl/data/shapes.py)
+        shapes = shapes_spec_from_query(query, uri)
+        key = {"version": GENERATOR_VERSION, "task": "shapes", **shapes.to_dict()}
+        make = lambda: generate_shapes(shapes)  # noqa: E731
         splits = ("train", "test")
     else:
         data_dir = expand_path(query.pop("data_dir", None) or default_data_dir())
@@ -108,6 +130,9 @@ def check_builtin(uri: str) -> None:
     if name in ("arith", "arith_tool"):
         arith_spec_from_query(query, uri, TOOL_TASK_DEFAULTS if name == "arith_tool" else None).split_sizes()
         splits: tuple[str, ...] = ("train", "test")
+    elif name == "shapes":
+        shapes_spec_from_query(query, uri)
+        splits = ("train", "test")
     else:
         data_dir = expand_path(query.pop("data_dir", None) or default_data_dir())
         if query:

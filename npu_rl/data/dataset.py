@@ -10,6 +10,12 @@ and row), ``left`` (keep the end), ``right`` (keep the start; this cuts the assi
 warning) or ``middle`` (keep both ends, as verl); truncated rows are counted in ``num_truncated`` and warned about.
 
 All prompts are rendered and tokenized once, when the data set is built, so a bad row fails before training starts.
+
+Images (``vision`` given: a Qwen-VL actor; ``npu_rl.data.images``): a row's ``data.image_key`` list and the
+``<image>`` tags of its messages are checked and each tag expanded to the image's vision block when the set is
+built, from the images' headers; pixels are decoded when an item is taken (``multi_modal_inputs``: the row's
+``pixel_values`` and ``image_grid_thw``). A prompt with images is never truncated (cutting an image block breaks
+the model's input): it fails naming the row, or is dropped by ``filter_overlong_prompts``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+import os
+
+from npu_rl.data.images import VisionInputs, expand_image_tags, images_of, open_image, row_image_problem
 from npu_rl.data.sources import resolve_data_files
 from npu_rl.data.io import DataError, read_rows
 
@@ -88,6 +97,8 @@ class PromptDataset:
         apply_chat_template_kwargs: Optional[dict[str, Any]] = None,
         reward_fn_key: str = "data_source",
         require_ground_truth: bool = True,
+        image_key: str = "images",
+        vision: Optional[VisionInputs] = None,
     ):
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
@@ -101,10 +112,12 @@ class PromptDataset:
         self.return_full_prompt = return_full_prompt
         self.reward_fn_key = reward_fn_key
         self.chat_kwargs = dict(apply_chat_template_kwargs or {})
+        self.image_key = image_key
+        self.vision = vision
         self.files = resolve_data_files(files)
 
         rows, sources, messages = self._load(require_ground_truth)
-        texts = [self.render(m) for m in messages]
+        texts = [self._with_images(self.render(m), row, where) for m, row, where in zip(messages, rows, sources)]
         token_ids = self._tokenize(texts)
         keep = [i for i, ids in enumerate(token_ids) if len(ids) <= max_prompt_length] if filter_overlong_prompts \
             else list(range(len(rows)))
@@ -121,6 +134,12 @@ class PromptDataset:
         self.sources = [sources[i] for i in keep]
         self.messages = [messages[i] for i in keep]
         self.texts = [texts[i] for i in keep]
+        for i in keep:
+            if len(token_ids[i]) > max_prompt_length and images_of(rows[i], image_key):
+                raise ValueError(f"{sources[i]}: the prompt with its images is {len(token_ids[i])} tokens, longer "
+                                 f"than data.max_prompt_length={max_prompt_length}; a prompt with images is never "
+                                 "truncated. Raise max_prompt_length, lower the images' max_pixels "
+                                 "(data.mm_processor_kwargs.max_pixels), or set data.filter_overlong_prompts=True")
         self.token_ids = [self._truncate(token_ids[i], sources[i]) for i in keep]
         cut = [sources[i] for i in keep if len(token_ids[i]) > max_prompt_length]
         self.num_truncated = len(cut)
@@ -141,6 +160,10 @@ class PromptDataset:
                     raise DataError(f"{where} has no prompt key {self.prompt_key!r} (data.prompt_key); "
                                      f"its keys are {sorted(row)}")
                 messages.append(_to_messages(row[self.prompt_key], where, self.prompt_key))
+                if images_of(row, self.image_key) or self.vision is not None:
+                    problem = row_image_problem(row, self.prompt_key, self.image_key, os.path.dirname(path))
+                    if problem:
+                        raise ValueError(f"{where}: {problem}")
                 if require_ground_truth and _is_missing(ground_truth_of(row)):
                     raise DataError(f"{where} has no ground truth (reward_model.ground_truth); keys: {sorted(row)}")
                 rows.append(row)
@@ -148,6 +171,18 @@ class PromptDataset:
         if not rows:
             raise DataError(f"no rows in {self.files}")
         return rows, sources, messages
+
+    def _with_images(self, text: str, row: dict[str, Any], where: RowSource) -> str:
+        """The rendered prompt with each ``<image>`` expanded to its vision block (sizes from the headers)."""
+        refs = images_of(row, self.image_key)
+        if not refs:
+            return text
+        if self.vision is None:
+            raise ValueError(f"{where} has images ({self.image_key!r}) but the model reads text only; use a "
+                             "vision-language model (Qwen2-VL / Qwen2.5-VL / Qwen3-VL) or a text data set")
+        base_dir = os.path.dirname(where.path)
+        counts = [self.vision.spec.num_tokens(open_image(ref, base_dir), ref) for ref in refs]
+        return expand_image_tags(text, counts)
 
     def render(self, messages: list[dict[str, str]]) -> str:
         """The prompt text the model sees."""
@@ -204,7 +239,18 @@ class PromptDataset:
             item["raw_prompt"] = self.messages[i]
         if self.return_full_prompt:
             item["full_prompts"] = self.texts[i]
+        if self.vision is not None:
+            item["multi_modal_inputs"] = self.image_inputs(i)
         return item
+
+    def image_inputs(self, i: int) -> dict[str, Any]:
+        """Row ``i``'s images decoded and encoded by the model's image processor (empty for a text row)."""
+        refs = images_of(self.rows[i], self.image_key)
+        if not refs:
+            return {}
+        base_dir = os.path.dirname(self.sources[i].path)
+        images = [self.vision.spec.load(ref, base_dir) for ref in refs]
+        return self.vision.spec.encode(images, self.vision.image_processor)
 
     def source_of(self, i: int) -> RowSource:
         return self.sources[i]

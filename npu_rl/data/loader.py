@@ -9,7 +9,9 @@ Collation left-pads (generation appends on the right):
                     uid (one fresh id per prompt: GRPO groups the rollout.n samples of a prompt by it),
                     raw_prompt / full_prompts when asked, and the reward_fn_key column when it is not data_source
 
-P is the longest prompt of the batch (at most max_prompt_length).
+P is the longest prompt of the batch (at most max_prompt_length). With images (a Qwen-VL actor), ``position_ids``
+is [B, 3, P] (the 3-D rotary ids, ``npu_rl.data.images.mrope_position_ids``) and ``multi_modal_inputs`` a
+non-tensor per row (its ``pixel_values`` and ``image_grid_thw``; empty for a text row).
 
 Resumption: the order of epoch ``e`` is a permutation drawn from ``(seed, e)`` alone, so the position is just
 ``(epoch, batches handed out this epoch)``. ``state_dict()`` taken after the trainer received batch k of an epoch
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from npu_rl.data.dataset import PromptDataset, object_array
+from npu_rl.data.images import VisionInputs, mrope_position_ids
 from npu_rl.data.sources import resolve_data_files
 from npu_rl.protocol import Batch
 
@@ -46,8 +49,10 @@ def pad_id_of(tokenizer) -> int:
 class PromptCollator:
     """Items of ``PromptDataset`` -> one left-padded ``Batch`` (picklable, so data-loader workers can run it)."""
 
-    def __init__(self, pad_token_id: int):
+    def __init__(self, pad_token_id: int, vision: Optional[VisionInputs] = None):
         self.pad_token_id = pad_token_id
+        self.image_token_id = vision.image_token_id if vision is not None else None
+        self.merge_size = vision.spec.merge_size if vision is not None else None
 
     def __call__(self, items: Sequence[dict[str, Any]]) -> Batch:
         lengths = [len(item["input_ids"]) for item in items]
@@ -58,7 +63,12 @@ class PromptCollator:
             if length:
                 input_ids[row, width - length :] = torch.as_tensor(item["input_ids"], dtype=torch.long)
                 attention_mask[row, width - length :] = 1
-        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)  # [B, P]
+        if self.image_token_id is None:
+            position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)  # [B, P]
+        else:
+            grids = [item["multi_modal_inputs"]["image_grid_thw"] for item in items if item["multi_modal_inputs"]]
+            position_ids = mrope_position_ids(input_ids, attention_mask, torch.cat(grids) if grids else None,
+                                              self.image_token_id, self.merge_size)  # [B, 3, P]
         non_tensors = {"raw_prompt_ids": object_array([list(map(int, item["input_ids"])) for item in items])}
         for key in items[0]:
             if key != "input_ids":
@@ -161,7 +171,7 @@ class PromptDataLoader:
 
 
 def build_dataset(data_config, tokenizer, split: str = "train", files: Any = None,
-                  require_ground_truth: bool = True) -> PromptDataset:
+                  require_ground_truth: bool = True, vision: Optional[VisionInputs] = None) -> PromptDataset:
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     custom = getattr(data_config, "custom_cls", None)
@@ -183,19 +193,21 @@ def build_dataset(data_config, tokenizer, split: str = "train", files: Any = Non
         apply_chat_template_kwargs=dict(data_config.apply_chat_template_kwargs or {}),
         reward_fn_key=data_config.reward_fn_key,
         require_ground_truth=require_ground_truth,
+        image_key=data_config.image_key,
+        vision=vision,
     )
 
 
 def build_dataloader(data_config, tokenizer, split: str = "train", *, batch_size: Optional[int] = None,
                      files: Any = None, num_workers: Optional[int] = None, dataset: Optional[PromptDataset] = None,
-                     require_ground_truth: bool = True) -> PromptDataLoader:
+                     require_ground_truth: bool = True, vision: Optional[VisionInputs] = None) -> PromptDataLoader:
     """The data loader for ``data.train_files`` (``split="train"``) or ``data.val_files`` (``"val"``).
 
     Train: ``batch_size`` defaults to ``data.gen_batch_size`` or else ``data.train_batch_size`` prompts, shuffled
     with ``data.seed`` when ``data.shuffle``, the last partial batch dropped. Val: ``data.val_batch_size`` or the
     whole set in one batch, shuffled only when ``data.validation_shuffle``, nothing dropped.
     """
-    dataset = dataset or build_dataset(data_config, tokenizer, split, files, require_ground_truth)
+    dataset = dataset or build_dataset(data_config, tokenizer, split, files, require_ground_truth, vision)
     if split == "train":
         size = batch_size or data_config.gen_batch_size or data_config.train_batch_size
         shuffle, drop_last = bool(data_config.shuffle), True
@@ -203,5 +215,6 @@ def build_dataloader(data_config, tokenizer, split: str = "train", *, batch_size
         size = batch_size or data_config.val_batch_size or len(dataset)
         shuffle, drop_last = bool(data_config.validation_shuffle), False
     workers = data_config.dataloader_num_workers if num_workers is None else num_workers
-    return PromptDataLoader(dataset, int(size), collate_fn=PromptCollator(pad_id_of(tokenizer)), shuffle=shuffle,
-                            seed=int(data_config.seed), drop_last=drop_last, num_workers=int(workers))
+    collate = PromptCollator(pad_id_of(tokenizer), getattr(dataset, "vision", None))
+    return PromptDataLoader(dataset, int(size), collate_fn=collate, shuffle=shuffle, seed=int(data_config.seed),
+                            drop_last=drop_last, num_workers=int(workers))

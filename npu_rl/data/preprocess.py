@@ -1,4 +1,4 @@
-"""``npu-rl preprocess gsm8k|math500|aime24|arith``: local JSONL -> verl's parquet schema (never downloads).
+"""``npu-rl preprocess gsm8k|math500|aime24|arith|geo3k``: local files -> verl's parquet schema (never downloads).
 
 Each converter mirrors verl's ``examples/data_preprocess`` scripts so that parquet files made here and there are
 interchangeable: the same ``data_source`` names (which pick the reward scorer), the same instruction appended to
@@ -7,18 +7,23 @@ the question, ``reward_model.ground_truth`` the bare final answer, ``extra_info.
 The raw JSONL is read from ``--data-dir``, else ``$NPU_RL_DATA_DIR``, else the copies shipped inside the package
 (``npu_rl/data/sets/``, xz-compressed, licences and sources in its README.md). A folder holds
 ``gsm8k/{train,test}.jsonl``, ``math500/test.jsonl``, ``aime24/test.jsonl``; each may also be ``.jsonl.xz`` / ``.jsonl.gz``.
+
+``geo3k`` (images; docs/vl.md) reads a local copy of the Hub data set ``hiyouga/geometry3k`` given as ``--data-dir``
+(its ``data/<split>-*.parquet`` files, or ``<split>.parquet`` / ``<split>-*.parquet`` in the folder): nothing of it
+ships here. Its rows keep the images as they are (``{"bytes", "path"}``), as verl's geo3k script does.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import re
 import sys
 from typing import Any, Callable
 
 from npu_rl.data.arith import ArithSpec, generate_arith
-from npu_rl.data.io import expand_path, read_jsonl, write_parquet
+from npu_rl.data.io import expand_path, read_jsonl, read_rows, write_parquet
 from npu_rl.utils.paths import check_output_dir
 
 GSM8K_DATA_SOURCE = "openai/gsm8k"
@@ -133,6 +138,48 @@ def aime24_rows(data_dir: str, split: str = "test") -> list[dict[str, Any]]:
     return rows
 
 
+GEO3K_DATA_SOURCE = "hiyouga/geometry3k"
+GEO3K_INSTRUCTION = (r"You FIRST think about the reasoning process as an internal monologue and then provide the final "
+                     r"answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer "
+                     r"MUST BE put in \boxed{}.")  # verl's examples/data_preprocess/geo3k.py, word for word
+
+
+def _geo3k_files(data_dir: str, split: str) -> list[str]:
+    folder = expand_path(data_dir)
+    for pattern in (f"data/{split}-*.parquet", f"{split}-*.parquet", f"{split}.parquet", f"geo3k/{split}.parquet"):
+        files = sorted(glob.glob(os.path.join(folder, pattern)))
+        if files:
+            return files
+    raise FileNotFoundError(f"{folder}: no {split} parquet of hiyouga/geometry3k (looked for data/{split}-*.parquet, "
+                            f"{split}-*.parquet, {split}.parquet); npu-rl never downloads data: give --data-dir the "
+                            "folder of a local copy (huggingface-cli download hiyouga/geometry3k --repo-type dataset)")
+
+
+def geo3k_rows(data_dir: str, split: str) -> list[dict[str, Any]]:
+    """verl's geo3k rows: the problem + the instruction as the user message, the images kept, the answer as ground
+    truth."""
+    rows = []
+    for path in _geo3k_files(data_dir, split):
+        for i, raw in enumerate(read_rows(path)):
+            problem, answer = _field(raw, "problem", path, i), _field(raw, "answer", path, i)
+            rows.append({
+                "data_source": GEO3K_DATA_SOURCE,
+                "prompt": [{"role": "user", "content": problem + " " + GEO3K_INSTRUCTION}],
+                "images": list(raw.get("images") if raw.get("images") is not None else []),
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"split": split, "index": len(rows), "answer": answer, "question": problem},
+            })
+    return rows
+
+
+def geo3k_splits(data_dir: str | None) -> dict[str, list[dict[str, Any]]]:
+    if not data_dir:
+        raise ValueError("geo3k: give --data-dir, the folder of a local copy of hiyouga/geometry3k (npu-rl never "
+                         "downloads data)")
+    return {split: geo3k_rows(data_dir, split) for split in ("train", "test")}
+
+
 # dataset -> (splits it has, converter)
 CONVERTERS: dict[str, tuple[tuple[str, ...], Callable[[str, str], list[dict[str, Any]]]]] = {
     "gsm8k": (("train", "test"), gsm8k_rows),
@@ -155,7 +202,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="npu-rl preprocess",
         description="Write verl-schema parquet files (train.parquet / test.parquet) from local JSONL; never downloads.",
     )
-    parser.add_argument("dataset", choices=sorted(CONVERTERS) + ["arith"])
+    parser.add_argument("dataset", choices=sorted(CONVERTERS) + ["arith", "geo3k"])
     parser.add_argument("--data-dir", default=None,
                         help="folder holding gsm8k/, math500/, aime24/ (default: $NPU_RL_DATA_DIR, else the copies "
                              "shipped in the package)")
@@ -185,6 +232,8 @@ def preprocess_main(argv: list[str]) -> int:
                              max_digits=args.max_digits, num_train=args.num_train, num_test=args.num_test,
                              seed=args.seed)
             splits = generate_arith(spec)
+        elif args.dataset == "geo3k":
+            splits = geo3k_splits(args.data_dir)
         else:
             splits = convert(args.dataset, args.data_dir)
         for split, rows in splits.items():

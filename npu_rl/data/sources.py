@@ -36,6 +36,7 @@ from npu_rl.utils.hf_env import describe_error, hub_cache_dir, hub_call, hub_end
 from npu_rl.data.builtin import check_builtin
 from npu_rl.data.io import read_rows
 from npu_rl.data.preprocess import CONVERTERS
+from npu_rl.data.images import images_of, row_image_problem
 
 HUB_SCHEME = "hf://"
 HUB_DATASETS = "hf://datasets/"
@@ -265,23 +266,44 @@ def _check_builtin(item: str) -> None:
     check_builtin(item)  # generating a built-in set is the run's job, not validation's
 
 
-MULTIMODAL_COLUMNS = ("images", "videos", "audios")  # verl's data.image_key / video_key / audio_key defaults
+UNREAD_MEDIA_COLUMNS = ("videos", "audios")  # verl's data.video_key / audio_key defaults: not read here
+MAX_LISTED_ROWS = 3
 
 
-def multimodal_problems(key: str, paths: list[str]) -> list[str]:
-    """Rows that carry images / videos / audio (verl's geo3k layout): refused, since prompts are read as text only
-    and the media would be dropped without a word."""
+def multimodal_problems(key: str, paths: list[str], image_key: str = "images",
+                        prompt_key: str = "prompt") -> list[str]:
+    """Rows that carry videos or audio (refused: not read here, they would be dropped without a word), and rows
+    whose images are bad: an entry that cannot be opened (corrupt bytes, a missing file, a header over the decode
+    bound) or a number of ``<image>`` tags other than the number of images (``npu_rl.data.images``). Only headers
+    are read."""
     problems = []
     for path in paths:
         try:
             rows = read_rows(path)
         except (OSError, ValueError):
             continue  # unreadable: the data loader says why
-        for column in MULTIMODAL_COLUMNS:
+        for column in UNREAD_MEDIA_COLUMNS:
             hit = next((i for i, row in enumerate(rows) if row.get(column)), None)
             if hit is not None:
-                problems.append(f"data.{key}: {path}: row {hit} has {column!r} (a multi-modal data set, as verl's "
-                                f"geo3k); npu-rl reads prompts as text only and would drop the {column}. Use a "
-                                "text data set (and a text model), or verl for vision-language RL")
-                break
+                problems.append(f"data.{key}: {path}: row {hit} has {column!r}; npu-rl reads text and images only "
+                                f"(data.image_key) and would drop the {column}. Use a data set without {column}")
+        bad = []
+        for i, row in enumerate(rows):
+            if images_of(row, image_key):
+                problem = row_image_problem(row, prompt_key, image_key, os.path.dirname(path))
+                if problem:
+                    bad.append(f"data.{key}: {path}: row {i}: {problem}")
+        problems += bad[:MAX_LISTED_ROWS]
+        if len(bad) > MAX_LISTED_ROWS:
+            problems.append(f"data.{key}: {path}: {len(bad) - MAX_LISTED_ROWS} more rows with bad images")
     return problems
+
+
+def has_image_rows(paths: list[str], image_key: str = "images") -> bool:
+    for path in paths:
+        try:
+            if any(images_of(row, image_key) for row in read_rows(path)):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False

@@ -8,7 +8,8 @@ response positions only, in chunks of rows, as the reference.
 
 Shapes: ``input_ids`` [B, T] = prompt (left-padded) + response (right-padded); ``responses`` [B, R] are its last R
 columns. Position t's hidden state predicts token t+1, so the response log-probs come from positions
-T-R-1 .. T-2.
+T-R-1 .. T-2. A Qwen-VL model's rows (``npu_rl.models.vision``) add ``position_ids`` [B, 3, T] and the image inputs
+(``model_inputs``: ``pixel_values``, ``image_grid_thw``); both paths take them (the packed one without Ulysses).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 import npu_rl.kernels
 from npu_rl.models.lora import output_bias, output_weight
+from npu_rl.models.vision import model_position_ids
 from npu_rl.parallel.packing import prepare_packed_inputs
 
 
@@ -149,9 +151,12 @@ def response_logprobs(
     temperature: torch.Tensor | float = 1.0,  # float, or per-token [B, R]
     options: LogprobOptions | None = None,
     return_sum_pi_squared: bool = False,
+    model_inputs: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(logprobs [B, R], entropy [B, R] or None) of ``responses`` under ``model``; entropy at ``temperature``.
-    With ``return_sum_pi_squared`` (needs ``options.compute_sum_pi_squared``) a third item, sum_v pi_v^2 [B, R]."""
+    With ``return_sum_pi_squared`` (needs ``options.compute_sum_pi_squared``) a third item, sum_v pi_v^2 [B, R].
+    ``model_inputs``: more keyword arguments of the model's forward (a Qwen-VL model's ``pixel_values`` and
+    ``image_grid_thw``); ``position_ids`` may be [B, 3, T] (3-D rotary ids)."""
     options = options or LogprobOptions()
     response_length = responses.shape[1]
     # Targets for the R+1 kept positions: the R response tokens, plus a dummy for the last position (dropped).
@@ -159,8 +164,8 @@ def response_logprobs(
     if isinstance(temperature, torch.Tensor) and temperature.dim() == 2:
         temperature = torch.cat([temperature, temperature[:, -1:]], dim=1).float()
     with swapped_lm_head(model, _head_fn(targets, temperature, options)):
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    use_cache=False, logits_to_keep=response_length + 1)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=model_position_ids(position_ids),
+                    use_cache=False, logits_to_keep=response_length + 1, **(model_inputs or {}))
     packed = out.logits[:, :-1]  # [B, R, 2 or 3]
     return _split_channels(packed, options, return_sum_pi_squared)
 
@@ -185,6 +190,7 @@ def packed_response_logprobs(
     options: LogprobOptions | None = None,
     sp_group=None,
     return_sum_pi_squared: bool = False,
+    model_inputs: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """:func:`response_logprobs` without padding (``model.use_remove_padding``) and, with ``sp_group``, with the
     packed sequence split over the Ulysses group. The model must use ``npu_rl.parallel.use_varlen_attention``.
@@ -193,9 +199,17 @@ def packed_response_logprobs(
     rank's hidden states line up with their own targets and temperatures (verl #5957 sliced the ids only).
     """
     options = options or LogprobOptions()
+    rotary_3d = position_ids.dim() == 3  # [B, 3, T]: a Qwen-VL model
+    if rotary_3d and sp_group is not None and torch.distributed.get_world_size(sp_group) > 1:
+        raise ValueError("Ulysses with 3-D rotary ids (a Qwen-VL model) is not built; set "
+                         "ulysses_sequence_parallel_size=1")
     batch, width = input_ids.shape
     response_length = responses.shape[1]
-    inputs = prepare_packed_inputs(input_ids, attention_mask, position_ids, sp_group=sp_group)
+    inputs = prepare_packed_inputs(input_ids, attention_mask, None if rotary_3d else position_ids, sp_group=sp_group)
+    model_position_ids = inputs.position_ids
+    if rotary_3d:  # each axis packed like the ids: [3, 1, total]
+        keep = inputs.packed.indices
+        model_position_ids = position_ids.transpose(0, 1).reshape(3, -1)[:, keep].unsqueeze(1)
     targets = inputs.slice(torch.roll(input_ids, shifts=-1, dims=1))  # position t predicts token t + 1
     wanted = torch.zeros_like(attention_mask, dtype=torch.bool)
     wanted[:, width - response_length - 1: width - 1] = True  # the positions that predict response tokens
@@ -205,8 +219,8 @@ def packed_response_logprobs(
         per_position[:, width - response_length - 1: width - 1] = temperature
         temperature = inputs.slice(per_position.float(), pad_value=1.0)
     with inputs.attention() as layout, swapped_lm_head(model, _head_fn(targets, temperature, options, rows)):
-        out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False,
-                    npu_rl_varlen_layout=layout)
+        out = model(input_ids=inputs.input_ids, position_ids=model_position_ids, use_cache=False,
+                    npu_rl_varlen_layout=layout, **(model_inputs or {}))
     full = inputs.restore(out.logits)  # [B, T, 2 or 3], gathered over the sp group
     packed = full[:, width - response_length - 1: width - 1]
     return _split_channels(packed, options, return_sum_pi_squared)

@@ -2,7 +2,9 @@
 what was asked are refused at validation with the reason.
 
 - A vision-language model (a ``vision_config``, or an architecture such as ``Qwen2_5_VLForConditionalGeneration``)
-  as the actor: only text is read and generated here; images in the rows would be dropped.
+  as the actor: a Qwen-VL folder (Qwen2-VL / Qwen2.5-VL / Qwen3-VL, with its preprocessor_config.json) is trained
+  (docs/vl.md) where the run uses only what is built for it (``vision_language_problems``: no Ulysses, the hf
+  rollout, no LoRA, no agent loops); any other vision-language family is refused.
 - A generative reward model (a GenRM, as verl's FAPO recipe serves through its reward loop): a checkpoint whose
   architectures are all causal / conditional LMs, given as ``reward_model.model.path``, is served as a judge
   (:func:`is_generative`; npu_rl/reward/judge.py), not scored with a sequence-classification head. A
@@ -16,6 +18,8 @@ import ast
 import json
 import os
 from typing import Optional
+
+from npu_rl.data.images import QWEN_VL_TYPES
 
 _GENERATIVE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 _SCORING_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel", "RewardModel")
@@ -35,13 +39,53 @@ def is_vision_language(folder: str) -> bool:
     return "vision_config" in config or any("VL" in a or "Vision" in a or "Llava" in a for a in names)
 
 
+def is_qwen_vl_folder(folder: str) -> bool:
+    return str(_config(folder).get("model_type", "")) in QWEN_VL_TYPES
+
+
 def actor_model_problem(key: str, folder: str) -> Optional[str]:
     if not is_vision_language(folder):
         return None
-    names = ", ".join(_config(folder).get("architectures") or []) or "a vision_config"
-    return (f"{key}: {folder} is a vision-language model ({names}); npu-rl trains text-only models (prompts and "
-            "responses are text; images are not read), so this run cannot do what it asks. Use a text model, or "
-            "verl for vision-language RL")
+    config = _config(folder)
+    names = ", ".join(config.get("architectures") or []) or "a vision_config"
+    if not is_qwen_vl_folder(folder):
+        return (f"{key}: {folder} is a vision-language model ({names}, model_type {config.get('model_type')!r}); "
+                f"npu-rl trains the Qwen-VL family only ({', '.join(QWEN_VL_TYPES)}): other families' prompt layout "
+                "and position ids are not built. Use a Qwen-VL model, or verl")
+    if not os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+        return (f"{key}: {folder} is a vision-language model ({names}) without preprocessor_config.json (its image "
+                "processor: patch size, pixel bounds, normalisation); copy it from the base model")
+    return None
+
+
+def image_patch_size_problem(folder: str, image_patch_size: int) -> Optional[str]:
+    """``data.image_patch_size`` set (away from verl's default 14) to another patch size than the model's image
+    processor uses (its preprocessor_config.json)."""
+    try:
+        with open(os.path.join(folder, "preprocessor_config.json"), encoding="utf-8") as f:
+            patch = json.load(f).get("patch_size")
+    except (OSError, ValueError):
+        return None  # reported by actor_model_problem
+    if image_patch_size == 14 or patch is None or int(patch) == image_patch_size:
+        return None
+    return (f"data.image_patch_size={image_patch_size}, but {folder}'s image processor (preprocessor_config.json) uses "
+            f"patch_size={patch}; the model's own patch size is used: leave data.image_patch_size at 14 or set it "
+            f"to {patch}")
+
+
+def vision_language_problems(key: str, *, sp_size: int, lora_rank: int, rollout_name: str,
+                             agent_loops: bool) -> list[str]:
+    """What a Qwen-VL actor's run asks that is not built for it (docs/vl.md)."""
+    wanted = [
+        (sp_size > 1, "Ulysses (ulysses_sequence_parallel_size > 1) with 3-D rotary ids",
+         "ulysses_sequence_parallel_size=1 (model.use_remove_padding=True works without it)"),
+        (lora_rank > 0, "LoRA on a vision-language model (model.lora_rank)", "model.lora_rank=0"),
+        (rollout_name != "hf", f"rollout.name={rollout_name} with images (vLLM's multi_modal_data)", "rollout.name=hf"),
+        (agent_loops, "agent-loop rollouts (rollout.mode=async / multi_turn) with images",
+         "rollout.mode=sync, multi_turn.enable=False"),
+    ]
+    return [f"{key} is a Qwen-VL model: {what} is not built for it yet; set {instead}"
+            for asked, what, instead in wanted if asked]
 
 
 def is_generative(folder: str) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from npu_rl.data.images import QWEN_VL_TYPES
 from npu_rl.models import hub, modelscope_hub
 from npu_rl.utils.dtypes import to_dtype
 from npu_rl.utils.paths import apply_umask
@@ -267,14 +268,18 @@ def load_causal_lm(
     device: torch.device | str | None = None,
 ):
     """An HF causal LM from ``path`` with ``override_config`` applied to its config. ``device="meta"``: built
-    without its weights, for a sharded load after parallelising (see :func:`_from_folder`)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    without its weights, for a sharded load after parallelising (see :func:`_from_folder`). A Qwen-VL folder
+    (Qwen2-VL / Qwen2.5-VL / Qwen3-VL) gives its image-text-to-text model: vision tower, language model, lm_head
+    (npu_rl.models.vision)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     folder = resolve_model_path(path)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    model = _from_folder(AutoModelForCausalLM, folder, config, to_dtype(dtype), device,
+    vision_language = getattr(config, "model_type", "") in QWEN_VL_TYPES
+    auto_class = AutoModelForImageTextToText if vision_language else AutoModelForCausalLM
+    model = _from_folder(auto_class, folder, config, to_dtype(dtype), device,
                          attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
     return _finish(model, gradient_checkpointing, device)
 

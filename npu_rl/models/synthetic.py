@@ -78,3 +78,77 @@ def save_random_model(path: str, shape: str = "tiny", seed: int = 0, pad_is_eos:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# --------------------------------------------------------------------------------------------- vision-language
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+VL_KINDS = ("qwen2_5_vl", "qwen3_vl")
+
+
+def vl_char_tokenizer():
+    """:func:`char_tokenizer` plus the Qwen-VL vision tokens (``<|vision_start|>`` ... as single special tokens)."""
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS + VISION_TOKENS})
+    return tokenizer
+
+
+def tiny_image_processor(min_pixels: int = 28 * 28, max_pixels: int = 56 * 56, patch_size: int = 14):
+    """transformers' Qwen2-VL image processor (its PIL backend: no torchvision needed), bounded to tiny images."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size,
+                                    merge_size=2, temporal_patch_size=2)
+
+
+def random_vl_model(kind: str = "qwen2_5_vl", tokenizer=None, seed: int = 0, dtype=torch.float32, hidden_size: int = 64,
+                    num_layers: int = 2, vocab_size: int = 128):
+    """A tiny Qwen2.5-VL or Qwen3-VL (``kind``) with random weights: a 2-block vision tower (patch 14 / 16, merge
+    2) and a 2-layer language model, its special ids taken from ``tokenizer`` (default :func:`vl_char_tokenizer`)."""
+    if kind not in VL_KINDS:
+        raise ValueError(f"unknown vision-language kind {kind!r}; known: {', '.join(VL_KINDS)}")
+    tokenizer = tokenizer or vl_char_tokenizer()
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in [
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]}
+    head_dim = hidden_size // 4
+    text = dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=4096,
+                eos_token_id=2, pad_token_id=0, bos_token_id=None, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    if kind == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+        section = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]  # sums to head_dim / 2
+        text["rope_parameters"] = {"rope_type": "default", "mrope_section": section, "rope_theta": 10000.0}
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
+                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                      fullatt_block_indexes=[1])
+        config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    else:
+        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+        text["head_dim"] = head_dim
+        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True,
+                                   "rope_theta": 10000.0}
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
+                      patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                      deepstack_visual_indexes=[1])
+        config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+        model = Qwen3VLForConditionalGeneration(config)
+    return model.to(dtype)
+
+
+def save_random_vl_model(path: str, kind: str = "qwen2_5_vl", seed: int = 0, dtype=torch.float32,
+                         min_pixels: int = 28 * 28, max_pixels: int = 56 * 56) -> str:
+    """An HF folder (random tiny VL weights, the vision char tokenizer, the image processor's
+    preprocessor_config.json) that ``model.path`` can point at."""
+    os.makedirs(path, exist_ok=True)
+    tokenizer = vl_char_tokenizer()
+    model = random_vl_model(kind, tokenizer, seed, dtype)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    tiny_image_processor(min_pixels, max_pixels, 14 if kind == "qwen2_5_vl" else 16).save_pretrained(path)
+    return path

@@ -159,8 +159,14 @@ def use_varlen_attention(model: torch.nn.Module) -> torch.nn.Module:
     """Select ``npu_rl_varlen`` on an HF model (in place; returns it). Call before ``apply_fsdp2`` or after:
     it only changes ``config._attn_implementation``."""
     name = register_varlen_attention()
+    vision = getattr(model.config, "vision_config", None)
+    vision_attention = (vision._attn_implementation if vision is not None else None) or "sdpa"
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
+        if vision is not None and vision_attention != name:
+            # a vision-language model: the language model packs its rows; the vision tower keeps its own attention
+            # (it has its own segments per image) and ignores the layout keyword it is passed along
+            model.set_attn_implementation({"vision_config": vision_attention})
     else:
         model.config._attn_implementation = name
     if model.config._attn_implementation != name:

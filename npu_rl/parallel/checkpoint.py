@@ -22,8 +22,9 @@ import copy
 import glob
 import io
 import os
+import shutil
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -120,9 +121,15 @@ def _hf_model(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "peft_config") else model
 
 
+# a vision-language model's processor files, copied from its folder into a checkpoint and from there into a merge
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+
+
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                    extra: dict[str, Any] | None = None, tokenizer: Any = None, trainable_only: bool = False) -> str:
-    """Save model (+ optimizer) shards, the HF config (+ tokenizer) and this rank's ``extra``. Collective.
+                    extra: dict[str, Any] | None = None, tokenizer: Any = None, trainable_only: bool = False,
+                    hf_files: Sequence[str] = ()) -> str:
+    """Save model (+ optimizer) shards, the HF config (+ tokenizer, + ``hf_files`` copied beside it: a vision
+    model's preprocessor_config.json) and this rank's ``extra``. Collective.
     ``trainable_only``: only parameters with ``requires_grad`` (and their optimizer states)."""
     optimizers = [optimizer] if optimizer is not None else []
     model_sd, optim_sd = _model_state(model, optimizers, trainable_only)
@@ -142,6 +149,8 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
             hf.generation_config.save_pretrained(hf_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(hf_dir)
+        for file in hf_files:
+            shutil.copyfile(file, os.path.join(hf_dir, os.path.basename(file)))
     if extra is not None:
         os.makedirs(os.path.join(path, EXTRA_DIR), exist_ok=True)
         save_state(extra, os.path.join(path, EXTRA_DIR, f"rank_{rank}.pt"))
@@ -201,7 +210,7 @@ def merge_checkpoint(path: str, out_dir: str, *, dtype: torch.dtype | None = Non
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     tokenizer = AutoTokenizer.from_pretrained(hf_dir) if glob.glob(os.path.join(hf_dir, "tokenizer*")) else None
     save_hf_state_dict(config, state_dict, out_dir, model_class=model_class, tokenizer=tokenizer)
-    for name in ("generation_config.json",):
+    for name in ("generation_config.json",) + PROCESSOR_FILES:
         if os.path.isfile(os.path.join(hf_dir, name)):
             with open(os.path.join(hf_dir, name)) as src, open(os.path.join(out_dir, name), "w") as dst:
                 dst.write(src.read())

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 PEFT_PREFIX = "base_model.model."  # how a PEFT model names its base model's parameters
+QWEN_VL_STORED = (("model.language_model.", "model."), ("model.visual.", "visual."))  # (in the model, in the file)
 
 
 def has_safetensors(folder: str) -> bool:
@@ -84,10 +85,13 @@ class CheckpointFiles:
     def name_for(self, names: list[str], base_prefix: str) -> str | None:
         """The stored name of a parameter known by ``names`` (a tied parameter has several): its HF name (a PEFT
         wrapper's ``base_model.model.`` and ``.base_layer`` dropped) as is, or with the base model's prefix
-        (``model.``) added or dropped (a bare ``Qwen2Model`` folder under a head, or back)."""
+        (``model.``) added or dropped (a bare ``Qwen2Model`` folder under a head, or back), or in the layout
+        Qwen2-VL / Qwen2.5-VL checkpoints store (``model.layers.*`` for the model's ``model.language_model.layers.*``,
+        ``visual.*`` for ``model.visual.*``: transformers renames them at load and back at save)."""
         for name in names:
             name = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
-            candidates = [name]
+            candidates = [name] + [stored + name[len(ours):] for ours, stored in QWEN_VL_STORED
+                                   if name.startswith(ours)]
             if base_prefix:
                 prefix = base_prefix + "."
                 candidates.append(name[len(prefix):] if name.startswith(prefix) else prefix + name)

@@ -47,8 +47,6 @@ def shape_from_config_json(path: str) -> ModelShape:
             cfg = json.load(f)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # not JSON, or nested past Python's recursion
         raise ValueError(f"{file} is not a readable config.json ({type(exc).__name__}: {str(exc)[:200]})") from None
-    if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict):
-        cfg = cfg["text_config"]  # multimodal configs nest the language model's
     if not isinstance(cfg, dict):
         raise ValueError(f"{file} holds a JSON {type(cfg).__name__}, not a model config (a JSON object)")
     return shape_from_config(cfg, file)
@@ -76,8 +74,21 @@ def _moe_fields(cfg: dict) -> dict:
     return fields
 
 
+def _language_model_config(cfg: dict) -> dict:
+    """A multimodal config's language model: its ``text_config`` over the top level's fields (transformers 5 nests
+    them; Qwen2.5-VL's Hub configs are flat, and keep ``tie_word_embeddings`` at the top). The vision tower is not
+    planned (docs/vl.md)."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        return cfg
+    return {**{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}, **text}
+
+
 def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
-    """The shape of a model from its config.json's contents (dense, MoE with shared experts, MLA)."""
+    """The shape of a model from its config.json's contents (dense, MoE with shared experts, MLA); of a
+    vision-language model, its language model's."""
+    cfg = _language_model_config(cfg)
+    qwen2_bias = ("qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text")
     try:
         shape = ModelShape(
             hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
@@ -85,8 +96,9 @@ def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
             num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
             vocab_size=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", False)),
             head_dim=int(cfg.get("head_dim") or 0),
-            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-            qk_norm=cfg.get("model_type") in ("qwen3", "qwen3_moe"), name=str(cfg.get("model_type", "")),
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") in qwen2_bias)),
+            qk_norm=cfg.get("model_type") in ("qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_text"),
+            name=str(cfg.get("model_type", "")),
             **_moe_fields(cfg))
     except KeyError as exc:
         raise ValueError(f"{source}: no {exc.args[0]!r}: not a decoder-only transformer config this planner "

@@ -12,6 +12,9 @@ it extracted, "" when none), which the trainer logs. Keyword arguments a scorer 
     math_dapo, math, math_dapo_reasoning, aime*           math_dapo 1 / -1 (verl's DAPO scorer: "Answer: x" line
                                                                    first, else the last \\boxed{})
     arith                                                 arith    1 / 0   (\\boxed{} or the last integer)
+    shapes                                                shapes   1 / 0   (the visual counting task; as arith)
+    hiyouga/geometry3k                                    geo3k    1 / 0.1 / 0 (verl's geo3k: 0.9 x boxed answer
+                                                                   right + 0.1 x "<think>...</think>...\\boxed{}")
 
 ``default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`` is verl's function
 of the same name: the default reward function, and the fallback a custom function can call.
@@ -91,6 +94,24 @@ def math_dapo_score(solution_str: str, ground_truth: Any, extra_info: Optional[d
     return _result(math_answers_equal(pred, str(ground_truth), use_math_verify), pred, right=1.0, wrong=-1.0)
 
 
+# ------------------------------------------------------------------------------------------------ geo3k
+_GEO3K_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+
+
+@SCORERS.register("hiyouga/geometry3k")
+def geo3k_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, format_score: float = 0.1,
+                use_math_verify: bool = True, **_: Any) -> dict[str, Any]:
+    """verl's geo3k scorer (verl/utils/reward_score/geo3k.py): ``(1 - format_score) x acc + format_score x format``,
+    acc from the last ``\\boxed{}`` (verl grades with mathruler's ``grade_answer``; here the MATH comparison:
+    normalised strings, then math-verify), format 1 when the whole text is ``<think>...</think>...\\boxed{...}...``."""
+    pred = last_boxed(solution_str)
+    correct = math_answers_equal(pred, str(ground_truth), use_math_verify)
+    formatted = _GEO3K_FORMAT.fullmatch(solution_str) is not None
+    out = _result(correct, pred)
+    out["score"] = (1.0 - format_score) * float(correct) + format_score * float(formatted)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ arith
 @SCORERS.register("arith")
 def arith_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, **_: Any) -> dict[str, Any]:
@@ -99,6 +120,12 @@ def arith_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict]
     if pred is None:
         pred = last_number(solution_str)
     return _result(pred is not None and _numbers_equal(pred, ground_truth), pred)
+
+
+@SCORERS.register("shapes")
+def shapes_score(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, **_: Any) -> dict[str, Any]:
+    """The generated shape-counting task (npu_rl/data/shapes.py): the count read as ``arith`` reads an answer."""
+    return arith_score(solution_str, ground_truth, extra_info)
 
 
 # ------------------------------------------------------------------------------------------------ dispatch

@@ -30,6 +30,13 @@ weights are gathered once per call (not once per decoded token), each rank decod
 collectives, and the weights are freed afterwards; the gather's time and memory land in the metrics ``generate`` returns
 (``gather_full_weights=False`` keeps the per-token gathers and ``synced_gpus``: less memory, far slower).
 
+Images (a Qwen-VL module, rows with ``multi_modal_inputs``; npu_rl.models.vision): each row's ``pixel_values`` /
+``image_grid_thw`` go to ``generate`` repeated with the row's ``n`` samples, with ``mm_token_type_ids`` (1 on
+``<|image_pad|>``) from which transformers computes the 3-D rotary ids of the prefill and their deltas for the
+decoded tokens. The vision placeholder tokens are never sampled (``vision_token_ids``): the recorded log-probs are
+of that distribution, renormalised without them (as top-k truncates), while the actor recomputes full-vocabulary
+ones. Decoding stays eager for such a module (compiled decoding of a Qwen-VL model is not verified).
+
 Other transformers generation settings (e.g. ``repetition_penalty``) pass through ``rollout.engine_kwargs.hf``;
 the model folder's own ``generation_config.json`` sampling defaults are NOT applied (RL needs the configured
 distribution, not e.g. Qwen2.5-Instruct's top_k=20, top_p=0.8).
@@ -38,6 +45,7 @@ distribution, not e.g. Qwen2.5-Instruct's top_k=20, top_p=0.8).
 from __future__ import annotations
 
 import difflib
+import inspect
 import logging
 import time
 from contextlib import nullcontext
@@ -49,6 +57,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from npu_rl.device import get_backend
 from npu_rl.models.moe import GenerationRouting
+from npu_rl.models.vision import MULTI_MODAL_KEY, multi_modal_kwargs
 from npu_rl.parallel.dist import world_size
 from npu_rl.parallel.unshard import PlainView, UnshardStats, is_sharded, unsharded
 from npu_rl.protocol import Batch
@@ -90,17 +99,37 @@ def _no_router_loss(module) -> dict:
     config = getattr(module, "config", None)
     return {"output_router_logits": False} if getattr(config, "output_router_logits", False) else {}
 
+def vision_token_ids(module) -> list[int]:
+    """A Qwen-VL module's vision placeholder ids (image / video pads, vision start / end), banned from responses: a
+    sampled ``<|image_pad|>`` would make the training forward look for an image that is not there. [] for text."""
+    config = getattr(module, "config", None)
+    if getattr(config, "vision_config", None) is None:
+        return []
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
+
+
+def _image_token_id(module) -> int | None:
+    """The ``<|image_pad|>`` id of a Qwen-VL module (its config's ``image_token_id``); None for a text model."""
+    config = getattr(module, "config", None)
+    return getattr(config, "image_token_id", None) if getattr(config, "vision_config", None) is not None else None
+
+
 class SamplingProcessor(LogitsProcessor):
     """Applies the configured warping and records the chosen tokens' log-probs (see the module docstring)."""
 
-    def __init__(self, sampling: SamplingParams, record_logprobs: bool):
+    def __init__(self, sampling: SamplingParams, record_logprobs: bool, banned_token_ids: Sequence[int] = ()):
         self.sampling = sampling
         self.record_logprobs = record_logprobs
+        self.banned_token_ids = list(banned_token_ids)  # never sampled (a Qwen-VL model's vision placeholders)
         self._previous: torch.Tensor | None = None  # [N, V] log-probs of the last step
         self._chosen: list[torch.Tensor] = []  # [N] per step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         s = self.sampling
+        if self.banned_token_ids:
+            scores = scores.float().index_fill(-1, torch.as_tensor(self.banned_token_ids, device=scores.device),
+                                               float("-inf"))
         scores = scores.float() if s.greedy else warp_logits(scores, s.temperature, s.top_k, s.top_p)
         if self.record_logprobs:
             if self._previous is not None:  # input_ids[:, -1] is the token drawn from the previous step
@@ -174,8 +203,9 @@ class HFRolloutEngine:
         if not self.compiled_decode or self.record_routing or "cache_implementation" in self.generate_kwargs:
             return False
 
-        # FSDP2's per-layer hooks are not traced; PEFT's adapter layers under compile are not verified
-        return not (is_sharded(module) or has_lora_layers(module))
+        # FSDP2's per-layer hooks are not traced; PEFT's adapter layers and Qwen-VL models under compile are not
+        # verified
+        return not (is_sharded(module) or has_lora_layers(module) or _image_token_id(module) is not None)
 
     def _generation_config(self, sampling: SamplingParams, compiled: bool = False) -> GenerationConfig:
         # Every sampling knob is set explicitly (neutral where SamplingProcessor does the work), so that nothing
@@ -202,7 +232,9 @@ class HFRolloutEngine:
         device = self._device()
         input_ids = prompts["input_ids"].repeat_interleave(n, dim=0).to(device)
         attention_mask = prompts["attention_mask"].repeat_interleave(n, dim=0).to(device)
-        processor = SamplingProcessor(sampling, record_logprobs=sampling.return_logprobs)
+        processor = SamplingProcessor(sampling, record_logprobs=sampling.return_logprobs,
+                                      banned_token_ids=vision_token_ids(self.module))
+        image_inputs = self._image_inputs(prompts, n, input_ids, device)
         was_training = self.module.training
         self.module.eval()  # no dropout; gradient checkpointing (training only) would disable the KV cache
         gather = unsharded(self.module) if self.gather_full_weights else nullcontext(UnshardStats())
@@ -226,7 +258,7 @@ class HFRolloutEngine:
                         generation_config=self._generation_config(sampling, compiled),
                         logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
                         stopping_criteria=StoppingCriteriaList([StopWhenAsked(should_stop)] if should_stop else []),
-                        **_no_router_loss(module),
+                        **_no_router_loss(module), **image_inputs,
                     )
                     decode_s = time.perf_counter() - decode_start  # generate returns tokens: synchronised
                 finally:
@@ -263,6 +295,23 @@ class HFRolloutEngine:
             prompt_width = input_ids.shape[1]
             batch["routed_experts"] = routing.routed_experts(num_rows, prompt_width, prompt_width + response_length)
         return Generation(batch, metrics)
+
+    def _image_inputs(self, prompts: Batch, n: int, input_ids: torch.Tensor, device) -> dict[str, torch.Tensor]:
+        """``generate``'s image arguments for the prompts' rows repeated ``n`` times (module docstring); {} for text."""
+        rows = prompts.non_tensors.get(MULTI_MODAL_KEY)
+        if rows is None or not any(bool(row) for row in rows):
+            return {}
+        image_token_id = _image_token_id(self.module)
+        if image_token_id is None:
+            raise ValueError(f"the prompts carry images but the rollout module ({type(self.module).__name__}) is not "
+                             "a Qwen-VL model")
+        dtype = next(self.module.parameters()).dtype
+        inputs = multi_modal_kwargs([row for row in rows for _ in range(n)], device, dtype)
+        rope_index = getattr(getattr(self.module, "model", None), "get_rope_index", None)
+        if rope_index is not None and "mm_token_type_ids" in inspect.signature(rope_index).parameters:
+            # transformers >= 5.19 finds the image tokens from these; earlier versions from the ids themselves
+            inputs["mm_token_type_ids"] = (input_ids == image_token_id).int()
+        return inputs
 
     def generate_token_lists(self, token_lists: Sequence[Sequence[int]], max_tokens: Sequence[int],
                              sampling: SamplingParams) -> TokenGeneration:

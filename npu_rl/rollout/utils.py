@@ -6,7 +6,8 @@ Conventions (see :mod:`npu_rl.rollout.base` for the batch fields):
   is masked (0) and holds ``pad_token_id``. Masks never come from comparing ids with the pad id: SmolLM2's pad and
   end-of-turn are the same id (2), so "not pad" would drop the end token and keep nothing after a pad-led prompt.
 - Response position ids continue the prompt's: ``last prompt position + 1 .. + R`` (left padding leaves the last
-  prompt column holding the last real position).
+  prompt column holding the last real position). With 3-D rotary ids ([B, 3, P], a Qwen-VL prompt whose last token
+  is text, so its three ids are equal) each axis continues the same way, as transformers' rope deltas do.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def assemble_rollout_batch(
     mask_dtype = prompt_mask.dtype
     response_length = responses.shape[1]
     offsets = torch.arange(1, response_length + 1, device=device, dtype=prompt_positions.dtype)
-    response_positions = prompt_positions[:, -1:] + offsets.unsqueeze(0)  # [B*n, R]
+    response_positions = prompt_positions[..., -1:] + offsets  # [B*n, R] or [B*n, 3, R]
     out = {
         "prompts": prompt_ids,
         "responses": responses,

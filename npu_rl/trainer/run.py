@@ -16,6 +16,7 @@ from npu_rl.controller.ray_group import RayWorkerGroup, ResourcePool
 from npu_rl.controller.worker_group import LocalWorkerGroup
 from npu_rl.controller.worker_group import use_ray as controller_uses_ray
 from npu_rl.data.loader import build_dataloader
+from npu_rl.models.vision import vision_inputs_for
 from npu_rl.device import get_backend
 from npu_rl.device.npu_env import worker_process_env
 from npu_rl.models.loader import load_tokenizer
@@ -160,9 +161,10 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     backend.manual_seed(config.trainer.seed)
     model_cfg = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model_cfg.path, model_cfg.trust_remote_code, model_cfg.custom_chat_template)
-    prompts = PromptStream(build_dataloader(config.data, tokenizer, "train"))
+    vision = vision_inputs_for(model_cfg, config.data)  # a Qwen-VL actor's image side (docs/vl.md); None for text
+    prompts = PromptStream(build_dataloader(config.data, tokenizer, "train", vision=vision))
     needs_val = config.trainer.val_before_train or config.trainer.test_freq > 0 or config.trainer.val_only
-    val_loader = build_dataloader(config.data, tokenizer, "val") if needs_val else None
+    val_loader = build_dataloader(config.data, tokenizer, "val", vision=vision) if needs_val else None
     check_rows(config, [prompts.loader.dataset] + ([val_loader.dataset] if val_loader is not None else []))
     reward_fn = build_reward_manager(config, tokenizer)
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None

@@ -19,6 +19,8 @@ and the update, R2 records them in the log-prob pass and replays them in the upd
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from npu_rl.config.derived import RunSettings
@@ -28,7 +30,7 @@ from npu_rl.core import PolicyLossInputs, compute_policy_loss, entropy_bonus, kl
 from npu_rl.core.distillation import combined_loss, distillation_loss
 from npu_rl.models.forward import LogprobOptions
 from npu_rl.models.fused_losses import implementation_name
-from npu_rl.models.loader import load_causal_lm
+from npu_rl.models.loader import load_causal_lm, resolve_model_path
 from npu_rl.models import moe
 from npu_rl.models.lora import (
     ADAPTER_NAME,
@@ -40,6 +42,7 @@ from npu_rl.models.lora import (
     merged_named_weights,
 )
 from npu_rl.parallel import dist
+from npu_rl.parallel.checkpoint import PROCESSOR_FILES
 from npu_rl.parallel.weights import iter_full_parameters
 from npu_rl.protocol import Batch, WorkerOutput
 from npu_rl.rollout.vllm_lora import peft_config_dict
@@ -260,7 +263,11 @@ class ActorWorker:
     # ------------------------------------------------------------------------------------------- checkpoints
     @register(Dispatch.ALL)
     def save_checkpoint(self, path: str, tokenizer=None) -> None:
-        self.engine.save(path, self.cfg.checkpoint.save_contents, tokenizer)
+        """The engine's checkpoint, with the model folder's processor files (a vision-language model's
+        preprocessor_config.json) beside the tokenizer, so a merge is a complete model folder."""
+        folder = resolve_model_path(self.model_cfg.path)
+        hf_files = [os.path.join(folder, n) for n in PROCESSOR_FILES if os.path.isfile(os.path.join(folder, n))]
+        self.engine.save(path, self.cfg.checkpoint.save_contents, tokenizer, hf_files)
 
     @register(Dispatch.ALL)
     def load_checkpoint(self, path: str) -> None:

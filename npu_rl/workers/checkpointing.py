@@ -27,7 +27,7 @@ def _quiet_single_process():
 
 
 def save_worker_state(path: str, model, optimizer, scheduler, contents=("model", "optimizer", "extra"),
-                      tokenizer=None, base_path: str | None = None) -> None:
+                      tokenizer=None, base_path: str | None = None, hf_files=()) -> None:
     """With LoRA only the adapter and its optimizer state are saved (the base is the model folder, unchanged),
     plus the adapter as a PEFT folder in ``lora_adapter/`` (what ``npu-rl merge`` and ``npu-rl eval`` read; listed in
     the role's manifest, so both verify it before reading)."""
@@ -37,7 +37,7 @@ def save_worker_state(path: str, model, optimizer, scheduler, contents=("model",
         save_adapter(model, os.path.join(path, LORA_ADAPTER_DIR), base_path=base_path)
     with _quiet_single_process():
         save_checkpoint(path, model, optimizer if "optimizer" in contents else None, extra=extra, tokenizer=tokenizer,
-                        trainable_only=lora)
+                        trainable_only=lora, hf_files=hf_files)
 
 
 def load_worker_state(path: str, model, optimizer, scheduler, contents=("model", "optimizer", "extra")) -> None:

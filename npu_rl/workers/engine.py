@@ -30,6 +30,7 @@ import torch
 from npu_rl.core import loss_denominators
 from npu_rl.device import get_backend
 from npu_rl.models import moe
+from npu_rl.models.vision import MULTI_MODAL_KEY, multi_modal_kwargs
 from npu_rl.models.forward import (
     LogprobOptions,
     packed_response_logprobs,
@@ -186,6 +187,11 @@ class TrainingEngine:
         return (self.compute_model, inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"],
                 inputs["responses"]), kept, inputs
 
+    def _image_inputs(self, mb: Batch) -> dict[str, torch.Tensor]:
+        """A Qwen-VL micro-batch's ``pixel_values`` / ``image_grid_thw`` (npu_rl.models.vision); {} for text."""
+        rows = mb.non_tensors.get(MULTI_MODAL_KEY)
+        return multi_modal_kwargs(rows, self.device, self.runner.param_dtype) if rows is not None else {}
+
     def _router_rows(self, inputs: dict[str, torch.Tensor]) -> tuple[Callable, Callable]:
         """Per-token ``[b, T, ...]`` -> ``[N, ...]`` in the order the routers see the tokens: flattened (padded
         forward) or packed and sliced for this Ulysses rank (the packed forward slices its inputs the same way);
@@ -230,9 +236,10 @@ class TrainingEngine:
         want_spi = options.compute_sum_pi_squared
         if self.runner.packed:
             out = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group,
-                                           return_sum_pi_squared=want_spi)
+                                           return_sum_pi_squared=want_spi, model_inputs=self._image_inputs(mb))
         else:
-            out = response_logprobs(*args, temperature, options, return_sum_pi_squared=want_spi)
+            out = response_logprobs(*args, temperature, options, return_sum_pi_squared=want_spi,
+                                    model_inputs=self._image_inputs(mb))
         names = ("logprobs", "entropy", "sum_pi_squared")
         stats = {name: pad_right(t, self.response_length) for name, t in zip(names, out) if t is not None}
         return stats, routed
@@ -319,8 +326,8 @@ class TrainingEngine:
         return out
 
     # --------------------------------------------------------------------------------------------- checkpoints
-    def save(self, path: str, contents, tokenizer=None) -> None:
-        save_worker_state(path, self.model, self.optimizer, self.scheduler, contents, tokenizer)
+    def save(self, path: str, contents, tokenizer=None, hf_files=()) -> None:
+        save_worker_state(path, self.model, self.optimizer, self.scheduler, contents, tokenizer, hf_files=hf_files)
 
     def load(self, path: str, contents) -> None:
         """Weights, optimizer and scheduler (per ``contents``); the update count follows the scheduler, so the

@@ -63,7 +63,7 @@ def trimmed_inputs(mb: Batch, response_length: int) -> tuple[dict[str, torch.Ten
     response_valid = mb["response_mask"].any(dim=0) if "response_mask" in mb else attention_mask[:, prompt_width:].any(0)
     kept = int(response_valid.nonzero()[-1]) + 1 if response_valid.any() else 1
     cols = slice(first, prompt_width + kept)
-    inputs = {k: mb[k][:, cols] for k in ("input_ids", "attention_mask", "position_ids")}
+    inputs = {k: mb[k][..., cols] for k in ("input_ids", "attention_mask", "position_ids")}  # position_ids: [b, (3,) T]
     inputs["responses"] = mb["responses"][:, :kept]
     if "routed_experts" in mb:  # [b, P + R, L, K]: router replay (npu_rl/models/moe.py)
         inputs["routed_experts"] = mb["routed_experts"][:, cols]

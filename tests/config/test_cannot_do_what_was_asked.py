@@ -1,5 +1,6 @@
 """Runs the schema accepts but that could not do what they ask are refused at validation with the reason: a
-vision-language actor or image rows (verl's Qwen2.5-VL on geo3k), a generative reward model (verl's FAPO recipe)."""
+vision-language actor other than Qwen-VL or with options not built for it, bad image rows or image rows for a text
+actor, a generative reward model (verl's FAPO recipe)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from npu_rl.config.errors import ConfigError
 from npu_rl.trainer.preflight import load_checked
 from npu_rl.data.io import write_parquet
+from npu_rl.data.images import image_bytes
+from PIL import Image
 from tests.trainer.conftest import base_overrides
 
 
@@ -30,18 +33,46 @@ def test_a_vision_language_actor_is_refused(tiny_model_dir, tmp_path):
     vlm = shutil.copytree(tiny_model_dir, tmp_path / "vlm")
     _edit_config(vlm, architectures=["Qwen2_5_VLForConditionalGeneration"], vision_config={"depth": 2})
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.path: .*vlm is a vision-language model "
-                                          r"\(Qwen2_5_VLForConditionalGeneration\); npu-rl trains text-only"):
+                                          r"\(Qwen2_5_VLForConditionalGeneration, model_type 'qwen2'\); npu-rl "
+                                          r"trains the Qwen-VL family only"):
         _config(str(vlm), tmp_path)
+
+
+def test_a_qwen_vl_actor_is_accepted_where_built(tmp_path):
+    from npu_rl.models.synthetic import save_random_vl_model
+
+    folder = save_random_vl_model(str(tmp_path / "qwen_vl"))
+    shapes = ["data.train_files=builtin://shapes/train?num_train=8&num_test=2&size=56",
+              "data.val_files=builtin://shapes/test?num_train=8&num_test=2&size=56"]
+    _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.model.use_remove_padding=True")
+    with pytest.raises(ConfigError) as exc:
+        _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.lora_rank=8")
+    message = str(exc.value)
+    assert "is a Qwen-VL model: rollout.name=vllm with images (vLLM's multi_modal_data) is not built" in message
+    assert "is a Qwen-VL model: LoRA on a vision-language model (model.lora_rank) is not built" in message
+    _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf", "data.image_patch_size=14")  # verl's
+    with pytest.raises(ConfigError, match="data.image_patch_size=16, but .* uses patch_size=14"):
+        _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf", "data.image_patch_size=16")
+    (tmp_path / "qwen_vl" / "preprocessor_config.json").unlink()
+    with pytest.raises(ConfigError, match="without preprocessor_config.json"):
+        _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf")
 
 
 def test_image_rows_are_refused_naming_file_and_row(tiny_model_dir, tmp_path):
     text = {"data_source": "hiyouga/geometry3k", "prompt": [{"role": "user", "content": "<image>Find x."}],
             "reward_model": {"style": "rule", "ground_truth": "3"}}
-    rows = [dict(text, images=[]), dict(text, images=[{"bytes": b"\x89PNG", "path": None}])]
+    png = image_bytes(Image.new("RGB", (40, 30)))
+    rows = [dict(text, images=[{"bytes": png, "path": None}]), dict(text, images=[{"bytes": b"\x89PNG", "path": None}]),
+            dict(text, images=[{"bytes": png, "path": None}] * 2)]
     path = write_parquet(rows, str(tmp_path / "geo3k" / "train.parquet"))
     with pytest.raises(ConfigError) as exc:
         _config(tiny_model_dir, tmp_path, f"data.train_files={path}", "data.image_key=images")
-    assert f"data.train_files: {path}: row 1 has 'images' (a multi-modal data set" in str(exc.value)
+    message = str(exc.value)
+    assert f"data.train_files: {path}: row 1: images[0]: the image (4 bytes) cannot be read: not an image format" in message
+    assert f"data.train_files: {path}: row 2: the prompt has 1 <image> tag(s) and 'images' has 2 image(s)" in message
+    assert "data.train_files: rows carry images ('images') but the actor" in message  # a text actor
+    assert f"{path}: row 0: " not in message
     write_parquet([dict(text, images=[])], path)  # an empty image list is a text row
     _config(tiny_model_dir, tmp_path, f"data.train_files={path}", "custom_reward_function.path=" + _reward(tmp_path))
 

@@ -145,8 +145,10 @@ def test_migrate_cli_refusal_exit_code_and_overrides_file(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "mapped     critic.fsdp.param_offload=True" in out and "-> critic.model.fsdp_config.param_offload" in out
     assert "#   actor_rollout_ref.actor.use_prefix_grouper=True    # refused" in out
-    assert main(["--overrides", "data.image_key=images", "--skip-paths"]) == 0
-    assert "no effect  data.image_key=images" in capsys.readouterr().out
+    assert main(["--overrides", "data.video_key=videos", "--skip-paths"]) == 0
+    assert "no effect  data.video_key=videos" in capsys.readouterr().out
+    assert main(["--overrides", "data.image_key=images", "--skip-paths"]) == 0  # read now (docs/vl.md)
+    assert "supported  data.image_key=images" in capsys.readouterr().out
     assert main([]) == 2
 
 

@@ -134,13 +134,14 @@ def test_free_form_dict_keys_need_no_plus():
 
 def test_no_effect_and_refused_keys():
     notes = []
-    config = load("data.image_key=images", "actor_rollout_ref.nccl_timeout=600",
+    config = load("data.video_key=videos", "actor_rollout_ref.nccl_timeout=600",
                   "actor_rollout_ref.actor.use_prefix_grouper=False", notes=notes)
     assert config.data.prompt_key == "prompt"
-    assert any(n.startswith("data.image_key=images accepted (the feature stays off)") for n in notes), notes
+    assert any(n.startswith("data.video_key=videos accepted (the feature stays off)") for n in notes), notes
     assert any(n.startswith("actor_rollout_ref.nccl_timeout=600 has no effect in npu-rl") for n in notes), notes
-    with pytest.raises(ConfigError, match="data.image_key=image: multi-modal .* not supported"):
-        load("data.image_key=image")
+    with pytest.raises(ConfigError, match="data.video_key=clips: video and audio data are not supported"):
+        load("data.video_key=clips")
+    assert load("data.image_key=pictures").data.image_key == "pictures"  # read now (docs/vl.md)
     assert any(n.startswith("actor_rollout_ref.actor.use_prefix_grouper=False accepted") for n in notes), notes
     with pytest.raises(ConfigError, match="use_prefix_grouper=True: shared-prompt forward .* instead: "):
         load("actor_rollout_ref.actor.use_prefix_grouper=True")

@@ -215,3 +215,28 @@ def test_compressed_jsonl_is_read_and_a_damaged_one_named(tmp_path):
     (tmp_path / "b.jsonl.xz").write_bytes(b"not xz")
     with pytest.raises(ValueError, match="b.jsonl.xz: cannot decompress"):
         read_rows(str(tmp_path / "b.jsonl.xz"))
+
+
+def test_geo3k_from_a_local_copy_is_verls_schema(tmp_path):
+    """A local copy of hiyouga/geometry3k (its data/<split>-*.parquet layout) -> verl's geo3k rows, images kept."""
+    from PIL import Image
+
+    from npu_rl.data.images import image_bytes, row_image_problem
+    from npu_rl.data.io import read_rows, write_parquet
+    from npu_rl.data.preprocess import GEO3K_INSTRUCTION, preprocess_main
+
+    png = image_bytes(Image.new("RGB", (40, 30), (9, 9, 9)))
+    raw = tmp_path / "geometry3k"
+    for split, answer in (("train", "3"), ("test", "\\frac{1}{2}")):
+        write_parquet([{"images": [{"bytes": png, "path": "a.png"}], "problem": "<image>Find x.", "answer": answer}],
+                      str(raw / "data" / f"{split}-00000-of-00001.parquet"))
+    out = tmp_path / "out"
+    assert preprocess_main(["geo3k", "--data-dir", str(raw), "--output-dir", str(out)]) == 0
+    train = read_rows(str(out / "train.parquet"))
+    assert train[0]["prompt"] == [{"role": "user", "content": "<image>Find x. " + GEO3K_INSTRUCTION}]
+    assert train[0]["data_source"] == "hiyouga/geometry3k" and train[0]["reward_model"]["ground_truth"] == "3"
+    assert train[0]["images"][0]["bytes"] == png
+    assert row_image_problem(train[0], "prompt", "images", str(out)) is None
+    assert read_rows(str(out / "test.parquet"))[0]["reward_model"]["ground_truth"] == "\\frac{1}{2}"
+    assert GEO3K_INSTRUCTION.endswith("MUST BE put in \\boxed{}.")
+    assert preprocess_main(["geo3k", "--output-dir", str(tmp_path / "o2")]) == 2  # no local copy named: refused

@@ -164,3 +164,20 @@ def test_vllm_cpu_cache_is_its_fixed_size_not_a_share(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     assert phase(plan_config(config, "cpu")).parts["KV cache"] == 3 * GIB
     assert phase(plan_config(config, "h200")).parts["KV cache"] > 50 * GIB  # a share of the card there
+
+
+def test_a_vision_language_config_is_planned_by_its_language_model(tmp_path):
+    """Qwen2.5-VL's Hub config is flat (the language model's fields at the top), transformers 5 nests them in
+    text_config: both give the language model's shape (the vision tower is not planned; docs/vl.md)."""
+    text = {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+            "num_key_value_heads": 2, "vocab_size": 151936}
+    flat = {"model_type": "qwen2_5_vl", "tie_word_embeddings": True, "vision_config": {"depth": 32}, **text}
+    nested = {"model_type": "qwen2_5_vl", "tie_word_embeddings": True, "vision_config": {"depth": 32},
+              "text_config": {"model_type": "qwen2_5_vl_text", **text}}
+    for i, cfg in enumerate((flat, nested)):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        shape = shape_from_config_json(str(folder))
+        assert (shape.hidden_size, shape.num_layers, shape.num_kv_heads, shape.tied) == (2048, 36, 2, True)
+        assert shape.attention_bias  # Qwen2.5-VL's q/k/v have biases, as Qwen2's

@@ -184,3 +184,27 @@ def test_dispatch_names_follow_verl():
         default_compute_score("my/data", "1", "1")
     with pytest.raises(ValueError, match="custom_reward_function.path"):
         check_data_sources(["arith", "my.data"])  # a dotted name is not mistaken for a plug-in path
+
+
+# ------------------------------------------------------------------------------------------------ geo3k
+def _verl_geo3k_format_reward(predict_str: str) -> float:
+    """verl/utils/reward_score/geo3k.py (verl-project/verl 1dda039), format_reward, copied as the reference."""
+    import re
+
+    pattern = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+    match_result = re.fullmatch(pattern, predict_str)
+    return 1.0 if match_result else 0.0
+
+
+@pytest.mark.parametrize("text,truth,acc", [
+    ("<think>angles sum</think> so x = \\boxed{3}", "3", 1.0),      # 0.9 * 1 + 0.1 * 1 = 1.0
+    ("x = \\boxed{3}", "3", 1.0),                                    # 0.9 * 1 + 0.1 * 0 = 0.9
+    ("<think>a\nb</think>\n\\boxed{4} done", "3", 0.0),             # 0.9 * 0 + 0.1 * 1 = 0.1
+    ("three", "3", 0.0),                                             # 0
+    ("<think>r</think>\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", 1.0),
+    ("<think>r</think>\\boxed{2\\sqrt{3}}", "2 \\sqrt{3}", 1.0),
+])
+def test_geo3k_is_verls_weighting(text, truth, acc):
+    out = default_compute_score("hiyouga/geometry3k", text, truth)
+    assert out["acc"] == acc
+    assert out["score"] == pytest.approx(0.9 * acc + 0.1 * _verl_geo3k_format_reward(text))

@@ -4,8 +4,9 @@ them, their rows; model folders; the output folder. Each problem names the key, 
 - data files exist (or are a valid ``builtin://`` / ``hf://`` data set, a glob, a ``save_to_disk`` folder or a
   ``DatasetDict`` root: ``npu_rl.data.sources``); a parquet file's footer reads (a truncated file, or one that is
   not parquet, is named; a damaged column is named by the data loader, with its column and rows);
-- a run that cannot do what it asks is refused: a vision-language actor, image rows, a reward function calling
-  verl's GenRM router;
+- a run that cannot do what it asks is refused: a vision-language actor other than Qwen-VL or with options not built
+  for it (docs/vl.md), image rows for a text actor, bad image rows (named), video / audio rows, a reward function
+  calling verl's GenRM router;
 - model folders resolve; their tokenizer files are present, their weights present and not truncated
   (``npu_rl.models.check``); a LoRA adapter fits the model;
 - (the output folder, ``trainer.default_local_dir``, is the preflight's run-folder check);
@@ -22,9 +23,10 @@ from typing import Any
 from npu_rl.config.derived import as_list
 from npu_rl.data.dataset import ground_truth_of
 from npu_rl.data.io import PARQUET_SUFFIXES, parquet_problem, read_rows
-from npu_rl.data.sources import data_files_problems, multimodal_problems, resolve_data_path
+from npu_rl.data.sources import data_files_problems, has_image_rows, multimodal_problems, resolve_data_path
 from npu_rl.models.check import model_path_problems
-from npu_rl.models.kinds import actor_model_problem, reward_function_problem
+from npu_rl.models.kinds import actor_model_problem, image_patch_size_problem, is_vision_language, \
+    reward_function_problem, vision_language_problems
 from npu_rl.models.loader import check_model_path, is_builtin, local_model_folder
 from npu_rl.models.lora import check_against_model
 from npu_rl.reward.scorers import PREFIX_SCORERS, SCORERS, scorer_for
@@ -47,7 +49,7 @@ def file_problems(config, use_critic: bool) -> list[str]:
     p += _model_problems(config, use_critic)
     p += _unreadable_data(config)
     p += _data_problems(config)
-    p += _capability_problems(config)
+    p += _capability_problems(config, use_critic)
     return p
 
 
@@ -69,19 +71,39 @@ def _resolved_data(config, files_key: str) -> list[str]:
     return resolved
 
 
-def _capability_problems(config) -> list[str]:
-    """Runs accepted by the schema that cannot do what they ask: a vision-language actor or image rows, a reward
-    function calling verl's GenRM router (npu_rl.models.kinds, npu_rl.data.sources.multimodal_problems)."""
+def _capability_problems(config, use_critic: bool) -> list[str]:
+    """Runs accepted by the schema that cannot do what they ask: a vision-language actor or image rows it cannot
+    take, a reward function calling verl's GenRM router (npu_rl.models.kinds, npu_rl.data.sources.multimodal_problems)."""
     problems = []
     actor_path = str(config.actor_rollout_ref.model.path)
     folder = None if is_builtin(actor_path) else local_model_folder(actor_path)
+    actor_is_vl = bool(folder) and is_vision_language(folder)
     if folder:
         problems.append(actor_model_problem("actor_rollout_ref.model.path", folder))
+    if actor_is_vl:
+        problems.append(image_patch_size_problem(folder, int(config.data.image_patch_size)))
+        arr = config.actor_rollout_ref
+        problems += vision_language_problems(
+            "actor_rollout_ref.model.path",
+            sp_size=max(int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)),
+            lora_rank=int(arr.model.lora_rank), rollout_name=str(arr.rollout.name),
+            agent_loops=arr.rollout.mode == "async" or bool(arr.rollout.multi_turn.enable))
+    if use_critic:
+        critic_folder = None if is_builtin(str(config.critic.model.path)) else local_model_folder(
+            str(config.critic.model.path))
+        if critic_folder and is_vision_language(critic_folder):
+            problems.append(f"critic.model.path: {critic_folder} is a vision-language model; a value model over "
+                            "images is not built (GRPO-style estimators need no critic)")
     fn = config.custom_reward_function
     if fn.path:
         problems.append(reward_function_problem(str(fn.path), str(fn.name or "compute_score")))
+    image_key, prompt_key = str(config.data.image_key), str(config.data.prompt_key)
     for files_key in ("train_files", "val_files"):
-        problems += multimodal_problems(files_key, _resolved_data(config, files_key))
+        paths = _resolved_data(config, files_key)
+        problems += multimodal_problems(files_key, paths, image_key, prompt_key)
+        if not actor_is_vl and has_image_rows(paths, image_key):
+            problems.append(f"data.{files_key}: rows carry images ({image_key!r}) but the actor "
+                            f"({actor_path}) reads text only and would drop them; use a text data set")
     return [p for p in problems if p]
 
 

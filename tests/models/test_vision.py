@@ -1,0 +1,134 @@
+"""Qwen-VL actors: response log-probs from our forward (3-D rotary ids computed by the data layer, the swapped
+lm_head, logits for the response only) equal transformers' own forward (its get_rope_index, full logits), fp32,
+for tiny random Qwen2.5-VL and Qwen3-VL; loading a saved folder's model and image side."""
+
+import pytest
+import torch
+from PIL import Image
+
+from npu_rl.data.images import VisionInputs, VisionSpec, expand_image_tags, mrope_position_ids
+from npu_rl.models.forward import LogprobOptions, packed_response_logprobs, response_logprobs
+from npu_rl.models.synthetic import (
+    VL_KINDS,
+    random_vl_model,
+    save_random_vl_model,
+    tiny_image_processor,
+    vl_char_tokenizer,
+)
+from npu_rl.models.vision import load_vision_inputs, load_vl_model, multi_modal_kwargs, vision_tower
+from npu_rl.parallel.attention import use_varlen_attention
+from npu_rl.rollout.utils import assemble_rollout_batch
+
+
+def _batch(kind):
+    """Three prompts (two images, none, one image), left-padded, with right-padded responses of random tokens."""
+    tokenizer = vl_char_tokenizer()
+    processor = tiny_image_processor(patch_size=14 if kind == "qwen2_5_vl" else 16)
+    vision = VisionInputs(VisionSpec.from_image_processor(processor), processor,
+                          tokenizer.convert_tokens_to_ids("<|image_pad|>"))
+    pictures = [[(50, 40), (30, 90)], [], [(60, 60)]]
+    texts = ["ab<image>cd<image>e", "only text here", "x<image>?"]
+    rows = []
+    for sizes, text in zip(pictures, texts):
+        images = [vision.spec.load(Image.new("RGB", s, (17 * len(s), 200, 30))) for s in sizes]
+        inputs = vision.spec.encode(images, processor) if images else {}
+        counts = [int(g.prod()) // 4 for g in inputs["image_grid_thw"]] if images else []
+        rows.append((tokenizer(expand_image_tags(text, counts), add_special_tokens=False)["input_ids"], inputs))
+    width = max(len(ids) for ids, _ in rows) + 1
+    prompt_ids = torch.zeros(3, width, dtype=torch.long)
+    prompt_mask = torch.zeros(3, width, dtype=torch.long)
+    for r, (ids, _) in enumerate(rows):
+        prompt_ids[r, width - len(ids):] = torch.tensor(ids)
+        prompt_mask[r, width - len(ids):] = 1
+    mm = [inputs for _, inputs in rows]
+    grid = torch.cat([m["image_grid_thw"] for m in mm if m])
+    from npu_rl.data.dataset import object_array
+    from npu_rl.protocol import Batch
+    prompts = Batch({"input_ids": prompt_ids, "attention_mask": prompt_mask,
+                     "position_ids": mrope_position_ids(prompt_ids, prompt_mask, grid, vision.image_token_id, 2)},
+                    {"multi_modal_inputs": object_array(mm)})
+    generator = torch.Generator().manual_seed(0)
+    responses = torch.randint(3, 100, (3, 6), generator=generator)
+    response_mask = torch.ones(3, 6, dtype=torch.long)
+    response_mask[1, 4:] = 0
+    return assemble_rollout_batch(prompts, responses, response_mask, 1, 0), vision, tokenizer
+
+
+def _reference(model, batch, vision):
+    """transformers alone: its own rope index (from mm_token_type_ids), all logits, log-softmax, gather."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    inputs = multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu")
+    logits = model(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == vision.image_token_id).int(),
+                   use_cache=False, **inputs).logits.float()
+    width = batch["responses"].shape[1]
+    logprobs = torch.log_softmax(logits[:, -width - 1:-1], -1)
+    return logprobs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("kind", VL_KINDS)
+def test_logprobs_equal_transformers_forward(kind):
+    batch, vision, tokenizer = _batch(kind)
+    model = random_vl_model(kind, tokenizer, seed=1).eval()
+    assert batch["position_ids"].shape == (3, 3, batch["input_ids"].shape[1])  # [B, 3, T]: rows split on dim 0
+    with torch.no_grad():
+        expected = _reference(model, batch, vision)
+        ours, entropy = response_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                          batch["responses"], 1.0, LogprobOptions(compute_entropy=True),
+                                          model_inputs=multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"],
+                                                                          "cpu"))
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(ours[mask], expected[mask], rtol=1e-5, atol=1e-6)
+    assert (entropy[mask] > 0).all()
+    # the images matter: without them (pads only) the log-probs of the image rows move
+    with torch.no_grad():
+        blind = response_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                  batch["responses"], 1.0, model_inputs={
+                                      "pixel_values": multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"],
+                                                                         "cpu")["pixel_values"] * 0 + 1,
+                                      "image_grid_thw": multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"],
+                                                                           "cpu")["image_grid_thw"]})[0]
+    assert not torch.allclose(blind[0], ours[0]) and torch.allclose(blind[1], ours[1], rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_reach_the_vision_tower():
+    batch, _, tokenizer = _batch("qwen2_5_vl")
+    model = random_vl_model("qwen2_5_vl", tokenizer, seed=2)
+    logprobs, _ = response_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                    batch["responses"], 1.0,
+                                    model_inputs=multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu"))
+    (logprobs * batch["response_mask"]).sum().backward()
+    tower = vision_tower(model)
+    assert tower is not None and all(p.grad is not None and p.grad.abs().sum() > 0
+                                     for p in tower.patch_embed.parameters())
+
+
+@pytest.mark.parametrize("kind", VL_KINDS)
+def test_packed_forward_equals_padded(kind):
+    """Remove-padding: rows packed into one sequence (varlen attention in the language model, the vision tower's
+    own attention untouched), each of the 3 rotary axes packed like the ids."""
+    batch, _, tokenizer = _batch(kind)
+    model = random_vl_model(kind, tokenizer, seed=5).eval()
+    images = multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu")
+    args = (batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"], 1.0,
+            LogprobOptions(compute_entropy=True))
+    with torch.no_grad():
+        padded = response_logprobs(model, *args, model_inputs=images)
+        use_varlen_attention(model)
+        assert model.model.visual.config._attn_implementation == "sdpa"
+        packed = packed_response_logprobs(model, *args, model_inputs=images)
+    mask = batch["response_mask"].bool()
+    for ours, theirs in zip(packed, padded):
+        torch.testing.assert_close(ours[mask], theirs[mask], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", VL_KINDS)
+def test_saved_folder_loads_model_and_image_side(kind, tmp_path):
+    folder = save_random_vl_model(str(tmp_path / kind), kind, seed=3)
+    vision = load_vision_inputs(folder, {"max_pixels": 32 * 32 * 4})
+    assert vision.spec.max_pixels == 32 * 32 * 4 and vision.spec.min_pixels == 28 * 28
+    assert vision.spec.patch_size == (14 if kind == "qwen2_5_vl" else 16)
+    assert vision.image_token_id == vl_char_tokenizer().convert_tokens_to_ids("<|image_pad|>")
+    model = load_vl_model(folder)
+    reference = random_vl_model(kind, seed=3)
+    for (name, ours), (_, theirs) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(ours, theirs, msg=name)

@@ -1,0 +1,75 @@
+"""The hf engine with images: a Qwen-VL module generates from ``pixel_values`` / ``image_grid_thw`` (repeated with
+the samples) and the log-probs it records equal the actor's forward over the 3-D rotary ids the batch carries, so
+rollout and training see the same positions, for Qwen2.5-VL and Qwen3-VL."""
+
+import pytest
+import torch
+from PIL import Image
+
+from npu_rl.data.dataset import PromptDataset
+from npu_rl.data.images import image_bytes
+from npu_rl.data.io import write_parquet
+from npu_rl.data.loader import PromptCollator
+from npu_rl.models.forward import response_logprobs
+from npu_rl.models.loader import load_causal_lm, load_tokenizer
+from npu_rl.models.synthetic import VL_KINDS, save_random_vl_model
+from npu_rl.models.vision import load_vision_inputs, multi_modal_kwargs
+from npu_rl.rollout import SamplingParams
+from npu_rl.rollout.hf import HFRolloutEngine, vision_token_ids
+
+
+def _prompts(folder, tmp_path):
+    tokenizer = load_tokenizer(folder)
+    vision = load_vision_inputs(folder)
+    png = [image_bytes(Image.new("RGB", size, colour)) for size, colour in [((50, 40), (200, 0, 0)),
+                                                                              ((64, 64), (0, 0, 200))]]
+    rows = [{"prompt": [{"role": "user", "content": "<image>How many?"}], "images": [{"bytes": png[0]}],
+             "data_source": "shapes", "reward_model": {"ground_truth": "1"}},
+            {"prompt": [{"role": "user", "content": "no picture"}], "images": [], "data_source": "shapes",
+             "reward_model": {"ground_truth": "1"}},
+            {"prompt": [{"role": "user", "content": "<image> and <image>?"}],
+             "images": [{"bytes": png[1]}, {"bytes": png[0]}], "data_source": "shapes",
+             "reward_model": {"ground_truth": "2"}}]
+    path = str(tmp_path / "rows.parquet")
+    write_parquet(rows, path)
+    data = PromptDataset(path, tokenizer, vision=vision, max_prompt_length=200)
+    return PromptCollator(tokenizer.pad_token_id, vision)([data[i] for i in range(len(data))]), tokenizer
+
+
+@pytest.mark.parametrize("kind", VL_KINDS)
+def test_rollout_logprobs_equal_the_actor_forward(kind, tmp_path):
+    folder = save_random_vl_model(str(tmp_path / kind), kind, seed=4)
+    prompts, tokenizer = _prompts(folder, tmp_path)
+    model = load_causal_lm(folder)
+    torch.manual_seed(0)
+    sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, stop_token_ids=[tokenizer.eos_token_id],
+                              return_logprobs=True)
+    out = HFRolloutEngine(model, tokenizer.pad_token_id, compiled_decode=True).generate(prompts, sampling).batch
+    assert out["position_ids"].shape == (6, 3, out["input_ids"].shape[1])
+    assert len(out.non_tensors["multi_modal_inputs"]) == 6  # each sample keeps its prompt's images
+    banned = vision_token_ids(model)
+    assert len(banned) == 4 and not torch.isin(out["responses"], torch.tensor(banned)).any()
+    with torch.no_grad():  # the actor's forward over the batch's 3-D ids, full vocabulary
+        expected, _ = response_logprobs(model, out["input_ids"], out["attention_mask"], out["position_ids"],
+                                        out["responses"], 1.0,
+                                        model_inputs=multi_modal_kwargs(out.non_tensors["multi_modal_inputs"], "cpu"))
+        # transformers alone (its own rope index), renormalised without the banned tokens as the rollout samples
+        ids = out["input_ids"]
+        logits = model(input_ids=ids, attention_mask=out["attention_mask"],
+                       mm_token_type_ids=(ids == model.config.image_token_id).int(),
+                       **multi_modal_kwargs(out.non_tensors["multi_modal_inputs"], "cpu")).logits.float()
+    logits = logits[:, -9:-1]
+    full = torch.log_softmax(logits, -1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
+    renormalised = torch.log_softmax(logits.index_fill(-1, torch.tensor(banned), float("-inf")), -1)
+    renormalised = renormalised.gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = out["response_mask"].bool()
+    torch.testing.assert_close(expected[mask], full[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["rollout_logprobs"][mask], renormalised[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_images_for_a_text_module_are_refused(tmp_path, tiny_model_dir):
+    folder = save_random_vl_model(str(tmp_path / "vl"))
+    prompts, tokenizer = _prompts(folder, tmp_path)
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_dir), tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="prompts carry images but the rollout module .* not a Qwen-VL model"):
+        engine.generate(prompts, SamplingParams(n=1, max_new_tokens=2))

@@ -1,0 +1,60 @@
+"""A Qwen2.5-VL actor on the engine: log-probs of a rollout batch of the shipped visual task (micro-batched, images
+per row) equal one plain forward, and a PPO update moves the vision tower as well as the language model."""
+
+import pytest
+import torch
+
+from npu_rl.data.builtin import resolve_builtin
+from npu_rl.data.dataset import PromptDataset
+from npu_rl.data.loader import PromptCollator
+from npu_rl.models.forward import response_logprobs
+from npu_rl.models.synthetic import save_random_vl_model
+from npu_rl.models.vision import load_vision_inputs, multi_modal_kwargs
+from npu_rl.protocol import Batch
+from npu_rl.rollout.utils import assemble_rollout_batch
+from tests.models.lora.common import actor_config, actor_worker
+
+
+def _rollout_batch(folder: str, num_prompts: int = 3, n: int = 2, response: int = 6) -> Batch:
+    vision = load_vision_inputs(folder)
+    from npu_rl.models.loader import load_tokenizer
+
+    tokenizer = load_tokenizer(folder)
+    data = PromptDataset(resolve_builtin("builtin://shapes/train?num_train=8&num_test=2&size=64"), tokenizer,
+                         vision=vision, max_prompt_length=128)
+    prompts = PromptCollator(tokenizer.pad_token_id, vision)([data[i] for i in range(num_prompts)])
+    g = torch.Generator().manual_seed(0)
+    rows = num_prompts * n
+    responses = torch.randint(3, 100, (rows, response), generator=g)
+    mask = torch.ones(rows, response, dtype=torch.long)
+    mask[1::3, -2:] = 0
+    batch = assemble_rollout_batch(prompts, responses, mask, n, tokenizer.pad_token_id)
+    return batch.union(Batch({"ref_logprobs": -torch.rand(rows, response, generator=g) * mask,
+                              "advantages": torch.randn(rows, response, generator=g) * mask}))
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_vl_actor_logprobs_and_update(tmp_path, remove_padding):
+    folder = save_random_vl_model(str(tmp_path / "vl"))
+    config = actor_config(folder, str(tmp_path / "run"),
+                          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "data.max_prompt_length=128",
+                          f"actor_rollout_ref.model.use_remove_padding={remove_padding}")
+    worker = actor_worker(config)
+    worker.init_model(total_training_steps=1)
+    batch = _rollout_batch(folder)
+    assert batch["position_ids"].dim() == 3
+    out = worker.compute_logprobs(batch)
+    assert worker.engine.runner.packed == remove_padding
+    with torch.no_grad():  # one padded forward of the whole batch (the packed model still runs padded batches)
+        expected, _ = response_logprobs(worker.model, batch["input_ids"], batch["attention_mask"],
+                                        batch["position_ids"], batch["responses"], 1.0,
+                                        model_inputs=multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu"))
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(out["old_logprobs"][mask], expected[mask], rtol=1e-5, atol=1e-6)
+    before = {k: v.detach().clone() for k, v in worker.model.state_dict().items()}
+    metrics = worker.update_policy(batch.union(Batch({"old_logprobs": out["old_logprobs"]}))).metrics
+    assert torch.isfinite(torch.as_tensor(float(metrics["actor/pg_loss"])))
+    after = worker.model.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert any(k.startswith("model.visual.blocks.") for k in moved), sorted(moved)[:5]
+    assert any(k.startswith("model.language_model.layers.") for k in moved)
