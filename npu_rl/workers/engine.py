@@ -287,6 +287,9 @@ class TrainingEngine:
                 metrics.append(self._update_mini_batch(mini, loss_fn))
                 if after_step is not None:
                     metrics[-1].update(after_step(bool(metrics[-1][f"{self.role}/nan_skipped"] == 0)))
+        # the last step's gradients would otherwise stay allocated through the next rollout and log-prob passes
+        # (a fp32 copy of every trainable weight: 13.9 GiB of the MoE GRPO step's peak on the H200)
+        self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():  # every update skipped (non-finite): the schedule still advances
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
             self.scheduler.step()
