@@ -10,7 +10,7 @@ from npu_rl.config.schema import PPOConfig
 from npu_rl.core import resolved_clip_ratios
 from npu_rl.core.distillation import DistillationSpec, distillation_problems
 from npu_rl.models.check import model_path_problems
-from npu_rl.models.kinds import actor_model_problem
+from npu_rl.models.kinds import is_vision_language
 from npu_rl.models.loader import check_model_path, is_builtin, local_model_folder
 from npu_rl.trainer.checks.names import Problems
 
@@ -78,9 +78,9 @@ def teacher_file_problems(config: PPOConfig) -> list[str]:
     if folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
         return []  # built-in (converted on first use) or a Hub id fetched at load
     problems = [f"{TEACHER_KEY}: {p}" for p in model_path_problems(folder, False)]
-    vl = actor_model_problem(TEACHER_KEY, folder)
-    if vl:
-        problems.append(vl.replace("npu-rl trains text-only models", "npu-rl distils text-only models"))
+    if is_vision_language(folder):  # a Qwen-VL student may train, but no teacher gets the images
+        problems.append(f"{TEACHER_KEY}: {folder} is a vision-language model (the teacher's forward takes no "
+                        "images); npu-rl distils text-only models: use a text teacher")
     student_path = str(config.actor_rollout_ref.model.path)
     student = None if is_builtin(student_path) else local_model_folder(student_path)
     if student is None:
