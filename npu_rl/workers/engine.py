@@ -288,7 +288,7 @@ class TrainingEngine:
                 if after_step is not None:
                     metrics[-1].update(after_step(bool(metrics[-1][f"{self.role}/nan_skipped"] == 0)))
         # the last step's gradients would otherwise stay allocated through the next rollout and log-prob passes
-        # (a fp32 copy of every trainable weight: 13.9 GiB of the MoE GRPO step's peak on the H200)
+        # (a fp32 copy of every trainable weight, memory the rollout engine could use)
         self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():  # every update skipped (non-finite): the schedule still advances
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")

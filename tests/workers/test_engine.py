@@ -117,7 +117,7 @@ def test_update_metrics_of_both_roles_have_the_same_shape(tiny_model_dir, tmp_pa
 
 def test_no_gradient_outlives_the_update(tiny_model_dir, tmp_path):
     """The last optimizer step's gradients are freed with the update: they would otherwise hold a fp32 copy of every
-    trainable weight through the next rollout and log-prob passes (13.9 GiB of an MoE GRPO step on the H200)."""
+    trainable weight through the next rollout and log-prob passes."""
     config = _config(tiny_model_dir, tmp_path)
     for role, update in (("actor", "update_policy"), ("critic", "update_critic")):
         worker = _build(role, config)
