@@ -8,6 +8,8 @@ A pickle can call any function while it loads (``torch.load(..., weights_only=Fa
   tags back. Anything else in the file is refused, naming the file.
 - DCP's ``.metadata`` is a plain pickle of a few torch dataclasses: ``restricted_unpickle`` loads it with an
   unpickler that resolves only those classes (and dtypes, ``torch.Size``, paths) and refuses every other global.
+- Another framework's ``torch.save`` files (Megatron-LM's ``model_optim_rng.pt`` / ``common.pt``):
+  ``load_foreign_torch`` reads the archive itself, never through ``torch.load``, with an allow-list unpickler.
 
 Errors are ``UnsafeFileError`` (the file asks for something outside the allow-list: crafted, or not ours) and
 ``CorruptFileError`` (unreadable or not in the expected shape), both naming the file.
@@ -205,13 +207,27 @@ def _inert_class(where: str):
     return lambda *args, **kwargs: Inert(where, args)
 
 
-def foreign_torch_pickle(path: str, inert_prefixes: tuple[str, ...]):
-    """A ``pickle_module`` for ``torch.load`` that builds tensors, plain containers, ``argparse.Namespace``, dtypes and
-    ``torch.Size``, stands an :class:`Inert` in for any global under ``inert_prefixes`` (e.g. ``megatron.``: the
-    enums of Megatron-LM's arguments; nothing of it is imported) and refuses every other global, naming ``path``."""
+def _storage_dtypes() -> dict[str, torch.dtype]:
+    """``FloatStorage`` -> torch.float32 ...: the typed-storage names a torch.save pickle refers to."""
+    out = {}
+    for name in dir(torch):
+        if name.endswith("Storage") and name != "UntypedStorage":
+            dtype = getattr(getattr(torch, name), "dtype", None)
+            if isinstance(dtype, torch.dtype):
+                out[name] = dtype
+    return out
+
+
+def load_foreign_torch(path: str, inert_prefixes: tuple[str, ...] = ()) -> Any:
+    """A ``torch.save`` file another framework wrote (the zip format of torch >= 1.6), tensors on the CPU, read
+    without ``torch.load``: its pickle is unpickled here with an allow-list (tensors, plain containers,
+    ``argparse.Namespace``, dtypes, ``torch.Size``), any global under ``inert_prefixes`` (e.g. ``megatron.``: the
+    enums of Megatron-LM's arguments) stands in as an :class:`Inert` without being imported, every other global is
+    refused, and the tensor bytes come from the archive's ``data/<key>`` entries. ``UnsafeFileError`` /
+    ``CorruptFileError`` name the file."""
     import argparse
     import collections
-    import types
+    import zipfile
 
     allowed = {("argparse", "Namespace"): argparse.Namespace, ("collections", "OrderedDict"): collections.OrderedDict,
                ("torch", "Size"): torch.Size, ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
@@ -220,31 +236,47 @@ def foreign_torch_pickle(path: str, inert_prefixes: tuple[str, ...]):
     for name in dir(torch):
         if isinstance(getattr(torch, name, None), torch.dtype):
             allowed[("torch", name)] = getattr(torch, name)
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            if (module, name) in allowed:
-                return allowed[(module, name)]
-            if any(module == p.rstrip(".") or module.startswith(p) for p in inert_prefixes):
-                return _inert_class(f"{module}.{name}")
-            raise UnsafeFileError(f"{path} was not loaded: it asks for {module}.{name}, which a checkpoint of "
-                                  "tensors and settings never needs (a crafted file, or one this reader does not "
-                                  "know)")
-
-    module = types.SimpleNamespace(Unpickler=Unpickler, load=lambda f, **kw: Unpickler(f, **kw).load(),
-                                   __name__="npu_rl_foreign_pickle")
-    return module
-
-
-def load_foreign_torch(path: str, inert_prefixes: tuple[str, ...] = ()) -> Any:
-    """``torch.load`` of a file another framework wrote (tensors on the CPU), with :func:`foreign_torch_pickle`'s
-    allow-list: nothing in the file runs. ``UnsafeFileError`` / ``CorruptFileError`` name the file."""
+    storages = _storage_dtypes()
     if not os.path.isfile(path):
         raise CorruptFileError(f"{path} does not exist")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False,
-                          pickle_module=foreign_torch_pickle(path, inert_prefixes))
-    except UnsafeFileError:
+        archive = zipfile.ZipFile(path)
+        names = archive.namelist()
+        pickle_name = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
+        if pickle_name is None:
+            raise CorruptFileError(f"{path} is not a torch.save archive (no data.pkl): a file of an older torch "
+                                   "(before 1.6) or not a checkpoint")
+        root = pickle_name[: -len("data.pkl")]
+        if f"{root}byteorder" in names and archive.read(f"{root}byteorder").strip() not in (b"little", b""):
+            raise CorruptFileError(f"{path} was saved on a big-endian machine; this reader takes little-endian files")
+        loaded: dict[str, Any] = {}
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                if (module, name) in allowed:
+                    return allowed[(module, name)]
+                if module == "torch" and name in storages:
+                    return storages[name]  # a storage type: only its dtype is used, in persistent_load
+                if any(module == p.rstrip(".") or module.startswith(p) for p in inert_prefixes):
+                    return lambda *args, **kwargs: Inert(f"{module}.{name}", args)
+                raise UnsafeFileError(f"{path} was not loaded: it asks for {module}.{name}, which a checkpoint of "
+                                      "tensors and settings never needs (a crafted file, or one this reader does "
+                                      "not know)")
+
+            def persistent_load(self, pid: Any) -> Any:
+                if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                        and isinstance(pid[1], torch.dtype) and isinstance(pid[2], str)):
+                    raise CorruptFileError(f"{path}: a storage reference {pid!r:.80} is not torch.save's")
+                _, dtype, key, _, numel = pid
+                if key not in loaded:
+                    raw = archive.read(f"{root}data/{key}")
+                    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+                    loaded[key] = torch.storage.TypedStorage(wrap_storage=data.untyped_storage(), dtype=dtype,
+                                                             _internal=True)
+                return loaded[key]
+
+        return Unpickler(io.BytesIO(archive.read(pickle_name))).load()
+    except (UnsafeFileError, CorruptFileError):
         raise
     except Exception as exc:
         raise CorruptFileError(f"{path} is unreadable ({type(exc).__name__}: {exc}); the file is corrupt or "
