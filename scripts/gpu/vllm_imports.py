@@ -1,6 +1,9 @@
 """Which of vLLM's requirements does its in-process ``LLM`` engine import? Run on a machine without the GPU image.
 
-    python scripts/gpu/vllm_imports.py TARGET_DIR
+    python scripts/gpu/vllm_imports.py TARGET_DIR [MODULE ...]
+
+MODULEs, where given, replace the engine's list: e.g. verl's trainer and vLLM server modules (VERL_MODULES below,
+``--verl``) with verl_wheels.txt's wheels in TARGET_DIR too.
 
 TARGET_DIR holds vllm (and the wheels found so far) installed with ``pip install --no-deps --target``. Every top-level
 module outside the standard library, TARGET_DIR and the GPU image's packages (scripts/gpu/image_packages.txt) is
@@ -85,7 +88,18 @@ class _OnlyImage(importlib.abc.MetaPathFinder):
             self.inner.invalidate_caches()
 
 
-def main(target: str) -> int:
+# what verl's main_ppo loads on its way to a step: the v1 trainer, the FSDP engine workers, the agent loop and the
+# vLLM HTTP server it starts (vLLM's OpenAI API server: more of vLLM than the in-process engine imports)
+VERL_MODULES = [
+    "verl.trainer.main_ppo", "verl.trainer.ppo.v1", "transfer_queue", "verl.workers.engine_workers",
+    "verl.workers.engine.fsdp.transformer_impl", "verl.experimental.agent_loop",
+    "verl.experimental.agent_loop.single_turn_agent_loop", "verl.workers.rollout.vllm_rollout.vllm_async_server",
+    "vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.serve", "verl.experimental.reward_loop",
+    "verl.checkpoint_engine", "verl.utils.tracking",
+]
+
+
+def main(target: str, modules: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     # this machine's huggingface_hub 2.x needs httpx2 / httpcore2 / truststore, the image's 1.x does not: import it
     # (and transformers) before the filter, so that only what vLLM itself imports is checked
@@ -98,11 +112,11 @@ def main(target: str) -> int:
                         else _OnlyImage(f, allowed) for f in sys.meta_path]
     missing: dict[str, str] = {}
     other: dict[str, str] = {}
-    for module in ENGINE_MODULES:
+    for module in modules or ENGINE_MODULES:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as err:
-            if err.name and not err.name.startswith("vllm"):
+            if err.name and not err.name.startswith(("vllm", "verl")):
                 missing.setdefault(err.name.partition(".")[0], module)
             else:
                 other[module] = f"{type(err).__name__}: {err}"
@@ -118,4 +132,5 @@ def main(target: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    extra = sys.argv[2:]
+    sys.exit(main(sys.argv[1], VERL_MODULES if extra == ["--verl"] else extra))

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `npu-rl bench verl` on the H200: verl 0.9.1, vLLM 0.22.0 and their runtime carried in parts, then the rows.
+#
+# Here, once:   WITH_VERL=1 VLLM_ONLY=1 scripts/gpu/carry_vllm.sh .whl/verl  (the TRL wheels must stay out)
+#               (parts .whl/verl/part1..N; the embedded row also needs the GGUF: see carry_vllm.sh)
+# There, one call a part, back to back (a warm machine keeps /tmp ~30 s between calls), from the checkout's root:
+#   bash scripts/gpu/bench_verl_calls.sh unpack 1          # carry .whl/verl/part1
+#   ...
+#   bash scripts/gpu/bench_verl_calls.sh unpack 5 && bash scripts/gpu/bench_verl_calls.sh row q05
+# Rows (each one `npu-rl bench verl` invocation; figures and logs under $OUT):
+#   embedded  the embedded task (SmolLM2-135M, arithmetic) as a first-time user runs it, cold then warm
+#   q05       Qwen2.5-0.5B shape, 16 prompts x 4, 128 + 256 tokens (the TRL table's row)
+#   q05-1k    Qwen2.5-0.5B shape, 32 prompts x 8, 1024 + 1024 tokens (verl's GSM8K script lengths)
+#   q15-1k    Qwen2.5-1.5B shape, the same
+#   q7-1k     Qwen2.5-7B shape, 16 prompts x 8, 1024 + 1024 tokens
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+out="${OUT:-/tmp/out}"; mkdir -p "$out"
+
+case "${1:?usage: bench_verl_calls.sh unpack N | row NAME [extra args]}" in
+  unpack) bash "$here/carry_vllm.sh" --unpack "$root/.whl/verl/part$2"; exit $?;;
+  row) ;;
+  *) echo "bench_verl_calls.sh: unknown call $1" >&2; exit 2;;
+esac
+row="$2"; shift 2
+# npu-rl installed from the checkout (setup.py maps the top-level kernels/ and configs/ into the package); the
+# checkout root is not put on sys.path: its kernels/ folder would shadow the `kernels` package transformers probes
+[ -d /tmp/npu_rl_site/npu_rl ] || python3 -m pip install -q --no-deps --no-build-isolation --no-index \
+  --target /tmp/npu_rl_site "$root" > "$out/install_npu_rl.log" 2>&1 ||
+  { echo "installing npu-rl failed:"; tail -5 "$out/install_npu_rl.log"; exit 1; }
+export PYTHONPATH="/tmp/site:/tmp/npu_rl_site" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_HOME=/tmp/hf NPU_RL_CACHE=/tmp/npu_rl_cache RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0
+bench() { python3 -m npu_rl.cli bench verl --dir "/tmp/bench-$row" --out "$out/$row.json" "$@"; }
+case "$row" in
+  embedded) bench --repeat 2 "$@";;
+  q05) bench --model shape:qwen2.5-0.5b --prompts 16 --n 4 --prompt-length 128 --response-length 256 --steps 5 \
+         --ignore-eos "$@";;
+  q05-1k) bench --model shape:qwen2.5-0.5b --prompts 32 --n 8 --prompt-length 1024 --response-length 1024 \
+            --steps 4 --micro-batch 8 --ignore-eos "$@";;
+  q15-1k) bench --model shape:qwen2.5-1.5b --prompts 32 --n 8 --prompt-length 1024 --response-length 1024 \
+            --steps 4 --micro-batch 8 --ignore-eos "$@";;
+  q7-1k) bench --model shape:qwen2.5-7b --prompts 16 --n 8 --prompt-length 1024 --response-length 1024 \
+           --steps 3 --micro-batch 4 --gpu-memory-utilization 0.4 --ignore-eos "$@";;
+  *) echo "bench_verl_calls.sh: unknown row $row" >&2; exit 2;;
+esac
+rc=$?
+for f in /tmp/bench-"$row"/*.log; do [ -f "$f" ] && cp "$f" "$out/$row-$(basename "$f")"; done
+exit $rc

@@ -1,0 +1,123 @@
+"""``npu-rl bench verl``: the one job both sides run, and how each side's metrics file is read."""
+
+import json
+import os
+
+import pytest
+
+from npu_rl.commands import bench_verl
+from npu_rl.config.loader import load_config
+from npu_rl.trainer.main_ppo import translate_overrides
+from npu_rl.trainer.preflight import check
+
+
+def _args(*argv):
+    return bench_verl._parser().parse_args(list(argv))
+
+
+def _kv(overrides):
+    return dict(o.lstrip("+").split("=", 1) for o in overrides)
+
+
+def test_the_job_is_one_override_list_both_configs_accept(tmp_path):
+    args = _args("--model", "shape:tiny", "--prompts", "4", "--n", "2", "--steps", "3", "--prompt-length", "16",
+                 "--response-length", "8", "--micro-batch", "2", "--ignore-eos", "--padding", "padded")
+    overrides = bench_verl.prepare(args, str(tmp_path))
+    kv = _kv(overrides)
+    assert kv["data.train_batch_size"] == "4" and kv["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
+    assert kv["actor_rollout_ref.rollout.n"] == "2" and kv["data.max_response_length"] == "8"
+    assert kv["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "2"
+    assert kv["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] == "2"
+    assert kv["trainer.save_freq"] == "-1" and kv["actor_rollout_ref.rollout.ignore_eos"] == "True"
+    assert kv["actor_rollout_ref.model.use_remove_padding"] == "False"
+    assert kv["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    # the data has P x steps rows, each prompt a chat message of prompt-length characters
+    import pandas as pd
+
+    rows = pd.read_parquet(kv["data.train_files"])
+    assert len(rows) == 12 and len(rows.iloc[0]["prompt"][0]["content"]) == 16
+    # ours reads verl's keys (the verl side is checked against verl's own config in tests/e2e when verl is installed)
+    config = load_config(translate_overrides(overrides, []), "ppo_trainer", None)
+    check(config, check_paths=True, check_device=False)
+    assert config.actor_rollout_ref.model.use_remove_padding is False
+    assert config.custom_reward_function.path == os.path.join(str(tmp_path), "reward.py")
+
+
+def test_reward_file_scores_with_verl_signature(tmp_path):
+    bench_verl.prepare(_args("--model", "shape:tiny", "--prompts", "1", "--steps", "1", "--prompt-length", "4"),
+                       str(tmp_path))
+    namespace: dict = {}
+    exec(compile(open(tmp_path / "reward.py").read(), "reward.py", "exec"), namespace)  # our own generated file
+    assert namespace["compute_score"]("arith", "the answer is 12", "12") == 1.0
+    assert namespace["compute_score"]("arith", "the answer is 13", "12") == 0.0
+    assert namespace["compute_score"]("bench_random", "ab", "0") == 0.0
+
+
+@pytest.mark.parametrize("padding,packed", [("packed", True), ("padded", False)])
+def test_padding_recipe(padding, packed):
+    assert ("actor_rollout_ref.model.use_remove_padding=True" in bench_verl.padding_overrides(padding)) is packed
+
+
+def test_side_commands_keep_caches_apart(tmp_path):
+    verl_cmd, verl_env = bench_verl.side_command("verl", ["a=1"], str(tmp_path / "verl-run1"))
+    ours_cmd, ours_env = bench_verl.side_command("ours", ["a=1"], str(tmp_path / "ours-run1"))
+    assert verl_cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and ours_cmd[1:3] == ["-m", "npu_rl.trainer.main_ppo"]
+    assert verl_env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "verl-run1" / "metrics.jsonl")
+    assert verl_env["VLLM_CACHE_ROOT"] != ours_env["VLLM_CACHE_ROOT"]
+    assert "a=1" in verl_cmd and "a=1" in ours_cmd
+
+
+def _write(path, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_verl_metrics_file_and_summary(tmp_path):
+    # verl's FileLogger writes {"step": N, "data": {...}}; validation before training at step 0
+    steps = [{"step": 0, "data": {"val-core/arith/acc/mean@1": 0.25}}]
+    for i, t in enumerate([9.0, 2.0, 3.0, 4.0], 1):
+        steps.append({"step": i, "data": {"timing_s/step": t, "timing_s/gen": t / 2, "timing_s/update_weights": 0.5,
+                                          "perf/throughput": 100.0 * i, "perf/max_memory_allocated_gb": 10.0 + i}})
+    steps[-1]["data"]["val-core/arith/acc/mean@1"] = 0.75
+    _write(str(tmp_path / "run" / "metrics.jsonl"), steps)
+    s = bench_verl.summarize("verl", bench_verl.read_metrics("verl", str(tmp_path / "run")), wall_s=60.0)
+    assert s["num_steps"] == 4 and s["first_step_s"] == 9.0 and s["steady_step_s"] == 3.0  # median of 2, 3, 4
+    assert s["tokens_per_s_per_gpu"] == 300.0 and s["peak_memory_gb"] == 14.0
+    assert s["phases_s"] == {"gen": 1.5, "weight_sync": 0.5}
+    assert s["held_out_before"] == {"arith/acc/mean@1": 0.25} and s["held_out_after"] == {"arith/acc/mean@1": 0.75}
+
+
+def test_our_metrics_file_uses_our_sync_name(tmp_path):
+    rows = [{"step": i, "timing_s/step": 1.0, "timing_s/rollout_update_weights": 0.2, "timing_s/update_weights": 9.0}
+            for i in (1, 2)]
+    _write(str(tmp_path / "r" / "sub" / "metrics.jsonl"), rows)
+    s = bench_verl.summarize("ours", bench_verl.read_metrics("ours", str(tmp_path / "r")), wall_s=1.0)
+    assert s["phases_s"]["weight_sync"] == 0.2 and "held_out_after" not in s
+
+
+def test_bad_metrics_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="verl side wrote no metrics.jsonl"):
+        bench_verl.read_metrics("verl", str(tmp_path))
+    _write(str(tmp_path / "metrics.jsonl"), [{"step": 1, "timing_s/step": 1.0}])
+    with pytest.raises(ValueError, match=r"metrics.jsonl:1: expected verl's"):
+        bench_verl.read_metrics("verl", str(tmp_path))
+
+
+def test_render_ratio_pairs_cold_with_cold():
+    base = {"first_step_s": 1.0, "phases_s": {}, "num_steps": 2}
+    results = [{**base, "side": "verl", "warm": False, "wall_s": 100.0, "steady_step_s": 2.0,
+                "tokens_per_s_per_gpu": 1000.0, "peak_memory_gb": 40.0},
+               {**base, "side": "ours", "warm": False, "wall_s": 50.0, "steady_step_s": 1.0,
+                "tokens_per_s_per_gpu": 2000.0, "peak_memory_gb": 30.0}]
+    text = bench_verl.render(results, _args())
+    assert "ours / verl (cold): wall 0.50x, steady step 0.50x, tokens/s/GPU 2.00x, peak memory 0.75x" in text
+    assert "(warm)" not in text
+
+
+def test_missing_verl_and_bad_sides_exit_2(monkeypatch, capsys):
+    assert bench_verl.main(["--sides", "trl"]) == 2
+    assert "--sides takes verl and ours" in capsys.readouterr().err
+    monkeypatch.setattr(bench_verl.importlib.util, "find_spec", lambda name: None)
+    assert bench_verl.main([]) == 2
+    assert "verl is not installed" in capsys.readouterr().err
