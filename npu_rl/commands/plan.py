@@ -2,7 +2,7 @@
 step (rollout, log-probs, reference, critic, update), the peak, whether it fits the named device, the one or two
 keys that would make it fit, and the host memory per node; for a mixture of experts also the total and active
 parameters, the expert shards under ``--ep`` and the all-to-all buffers and routed activations; then a roofline
-estimate of each phase's seconds, s/step and tokens/s per device (npu_rl/plan/time.py; h200, h100, atlas-a2,
+estimate of each phase's seconds, s/step and tokens/s per device (npu_rl/plan/timing.py; h200, h100, atlas-a2,
 atlas-a3; responses at ``data.max_response_length`` unless ``--mean-response-length``). Nothing is loaded:
 model shapes come from config.json (``--model-config FILE`` for a Hub id that is not on this machine). The
 arithmetic: npu_rl/plan/memory.py.

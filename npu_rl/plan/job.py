@@ -33,7 +33,7 @@ from npu_rl.plan.memory import (
     rollout_asleep,
     rollout_awake,
 )
-from npu_rl.plan.time import StepTime, StepWork, step_time
+from npu_rl.plan.timing import StepTime, StepWork, step_time
 
 PROCESS_HOST_GIB = 4.0  # one worker process's host memory before any model (torch, the runtime, Ray's worker)
 
@@ -145,7 +145,7 @@ class JobPlan:
     host_parts: dict[str, float] = field(default_factory=dict)
     fixes: list[str] = field(default_factory=list)  # keys that would make it fit (empty when it fits)
     model_lines: list[str] = field(default_factory=list)  # parameters, experts, EP shards (moe_summary)
-    time: StepTime | None = None  # seconds per phase (npu_rl/plan/time.py); None for a device with no time model
+    time: StepTime | None = None  # seconds per phase (npu_rl/plan/timing.py); None for a device with no time model
 
     @property
     def peak(self) -> Phase:
@@ -318,7 +318,7 @@ def plan(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
 
 
 def plan_time(inputs: JobInputs, device: DeviceSpec, memory: JobPlan) -> StepTime | None:
-    """The step's seconds per phase on ``device`` (npu_rl/plan/time.py), with the KV cache the memory plan gives vLLM;
+    """The step's seconds per phase on ``device`` (npu_rl/plan/timing.py), with the KV cache the memory plan gives vLLM;
     None for a device kind with no time model (cpu, a hand-made DeviceSpec) or inputs without a StepWork."""
     kind = next((key for key, spec in DEVICES.items() if spec is device), None)
     if kind is None or inputs.work is None:
