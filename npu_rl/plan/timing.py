@@ -23,7 +23,7 @@ taken), ``L`` the sequence length:
 - **the rollout**: prefill is compute-bound (2 x active parameters x prompt tokens; vLLM prefills a prompt once for
   its ``n`` samples, from its prefix cache); a decode step reads the weights (a mixture of experts: only the experts
   the step's tokens touch, ``E (1 - (1 - k/E)^B)`` per layer for ``B`` tokens) and the KV cache of every row, and
-  takes ``max(flops / (peak x MATMUL_EFFICIENCY), bytes / (bandwidth x DECODE_BANDWIDTH_EFFICIENCY))`` plus the
+  takes ``max(flops / (peak x DECODE_MATMUL_EFFICIENCY), bytes / (bandwidth x DECODE_BANDWIDTH_EFFICIENCY))`` plus the
   engine's own time per step (Python, scheduling, sampling, kernel launches: ENGINE_STEP), which dominates small
   models. vLLM decodes as many rows at once as its KV cache holds (in waves beyond that); the hf engine decodes all of
   its rows and runs to the longest response. Weight sync (vLLM) moves the bf16 weights at ``SYNC_GB_S`` (a gather
@@ -53,7 +53,12 @@ ELEMENTWISE_BYTES = 110.0
 LOGIT_BYTES = 34.0
 BACKWARD_BYTES_FACTOR = 3.0
 OPTIMIZER_BYTES = 44.0  # AdamW fp32 (param, grad, 2 states read and written) + the bf16 copy and grad folding
-DECODE_BANDWIDTH_EFFICIENCY = 0.6  # assumed: every decode row measured here is engine-bound, none bandwidth-bound
+# A decode step's reads and matmuls without an engine (scripts/gpu/decode_roofline.py on one H200, CUDA graphs, a
+# Qwen2.5-7B-shaped stack; docs/results/h200_decode_roofline.jsonl): the bf16 weights read at 0.69-0.74 of the
+# bandwidth for 1-128 rows (the KV cache of one layer at 0.76-0.93 once it holds >= 256 MiB); the same matmuls at
+# 256 and 512 rows ran at 548 and 614 TFLOP/s (0.55 and 0.62 of the peak).
+DECODE_BANDWIDTH_EFFICIENCY = 0.72
+DECODE_MATMUL_EFFICIENCY = 0.58
 SYNC_GB_S = 9.1  # vLLM weight sync: 0.99 GB in 0.109 s (bench rollout, 0.5B shape, load_weights path)
 HOST_ADAM_GB_S = 10.0  # assumed: a rank's share of host memory bandwidth for the CPU AdamW step under param_offload
 # engine time per decode step beyond the roofline (seconds): vLLM a fixed part plus a part per running row (its
@@ -252,7 +257,7 @@ def decode_seconds(shape: ModelShape, speed: DeviceSpeed, engine: str, rows: flo
         count = min(segment, steps - start)
         context = prompt_length + start + (count + 1) / 2  # mean keys per query in this segment
         dense, experts = forward_flops(shape, rows, rows, context)
-        compute = (dense / MATMUL_EFFICIENCY + experts / EXPERT_EFFICIENCY) / peak / tensor_parallel
+        compute = (dense / DECODE_MATMUL_EFFICIENCY + experts / EXPERT_EFFICIENCY) / peak / tensor_parallel
         memory = (weights + rows * context * kv_bytes_per_token(shape) / tensor_parallel) / bandwidth
         step = max(compute, memory) + overhead
         total += count * step
