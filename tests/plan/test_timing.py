@@ -13,8 +13,17 @@ from npu_rl.commands.plan import main as plan_main
 from npu_rl.models.synthetic import SHAPES
 from npu_rl.plan import calibration, timing
 from npu_rl.plan.memory import ModelShape, RolloutSettings, TrainSettings
-from npu_rl.plan.timing import (SPEEDS, StepWork, decode_seconds, decode_weight_bytes, experts_touched,
-                                forward_bytes, forward_flops, kv_bytes_per_token, step_time)
+from npu_rl.plan.timing import (
+    SPEEDS,
+    StepWork,
+    decode_seconds,
+    decode_weight_bytes,
+    experts_touched,
+    forward_bytes,
+    forward_flops,
+    kv_bytes_per_token,
+    step_time,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 DATA = os.path.join(ROOT, "tests", "data", "plan")
@@ -45,7 +54,7 @@ def test_flops_and_bytes_of_a_tiny_shape_by_hand():
 def test_moe_flops_use_active_experts_and_decode_reads_the_touched_ones():
     # one expert: 3 x 8 x 4 = 96; 2 of 4 run per token, in both (MoE) layers
     assert timing.expert_active_params(MOE) == 2 * 2 * 96
-    dense, experts = forward_flops(MOE, 5, 0, 1, lm_head=False)
+    _, experts = forward_flops(MOE, 5, 0, 1, lm_head=False)
     assert experts == 2 * 5 * 384
     assert experts_touched(MOE, 1) == pytest.approx(2.0)  # one token: its top-k
     assert experts_touched(MOE, 1000) == pytest.approx(4.0)  # many: all of them
@@ -183,3 +192,14 @@ def test_docs_show_the_atlas_time_predictions():
     table = docs[docs.index("| job | devices | predicted tokens/s per device"):]
     for result in plans:  # the comparison table's figures
         assert f"| {result.time.tokens_per_s_per_device:,.0f} (" in table, result.time.verdict()
+
+
+def test_a_critic_adds_its_forward_and_update(model_config):
+    """PPO with GAE: the critic's values and update are phases of the step (a value head, no LM head)."""
+    from npu_rl.config.loader import load_config
+    from npu_rl.plan.job import plan_config
+
+    config = load_config(["algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=1"], "ppo_trainer")
+    time = plan_config(config, "h200", model_config=model_config, critic_model_config=model_config).time
+    values, update = time.phase("critic values"), time.phase("critic update")
+    assert 0 < values < update and values < time.phase("actor log-probs")  # no logits over the vocabulary
