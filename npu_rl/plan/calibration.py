@@ -1,7 +1,7 @@
 """The time model (:mod:`npu_rl.plan.timing`) against every H200 row of docs/benchmarks.md whose sizes are known: each
 row's config, the seconds measured per phase, and what the planner predicts for it. ``python -m
 npu_rl.plan.calibration`` prints the table of docs/benchmarks.md ("Planner time predictions vs measured");
-tests/plan/test_time.py checks that the docs hold exactly this table, so the docs cannot drift from the code.
+tests/plan/test_timing.py checks that the docs hold exactly this table, so the docs cannot drift from the code.
 
 Phases compared: ``gen`` (the trainer's ``timing_s/gen``: wake, weight sync, generation and sleep; the rollout-only
 rows: generation alone), ``old`` / ``ref`` (log-prob forwards), ``update``, ``step`` (the sum). A measured range
