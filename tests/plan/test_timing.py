@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -203,3 +204,45 @@ def test_a_critic_adds_its_forward_and_update(model_config):
     time = plan_config(config, "h200", model_config=model_config, critic_model_config=model_config).time
     values, update = time.phase("critic values"), time.phase("critic update")
     assert 0 < values < update and values < time.phase("actor log-probs")  # no logits over the vocabulary
+
+
+# a device whose compute and HBM are effectively free: what is left is communication and the host link
+LINKS_ONLY = timing.DeviceSpeed(peak_tflops=1e12, hbm_tb_s=1e12, link_gb_s=100.0, inter_node_gb_s=10.0,
+                                host_link_gb_s=5.0, compiled_decode=False, measured=False, source="test")
+
+
+def test_fsdp_gathers_reduce_scatters_and_offload_copies_by_hand():
+    shape = _shape("qwen2.5-0.5b")
+    n = shape.num_params
+    s = TrainSettings(shard=8, micro_tokens=1000, forward_tokens=1000)
+    args = dict(tokens=3000, response_tokens=1000, context=100)  # 3 micro-batches
+    # a forward: one bf16 all-gather per micro-batch, 7/8 of the model received over 100 GB/s
+    forward = timing.train_phase("f", shape, s, LINKS_ONLY, 8, update=False, **args)
+    assert forward.seconds == pytest.approx(3 * n * 2 * 7 / 8 / 100e9, rel=1e-6)
+    assert forward.bound == "communication"
+    # an update: two gathers (forward, backward) and one fp32 reduce-scatter per micro-batch
+    update = timing.train_phase("u", shape, s, LINKS_ONLY, 8, update=True, **args)
+    assert update.seconds == pytest.approx(3 * (2 * n * 2 + n * 4) * 7 / 8 / 100e9, rel=1e-6)
+    # 16 ranks on nodes of 8: the gathers cross nodes at 10 GB/s
+    wide = timing.train_phase("f", shape, replace(s, shard=16), LINKS_ONLY, 8, update=False, **args)
+    assert wide.seconds == pytest.approx(3 * n * 2 * 15 / 16 / 10e9, rel=1e-6)
+    # param_offload: each gather first copies the rank's fp32 shard from the host at 5 GB/s (not overlapped)
+    offloaded = timing.train_phase("f", shape, replace(s, param_offload=True), LINKS_ONLY, 8, update=False, **args)
+    assert offloaded.seconds - forward.seconds == pytest.approx(3 * n * 4 / 8 / 5e9, rel=1e-6)
+
+
+def test_vllm_decodes_in_waves_when_its_kv_cache_is_full(monkeypatch):
+    shape, work = _shape("qwen2.5-0.5b"), _work(prompts=64)  # 256 rows of 128 + 256 tokens
+    per_row = 384 * kv_bytes_per_token(shape)
+    phases = timing.rollout_phases(shape, H200, work, RolloutSettings(), world=1, sp=1,
+                                   kv_cache_bytes=100 * per_row, actor_shard=1, engine="vllm")
+    decode = next(p for p in phases if p.name == "rollout: decode")
+    assert "x 3 waves (KV cache)" in decode.detail  # 100 rows at a time: 256 rows in 3 waves of 85.3
+    one_wave, _ = decode_seconds(shape, H200, "vllm", 256 / 3, 128, 256)
+    assert decode.seconds == pytest.approx(3 * one_wave)
+    roomy = timing.rollout_phases(shape, H200, work, RolloutSettings(), world=1, sp=1, kv_cache_bytes=1e12,
+                                  actor_shard=1, engine="vllm")
+    assert "waves" not in next(p.detail for p in roomy if p.name == "rollout: decode")
+    # vLLM prefills a prompt once for its n samples (prefix cache); the hf engine prefills every row
+    prefill = {p.name: p.detail for p in roomy}["rollout: prefill"]
+    assert prefill == f"{64 * 128:,} prompt tokens"
