@@ -48,7 +48,7 @@ EXPERT_EFFICIENCY = 0.19  # one Qwen3-30B-A3B MoE block, grouped_mm, 16,384 toke
 # HBM traffic of the non-matmul work, per forward: bytes per hidden element per layer per token, and per logit of a
 # response token; a backward moves BACKWARD_BYTES_FACTOR times a forward's. Fitted together (least squares over a
 # grid of the factor) to the old log-prob forwards and the updates with and without checkpointing of the 0.5B and
-# 1.5B shapes (compiled blocks, fused log-probs; 6 rows, each within 10%).
+# 1.5B shapes (compiled blocks, fused log-probs; 6 rows, each within 11%).
 ELEMENTWISE_BYTES = 110.0
 LOGIT_BYTES = 34.0
 BACKWARD_BYTES_FACTOR = 3.0
@@ -80,26 +80,21 @@ class DeviceSpeed:
     host_link_gb_s: float  # host <-> device copies (sleep / wake, offload)
     compiled_decode: bool  # the hf engine decodes through CUDA graphs here (Backend.compiled_decode)
     measured: bool  # whether the efficiencies were measured on this kind
-    source: str
 
 
 SPEEDS = {
     # NVIDIA's H200 / H100 SXM datasheets: 989 TFLOP/s dense bf16; 4.8 / 3.35 TB/s HBM; NVLink 900 GB/s both ways;
     # 400 Gb/s InfiniBand per GPU. Host link: sleep + wake moved 2 x 0.99 GB in 0.145 s (bench rollout, H200).
-    "h200": DeviceSpeed(989.0, 4.8, 450.0, 50.0, 13.7, True, True, "NVIDIA H200 SXM datasheet; efficiencies "
-                        "measured on one H200"),
-    "h100": DeviceSpeed(989.0, 3.35, 450.0, 50.0, 13.7, True, False, "NVIDIA H100 SXM datasheet; the H200's "
-                        "efficiencies"),
+    "h200": DeviceSpeed(989.0, 4.8, 450.0, 50.0, 13.7, True, True),
+    "h100": DeviceSpeed(989.0, 3.35, 450.0, 50.0, 13.7, True, False),
     # Ascend 910B (Atlas 800T A2): 313 TFLOP/s fp16 for the 910B3 (the 910B family is quoted at 313-376), 64 GB of
     # HBM2e at 1.6 TB/s; HCCS 7 links of 56 GB/s in an 8-card mesh (~196 GB/s one way assumed for a collective);
     # 200 Gb/s RoCE per NPU between nodes; PCIe 4 x16 to the host (half the H200's measured rate assumed).
-    "atlas-a2": DeviceSpeed(313.0, 1.6, 196.0, 25.0, 6.8, False, False, "Ascend 910B3 published peaks (313 TFLOP/s "
-                            "fp16, 1.6 TB/s); the H200's efficiencies, not measured on an NPU"),
+    "atlas-a2": DeviceSpeed(313.0, 1.6, 196.0, 25.0, 6.8, False, False),
     # Ascend 910C (Atlas A3): 780 TFLOP/s bf16 and 3.2 TB/s (eight HBM2E stacks) per two-die package (TechPowerUp,
     # 2025-04-21, citing DigiTimes), so ~390 TFLOP/s and 1.6 TB/s per die (the device the runtime shows); the
     # SuperPoD's UB fabric (784 GB/s per package) also between nodes.
-    "atlas-a3": DeviceSpeed(390.0, 1.6, 196.0, 196.0, 6.8, False, False, "Ascend 910C published peaks per die (390 "
-                            "TFLOP/s, 1.6 TB/s); the H200's efficiencies, not measured on an NPU"),
+    "atlas-a3": DeviceSpeed(390.0, 1.6, 196.0, 196.0, 6.8, False, False),
 }
 
 

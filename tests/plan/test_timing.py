@@ -208,7 +208,7 @@ def test_a_critic_adds_its_forward_and_update(model_config):
 
 # a device whose compute and HBM are effectively free: what is left is communication and the host link
 LINKS_ONLY = timing.DeviceSpeed(peak_tflops=1e12, hbm_tb_s=1e12, link_gb_s=100.0, inter_node_gb_s=10.0,
-                                host_link_gb_s=5.0, compiled_decode=False, measured=False, source="test")
+                                host_link_gb_s=5.0, compiled_decode=False, measured=False)
 
 
 def test_fsdp_gathers_reduce_scatters_and_offload_copies_by_hand():
