@@ -1,7 +1,9 @@
 """``npu-rl plan [--device h200] [key=value ...]``: will this job fit? The per-device memory of each phase of one
 step (rollout, log-probs, reference, critic, update), the peak, whether it fits the named device, the one or two
 keys that would make it fit, and the host memory per node; for a mixture of experts also the total and active
-parameters, the expert shards under ``--ep`` and the all-to-all buffers and routed activations. Nothing is loaded:
+parameters, the expert shards under ``--ep`` and the all-to-all buffers and routed activations; then a roofline
+estimate of each phase's seconds, s/step and tokens/s per device (npu_rl/plan/timing.py; h200, h100, atlas-a2,
+atlas-a3; responses at ``data.max_response_length`` unless ``--mean-response-length``). Nothing is loaded:
 model shapes come from config.json (``--model-config FILE`` for a Hub id that is not on this machine). The
 arithmetic: npu_rl/plan/memory.py.
 
@@ -28,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ep", type=int, default=None, help="expert-parallel size of a mixture-of-experts actor: its "
                         "routed experts split over this many ranks (default: the config's "
                         "actor_rollout_ref.actor.fsdp_config.expert_parallel_size)")
+    parser.add_argument("--mean-prompt-length", type=int, default=None, help="prompt tokens the time estimate "
+                        "assumes (default: data.max_prompt_length)")
+    parser.add_argument("--mean-response-length", type=int, default=None, help="mean response tokens the time "
+                        "estimate assumes (default: data.max_response_length)")
     parser.add_argument("--config-name", "-cn", default="ppo_trainer")
     parser.add_argument("--config-path", "-cp", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")
@@ -37,10 +43,17 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.overrides, args.config_name, args.config_path)
         check(config, check_paths=False, check_device=False)  # training's value checks, before any arithmetic
         result = plan_config(config, args.device or this_device(), model_config=args.model_config,
-                             critic_model_config=args.critic_model_config, ep=args.ep)
+                             critic_model_config=args.critic_model_config, ep=args.ep,
+                             mean_prompt_length=args.mean_prompt_length,
+                             mean_response_length=args.mean_response_length)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"npu-rl plan: {exc}", file=sys.stderr)
         return 2
     print(result.table())
     print(result.verdict())
+    if result.time is not None:
+        print(result.time.table())
+        print(result.time.verdict())
+    else:
+        print(f"time plan: no roofline for {result.device.name} (h200, h100, atlas-a2, atlas-a3 have one)")
     return 0 if result.fits else 1

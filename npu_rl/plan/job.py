@@ -28,10 +28,12 @@ from npu_rl.plan.memory import (
     RoleMemory,
     RolloutSettings,
     TrainSettings,
+    DEVICES,
     device_spec,
     rollout_asleep,
     rollout_awake,
 )
+from npu_rl.plan.timing import StepTime, StepWork, step_time
 
 PROCESS_HOST_GIB = 4.0  # one worker process's host memory before any model (torch, the runtime, Ray's worker)
 
@@ -143,6 +145,7 @@ class JobPlan:
     host_parts: dict[str, float] = field(default_factory=dict)
     fixes: list[str] = field(default_factory=list)  # keys that would make it fit (empty when it fits)
     model_lines: list[str] = field(default_factory=list)  # parameters, experts, EP shards (moe_summary)
+    time: StepTime | None = None  # seconds per phase (npu_rl/plan/timing.py); None for a device with no time model
 
     @property
     def peak(self) -> Phase:
@@ -194,6 +197,7 @@ class JobInputs:
     world_size: int
     devices_per_node: int
     ref_in_actor: bool = False
+    work: StepWork | None = None  # what one step computes (the time estimate's input)
 
 
 def _fixed_kv_cache_bytes(device: DeviceSpec) -> float | None:
@@ -309,7 +313,22 @@ def plan(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
     if not result.fits:
         result.fixes = find_fixes(inputs, device)
     result.model_lines = model_summary(inputs.actor_shape, inputs.actor)
+    result.time = plan_time(inputs, device, result)
     return result
+
+
+def plan_time(inputs: JobInputs, device: DeviceSpec, memory: JobPlan) -> StepTime | None:
+    """The step's seconds per phase on ``device`` (npu_rl/plan/timing.py), with the KV cache the memory plan gives vLLM;
+    None for a device kind with no time model (cpu, a hand-made DeviceSpec) or inputs without a StepWork."""
+    kind = next((key for key, spec in DEVICES.items() if spec is device), None)
+    if kind is None or inputs.work is None:
+        return None
+    rollout = next(p for p in memory.phases if p.name == "rollout")
+    return step_time(actor_shape=inputs.actor_shape, actor=inputs.actor, ref=inputs.ref,
+                     ref_in_actor=inputs.ref_in_actor, use_ref=inputs.ref is not None or inputs.ref_in_actor,
+                     critic_shape=inputs.critic_shape, critic=inputs.critic, rollout=inputs.rollout,
+                     world=inputs.world_size, devices_per_node=inputs.devices_per_node, work=inputs.work,
+                     device=kind, device_name=device.name, kv_cache_bytes=rollout.parts.get("KV cache", 0.0))
 
 
 def model_summary(shape: ModelShape, s: TrainSettings) -> list[str]:
@@ -355,10 +374,12 @@ def _tokens(rows: int | None, dynamic: bool, max_tokens: int, sp: int, seq: int,
 
 
 def inputs_from_config(config, *, model_config: str | None = None, critic_model_config: str | None = None,
-                       devices_per_node: int | None = None, ep: int | None = None) -> JobInputs:
+                       devices_per_node: int | None = None, ep: int | None = None,
+                       mean_prompt_length: int | None = None, mean_response_length: int | None = None) -> JobInputs:
     """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`; ``ep``: the expert-parallel
     size of a mixture-of-experts actor (``npu-rl plan --ep``; default: the actor's
-    ``fsdp_config.expert_parallel_size``)."""
+    ``fsdp_config.expert_parallel_size``); ``mean_prompt_length`` / ``mean_response_length``: the lengths the time
+    estimate assumes (default: the maxima, ``data.max_prompt_length`` / ``max_response_length``)."""
     # the memory plan reads no bypass-loss settings: None for them
     run = derive_run_settings(config, estimator_needs(config.algorithm.adv_estimator), None)
     arr, data = config.actor_rollout_ref, config.data
@@ -414,7 +435,27 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
         free_cache_engine=bool(rollout_cfg.free_cache_engine), sleep_level=int(rollout_cfg.sleep_level),
         rows=run.train_rows // dp, sequence_length=seq)
     per_node = devices_per_node or config.trainer.n_gpus_per_node
-    return JobInputs(shape, actor, ref, critic_shape, critic, rollout, world, per_node, run.ref_in_actor)
+    work = step_work(config, mean_prompt_length, mean_response_length)
+    return JobInputs(shape, actor, ref, critic_shape, critic, rollout, world, per_node, run.ref_in_actor, work)
+
+
+def step_work(config, mean_prompt_length: int | None = None, mean_response_length: int | None = None) -> StepWork:
+    """What one step computes, for the time estimate: prompts generated (DAPO: one ``gen_batch_size`` batch) and
+    trained, samples, lengths (the maxima unless given), padding, epochs."""
+    data, arr = config.data, config.actor_rollout_ref
+    lengths = {"--mean-prompt-length": (mean_prompt_length, data.max_prompt_length),
+               "--mean-response-length": (mean_response_length, data.max_response_length)}
+    for flag, (mean, maximum) in lengths.items():
+        if mean is not None and not 0 < mean <= maximum:
+            raise ValueError(f"{flag} {mean}: expected 1 .. {maximum} (the config's maximum)")
+    prompts = data.gen_batch_size or data.train_batch_size  # the loader's batch (npu_rl/data/loader.py)
+    trained = data.train_batch_size if config.algorithm.filter_groups.enable else prompts
+    return StepWork(prompts=prompts, train_prompts=trained, n=arr.rollout.n,
+                    prompt_length=mean_prompt_length or data.max_prompt_length,
+                    response_length=mean_response_length or data.max_response_length,
+                    max_response_length=data.max_response_length, packed=bool(arr.model.use_remove_padding),
+                    ppo_epochs=arr.actor.ppo_epochs, critic_epochs=config.critic.ppo_epochs,
+                    enforce_eager=bool(arr.rollout.enforce_eager))
 
 
 def check_ep(shape: ModelShape, ep: int, shard: int) -> None:
