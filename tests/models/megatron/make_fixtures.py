@@ -16,8 +16,8 @@ Beside each, ``reference.pt``: input ids and the model's full-vocabulary logits 
 The families: qwen2, qwen3, llama (dense) and qwen3_moe (Qwen3-MoE: every layer's MLP a mixture of experts, top-k
 softmax over the chosen experts' logits as Qwen3-MoE's ``norm_topk_prob``; megatron-core's local spec builds its
 experts as a ``SequentialMLP`` on CPU, each expert's weights split over the tensor-parallel ranks; the token
-dispatcher ``allgather``). No DeepSeek-V3 fixture: the converter does not build that family (megatron-core's local
-spec has a multi-latent attention layer, not tried here on CPU).
+dispatcher ``allgather``). No DeepSeek-V3: megatron-core 0.16.1 does not build its multi-latent attention without
+Transformer Engine (the local spec's ``DotProductAttention`` refuses MLA's ``k_channels``: tried, 2026-12-03).
 """
 
 from __future__ import annotations
