@@ -259,7 +259,7 @@ def data_files_problems(key: str, files: object) -> list[str]:
     for item in items:
         try:
             resolve_data_path(item, default_split) if not is_builtin(item) else _check_builtin(item)
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, ImportError) as exc:  # ImportError: modelscope not installed
             problems.append(f"data.{key}: {exc}")
     return problems
 

@@ -197,3 +197,17 @@ def test_a_repo_without_data_files_is_refused_in_words(tmp_path, monkeypatch):
         assert "holds no data files" in problem and "MsDataset" in problem
     finally:
         server.stop()
+
+
+def test_without_the_package_an_entry_fails_naming_it(tmp_path, monkeypatch):
+    import importlib.util
+
+    ms_env(monkeypatch, tmp_path, offline=True)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "modelscope" else real(name, *a))
+    (problem,) = data_files_problems("train_files", f"modelscope://{SET}/raw/test.jsonl")
+    assert problem == (f"data.train_files: 'modelscope://{SET}/raw/test.jsonl' is a ModelScope data set, and the "
+                       "modelscope package is not installed: pip install modelscope (or npu-rl[modelscope])")
+    config = load_config(SMALL[:-2] + [f"data.train_files=modelscope://{SET}/raw/test.jsonl",
+                                       "data.val_files=builtin://arith/test"])
+    assert [p for p in file_problems(config, use_critic=False) if p.startswith("data.")] == [problem]  # once
