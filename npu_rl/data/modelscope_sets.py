@@ -36,8 +36,15 @@ from typing import Callable, Optional
 from npu_rl.data.builtin import cache_dir as npu_rl_cache_dir
 from npu_rl.data.io import DATA_SUFFIXES, GLOB, split_query, write_parquet
 from npu_rl.utils.hf_env import describe_error, is_offline
-from npu_rl.utils.modelscope_env import PREFIX, cache_dir, endpoint, list_repo, lock_path, require_package, \
-    use_modelscope
+from npu_rl.utils.modelscope_env import (
+    PREFIX,
+    cache_dir,
+    endpoint,
+    list_repo,
+    lock_path,
+    require_package,
+    use_modelscope,
+)
 from npu_rl.utils.redact import redact_url
 
 # what the split form downloads: the files ``datasets`` reads from a folder of data files, and the card

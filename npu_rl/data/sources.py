@@ -12,8 +12,9 @@
     hf://datasets/<owner>/<name>[/<config>]?split=train[&revision=<rev>]   a Hub data set through ``datasets``
                                                (``load_dataset``), cached as parquet under ``$NPU_RL_CACHE/hub``
     modelscope://<owner>/<name>[@<rev>]/<path-in-repo>, modelscope://<owner>/<name>[/<subset>]?split=train
-                                               a ModelScope data set's file(s) or split (``npu_rl.data.modelscope_sets``;
-                                               plain ``owner/name/...`` too under ``VERL_USE_MODELSCOPE``)
+                                               a ModelScope data set's file(s) or split
+                                               (``npu_rl.data.modelscope_sets``; plain ``owner/name/...`` too under
+                                               ``VERL_USE_MODELSCOPE``)
 
 Offline (``HF_HUB_OFFLINE=1``) the Hub forms read only the caches: the Hub cache for files, ``datasets``' own cache
 (``HF_DATASETS_CACHE``) and ours for data sets. Other schemes (``hdfs://``, ``s3://`` ...) are refused with the

@@ -31,10 +31,10 @@ ROUTER = "takes reward_router_address: it calls verl's generative reward model H
 CUSTOM_CLS = "verl's dataset classes subclass verl's RLHFDataset"
 # script -> the problems (prefixes or fragments) it stops on; [] : it loads. Without verl, then with verl importable.
 WITHOUT_VERL = {
-    "fapo/run_baseline_32b.sh": [f"custom_reward_function.path: cannot import {{work}}/recipe/fapo/"
-                                 f"reward_fn_reasoning.py", VERL_MISSING],
-    "fapo/run_fapo_32b_remote.sh": [f"custom_reward_function.path: cannot import {{work}}/recipe/fapo/"
-                                    f"reward_fn_reasoning_remote.py", VERL_MISSING],
+    "fapo/run_baseline_32b.sh": ["custom_reward_function.path: cannot import {work}/recipe/fapo/reward_fn_reasoning.py",
+                                 VERL_MISSING],
+    "fapo/run_fapo_32b_remote.sh": [
+        "custom_reward_function.path: cannot import {work}/recipe/fapo/reward_fn_reasoning_remote.py", VERL_MISSING],
     "fapo/run_fapo_32b.sh": [VERL_MISSING, SGLANG],
     "retool/run_qwen2-32b_dapo.sh": ["data.custom_cls.path=recipe/retool/retool.py: " + CUSTOM_CLS,
                                      "data.custom_cls.name=CustomRLHFDataset: " + CUSTOM_CLS],
@@ -60,8 +60,9 @@ def _read(name: str, work: str, tiny_model_dir: str) -> list[str]:
         original = f.read()
     assert original.count(b"verl.trainer.main_ppo") == 1
     text = original.replace(b"verl.trainer.main_ppo", b"npu_rl.trainer.main_ppo")  # the only change
-    env = {"HOME": work, "MODEL_PATH": tiny_model_dir, "GRM_PATH": tiny_model_dir, "TRAIN_FILE": f"{work}/train.parquet",
-           "TEST_FILE": f"{work}/test.parquet", "HDFS_ROOT": work, "DATA_ROOT": work}
+    env = {"HOME": work, "MODEL_PATH": tiny_model_dir, "GRM_PATH": tiny_model_dir,
+           "TRAIN_FILE": f"{work}/train.parquet", "TEST_FILE": f"{work}/test.parquet", "HDFS_ROOT": work,
+           "DATA_ROOT": work}
     reading = read_script(check_text(text, name), env)
     assert reading.entry_point == "npu_rl.trainer.main_ppo"
     overrides, flags, _ = split_flags(reading.overrides)

@@ -133,7 +133,7 @@ def test_files_download_once_at_validation_then_read_offline(fake_sets, tmp_path
     assert problem.startswith(f"data.train_files: 'modelscope://{SET}/main/nope.parquet': there is no file "
                               f"main/nope.parquet in the data set repo {SET} on {fake_sets.endpoint}")
     (problem,) = data_files_problems("train_files", "modelscope://tiny-org/no-such-set/x.parquet")
-    assert f"has no such data set repo as tiny-org/no-such-set" in problem
+    assert "has no such data set repo as tiny-org/no-such-set" in problem
 
     fake_sets.stop()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -22,7 +22,8 @@ SET = "tiny-org/arith-set"
 def arith_files(tmp_path) -> dict[str, bytes]:
     """The built-in arithmetic set's two splits as a ModelScope data set repo lays them out."""
     env = dict(os.environ, NPU_RL_CACHE=str(tmp_path / "gen"), PYTHONPATH=REPO_ROOT)
-    code = "import sys; from npu_rl.data.builtin import resolve_builtin as r; print(r(sys.argv[1])); print(r(sys.argv[2]))"
+    code = ("import sys; from npu_rl.data.builtin import resolve_builtin as r; print(r(sys.argv[1])); "
+            "print(r(sys.argv[2]))")
     done = subprocess.run([sys.executable, "-c", code, TRAIN, VAL], env=env, capture_output=True, text=True,
                           timeout=120, check=True)
     train, test = done.stdout.split()

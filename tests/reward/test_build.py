@@ -76,7 +76,8 @@ def test_custom_function_problems_name_file_and_function(tmp_path, custom):
     asynchronous.write_text("import asyncio\n"
                             "async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                             "    await asyncio.sleep(0)\n"
-                            "    return {'score': float(solution_str == ground_truth), 'loop': id(asyncio.get_running_loop())}\n")
+                            "    return {'score': float(solution_str == ground_truth),\n"
+                            "            'loop': id(asyncio.get_running_loop())}\n")
     _check(config(path=str(asynchronous)))  # verl's reward loop awaits an async compute_score: run per call here
     fn = ScoreFnSpec(str(asynchronous)).load()
     assert fn(data_source="d", solution_str="4", ground_truth="4")["score"] == 1.0

@@ -116,7 +116,7 @@ def test_incomplete_and_unsupported_checkpoints_are_refused(tmp_path):
                        ({"multi_latent_attention": True}, "multi-latent attention")]:
         with pytest.raises(MegatronCheckpointError, match=why):
             family_of(argparse.Namespace(**moe, **extra))
-    with pytest.raises(MegatronCheckpointError, match="--model-type qwen3: the checkpoint's args .* describe qwen3_moe"):
+    with pytest.raises(MegatronCheckpointError, match="--model-type qwen3: the checkpoint's .* describe qwen3_moe"):
         family_of(argparse.Namespace(**moe), "qwen3")
     with pytest.raises(MegatronCheckpointError, match="args.swiglu is not set"):
         family_of(argparse.Namespace(**{**base, "swiglu": False}))
@@ -184,8 +184,8 @@ def test_moe_experts_under_transformer_engines_names_and_norm_topk_prob(tmp_path
     import re
 
     def te_names(payload):
-        payload["model"] = {re.sub(r"mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight", r"mlp.experts.\2.weight\1",
-                                   k): v for k, v in payload["model"].items()}
+        sequential = r"mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight"
+        payload["model"] = {re.sub(sequential, r"mlp.experts.\2.weight\1", k): v for k, v in payload["model"].items()}
 
     out = str(tmp_path / "hf")
     assert convert(_rewrite_legacy(tmp_path, "qwen3_moe", te_names), out) == ("qwen3_moe", "legacy")
@@ -206,5 +206,5 @@ def test_moe_experts_under_transformer_engines_names_and_norm_topk_prob(tmp_path
         payload["args"].expert_model_parallel_size = 2
 
     shutil.rmtree(tmp_path / "ckpt")
-    with pytest.raises(MegatronCheckpointError, match="expert_model_parallel_size=2: legacy files of an expert-parallel"):
+    with pytest.raises(MegatronCheckpointError, match="expert_model_parallel_size=2: legacy files of an expert-par"):
         convert(_rewrite_legacy(tmp_path, "qwen3_moe", expert_parallel), str(tmp_path / "hf3"))
