@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover - then plain pickle: partials and callab
 import npu_rl.reward.combined as combined
 from npu_rl.config.schema import PPOConfig
 from npu_rl.data.io import DataError, write_parquet
+from npu_rl.data.modelscope_sets import parse_modelscope_data
 from npu_rl.data.sources import DATA_SUFFIXES
 from npu_rl.trainer.preflight import check, load_checked
 from npu_rl.trainer.run import train
@@ -209,7 +210,7 @@ def _to_row(row: Any, index: int, what: str) -> dict[str, Any]:
 def _looks_like_data_path(path: str) -> bool:
     """A path or URI ``data.*_files`` reads (it need not exist yet: validation says so, naming it)."""
     return (os.path.exists(os.path.expanduser(path)) or "://" in path
-            or path.split("?")[0].lower().endswith(DATA_SUFFIXES + ("*",)))
+            or path.split("?")[0].lower().endswith(DATA_SUFFIXES + ("*",)) or parse_modelscope_data(path) is not None)
 
 
 def _data_path(dataset: Any, out_dir: str, name: str) -> Union[str, list[str]]:

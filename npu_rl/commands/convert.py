@@ -4,7 +4,7 @@
     npu-rl convert /ckpt/qwen2.5-7b-grpo --out /models/qwen2.5-7b-grpo-hf --tokenizer Qwen/Qwen2.5-7B-Instruct
 
 The architecture is read from the arguments Megatron-LM keeps in the checkpoint; the families converted are Qwen2 /
-Qwen2.5, Qwen3 and Llama (npu_rl/models/megatron.py has the name table and what is refused). Nothing in the
+Qwen2.5, Qwen3, Llama and Qwen3-MoE (npu_rl/models/megatron.py has the name table and what is refused). Nothing in the
 checkpoint's pickles runs. ``--out`` follows ``npu-rl merge``'s rules: a new or empty folder, or ``--force`` to
 replace one that holds only model files.
 """

@@ -24,12 +24,6 @@ from npu_rl.config.rules import broken, finite
 
 
 @dataclass
-class CustomClsConfig:
-    path: Optional[str] = None
-    name: Optional[str] = None
-
-
-@dataclass
 class DataConfig:
     tokenizer: Optional[str] = None
     """no effect in npu-rl (kept for verl scripts): the tokenizer is actor_rollout_ref.model.path's"""
@@ -68,7 +62,6 @@ class DataConfig:
     """error | left | right"""
     trust_remote_code: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
     image_key: str = "images"
     """the column holding a row's images ({"bytes": ...} dicts or paths; one <image> tag in the prompt per image);
     read with a Qwen-VL actor (docs/vl.md)"""

@@ -1,7 +1,7 @@
 """Prompt data: verl-schema parquet/JSONL, preprocessing of local data sets, built-in generated tasks, the loader.
 
 Entry points (imported lazily, so ``npu_rl.data.preprocess`` and the reward workers stay free of torch):
-``build_dataloader`` / ``build_dataset`` (loader.py), ``resolve_data_files`` (sources.py: local files, globs, save_to_disk folders, hf://), ``resolve_builtin`` (builtin.py),
+``build_dataloader`` / ``build_dataset`` (loader.py), ``resolve_data_files`` (sources.py: local files, globs, save_to_disk folders, hf://, modelscope:// through modelscope_sets.py), ``resolve_builtin`` (builtin.py),
 ``preprocess_main`` (preprocess.py, the body of ``npu-rl preprocess``), ``ArithSpec`` / ``generate_arith``.
 """
 

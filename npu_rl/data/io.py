@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from typing import Any, Iterable
+from urllib.parse import parse_qsl
 
 from npu_rl.utils.paths import apply_umask
 
@@ -23,6 +25,16 @@ class DataError(ValueError):
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 COMPRESSED_SUFFIXES = (".xz", ".gz")  # read transparently by read_jsonl (the packaged data sets are .jsonl.xz)
+DATA_SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES + tuple(s + c for s in JSONL_SUFFIXES for c in COMPRESSED_SUFFIXES)
+GLOB = re.compile(r"[*?\[]")
+
+
+def split_query(item: str) -> tuple[str, dict[str, str]]:
+    """``path?split=x&revision=y`` -> (path, {split, revision}); a ``?`` that starts no such query stays (a glob)."""
+    head, sep, query = item.partition("?")
+    if sep and re.fullmatch(r"(split|revision)=[^&]*(&(split|revision)=[^&]*)*", query):
+        return head, dict(parse_qsl(query, keep_blank_values=True))
+    return item, {}
 
 
 def expand_path(path: str) -> str:

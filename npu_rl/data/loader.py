@@ -174,10 +174,6 @@ def build_dataset(data_config, tokenizer, split: str = "train", files: Any = Non
                   require_ground_truth: bool = True, vision: Optional[VisionInputs] = None) -> PromptDataset:
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    custom = getattr(data_config, "custom_cls", None)
-    if custom is not None and getattr(custom, "path", None):
-        raise ValueError("data.custom_cls is not supported yet by npu-rl; convert the data to the verl parquet "
-                         "schema (npu-rl preprocess) instead")
     if files is None:
         files = data_config.train_files if split == "train" else data_config.val_files
 

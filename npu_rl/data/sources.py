@@ -11,10 +11,15 @@
                                                huggingface_hub's HfFileSystem names it: downloaded into the Hub cache
     hf://datasets/<owner>/<name>[/<config>]?split=train[&revision=<rev>]   a Hub data set through ``datasets``
                                                (``load_dataset``), cached as parquet under ``$NPU_RL_CACHE/hub``
+    modelscope://<owner>/<name>[@<rev>]/<path-in-repo>, modelscope://<owner>/<name>[/<subset>]?split=train
+                                               a ModelScope data set's file(s) or split
+                                               (``npu_rl.data.modelscope_sets``; plain ``owner/name/...`` too under
+                                               ``VERL_USE_MODELSCOPE``)
 
 Offline (``HF_HUB_OFFLINE=1``) the Hub forms read only the caches: the Hub cache for files, ``datasets``' own cache
 (``HF_DATASETS_CACHE``) and ours for data sets. Other schemes (``hdfs://``, ``s3://`` ...) are refused with the
-reason. A Hub model id where a data file belongs, or a bare ``owner/name``, gets the ``hf://datasets/`` spelling.
+reason. A Hub model id where a data file belongs, or a bare ``owner/name``, gets the ``hf://datasets/`` and
+``modelscope://`` spellings.
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ import json
 import os
 import re
 from typing import Optional
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from npu_rl.data.builtin import cache_dir, is_builtin, resolve_builtin
-from npu_rl.data.io import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, PARQUET_SUFFIXES, expand_path, is_hf_dataset_dir, \
+from npu_rl.data.io import DATA_SUFFIXES, GLOB as _GLOB, expand_path, is_hf_dataset_dir, split_query as _split_query, \
     write_parquet
 from npu_rl.utils.hf_env import describe_error, hub_cache_dir, hub_call, hub_endpoint, hub_timeout_s, is_offline, \
     shown_endpoint
@@ -37,20 +42,11 @@ from npu_rl.data.builtin import check_builtin
 from npu_rl.data.io import read_rows
 from npu_rl.data.preprocess import CONVERTERS
 from npu_rl.data.images import images_of, row_image_problem
+from npu_rl.data.modelscope_sets import PREFIX as MODELSCOPE_PREFIX, parse_modelscope_data, resolve_modelscope_data
 
 HUB_SCHEME = "hf://"
 HUB_DATASETS = "hf://datasets/"
-DATA_SUFFIXES = PARQUET_SUFFIXES + JSONL_SUFFIXES + tuple(s + c for s in JSONL_SUFFIXES for c in COMPRESSED_SUFFIXES)
 VAL_SPLITS = ("validation", "test", "val", "valid")
-_GLOB = re.compile(r"[*?\[]")
-
-
-def _split_query(item: str) -> tuple[str, dict[str, str]]:
-    """``path?split=x&revision=y`` -> (path, {split, revision}); a ``?`` that starts no such query stays (a glob)."""
-    head, sep, query = item.partition("?")
-    if sep and re.fullmatch(r"(split|revision)=[^&]*(&(split|revision)=[^&]*)*", query):
-        return head, dict(parse_qsl(query, keep_blank_values=True))
-    return item, {}
 
 
 def resolve_data_path(item: str, default_split: Optional[str] = None) -> list[str]:
@@ -61,14 +57,20 @@ def resolve_data_path(item: str, default_split: Optional[str] = None) -> list[st
         return [resolve_builtin(item)]
     if item.startswith(HUB_SCHEME):
         return _resolve_hub(item)
+    if item.startswith(MODELSCOPE_PREFIX):
+        return resolve_modelscope_data(parse_modelscope_data(item))
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", item)
     if scheme:
         raise ValueError(f"{item!r}: {scheme.group(1)}:// data paths are not read here (verl copies hdfs:// with its "
-                         "hdfs_io); copy the files to a local folder and give that path, or use hf://datasets/...")
+                         "hdfs_io); copy the files to a local folder and give that path, or use hf://datasets/... or "
+                         "modelscope://...")
     full = expand_path(item)
     if os.path.exists(full):
         return [_local(full, item, None, default_split)]
     path, query = _split_query(item)
+    ms_data = parse_modelscope_data(item)  # a plain id under VERL_USE_MODELSCOPE, when nothing local has its name
+    if ms_data is not None and not os.path.exists(expand_path(path)) and not glob.glob(full):
+        return resolve_modelscope_data(ms_data)
     if query:
         unknown = set(query) - {"split"}
         if unknown:
@@ -82,7 +84,8 @@ def resolve_data_path(item: str, default_split: Optional[str] = None) -> list[st
     hint = ""
     if re.fullmatch(r"[\w.-]+/[\w.-]+", item) and not item.lower().endswith(DATA_SUFFIXES):
         hint = (f"; for the Hugging Face Hub data set {item}, write hf://datasets/{item}?split=train (through "
-                f"datasets) or hf://datasets/{item}/<file>.parquet")
+                f"datasets) or hf://datasets/{item}/<file>.parquet; for the ModelScope one, "
+                f"modelscope://{item}?split=train or modelscope://{item}/<file>.parquet")
     raise FileNotFoundError(f"data file {item!r} does not exist" + (f" (resolved to {full})" if full != item else "")
                             + (hint or _preprocess_hint(item, full)))
 
@@ -257,7 +260,7 @@ def data_files_problems(key: str, files: object) -> list[str]:
     for item in items:
         try:
             resolve_data_path(item, default_split) if not is_builtin(item) else _check_builtin(item)
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, ImportError) as exc:  # ImportError: modelscope not installed
             problems.append(f"data.{key}: {exc}")
     return problems
 

@@ -1,5 +1,5 @@
-"""Megatron-core checkpoints (Megatron-LM, MindSpeed) read into a Hugging Face model folder, for the dense families
-npu-rl trains: Qwen2 / Qwen2.5, Qwen3 and Llama.
+"""Megatron-core checkpoints (Megatron-LM, MindSpeed) read into a Hugging Face model folder, for the families npu-rl
+trains: Qwen2 / Qwen2.5, Qwen3, Llama, and the mixture-of-experts Qwen3-MoE.
 
 The two formats users hold, both as Megatron-LM writes them (``<root>/latest_checkpointed_iteration.txt``,
 ``<root>/iter_0000010/``):
@@ -37,7 +37,19 @@ Megatron                                                   Hugging Face
 ``decoder.layers.{i}.mlp.linear_fc2.weight``               ``mlp.down_proj.weight``
 ``decoder.final_layernorm.weight``                         ``model.norm.weight``
 ``output_layer.weight``                                    ``lm_head.weight`` (absent when tied)
+``decoder.layers.{i}.mlp.router.weight``                   ``mlp.gate.weight`` (Qwen3-MoE)
+``decoder.layers.{i}.mlp.experts.local_experts.{e}.``      ``mlp.experts.{e}.gate_proj`` (first half),
+``linear_fc1.weight`` (SequentialMLP; TEGroupedMLP:         ``mlp.experts.{e}.up_proj``
+``mlp.experts.linear_fc1.weight{e}``; torch_dist:
+``mlp.experts.experts.linear_fc1.weight [E, ...]``)
+``...linear_fc2...`` alike                                 ``mlp.experts.{e}.down_proj.weight``
 =========================================================  =================================================
+
+Qwen3-MoE (``args.num_experts`` with ``qk_layernorm``): every layer a mixture of experts (``moe_layer_freq`` 1), no
+shared expert, softmax routing; ``moe_router_pre_softmax`` False (top-k of the logits, then a softmax over them)
+is Hugging Face's ``norm_topk_prob=True``, True (softmax over all experts, then the top k) is ``False``. Refused,
+naming the argument: shared experts (Qwen2-MoE, DeepSeek), dense layers among MoE ones, sigmoid routing, expert
+bias, group-limited routing, a top-k scaling factor, and legacy files of expert-parallel runs.
 
 In a legacy file each tensor-parallel rank holds a slice: rows (dim 0) of the embedding, ``linear_qkv`` (whole query
 groups), ``linear_fc1`` (its gate rows then its up rows) and ``output_layer``; columns (dim 1) of ``linear_proj``
@@ -60,7 +72,7 @@ from npu_rl.utils.safe_load import load_foreign_torch, restricted_unpickle
 
 INERT = ("megatron.", "mindspeed.", "mindspeed_llm.", "transformer_engine.", "apex.")
 LEGACY_FILE = "model_optim_rng.pt"
-FAMILIES = ("qwen2", "qwen3", "llama")
+FAMILIES = ("qwen2", "qwen3", "llama", "qwen3_moe")
 
 
 class MegatronCheckpointError(ValueError):
@@ -140,8 +152,8 @@ def _read_torch_dist(folder: str) -> tuple[Any, dict[str, torch.Tensor]]:
 
 
 _ROWS = (r"embedding\.word_embeddings\.weight", r"output_layer\.weight", r".*linear_qkv\.(weight|bias)")
-_COLUMNS = (r".*linear_proj\.weight", r".*linear_fc2\.weight")
-_FC1 = r".*linear_fc1\.weight"
+_COLUMNS = (r".*linear_proj\.weight", r".*linear_fc2\.weight\d*")
+_FC1 = r".*linear_fc1\.weight\d*"
 
 
 def _read_legacy(folder: str) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -172,6 +184,10 @@ def _read_legacy(folder: str) -> tuple[Any, dict[str, torch.Tensor]]:
     if args is None:
         raise MegatronCheckpointError(f"{ranks[(0, 0)]} holds no 'args' (Megatron-LM's arguments): the "
                                       "architecture cannot be read")
+    if int(getattr(args, "expert_model_parallel_size", None) or 1) > 1:
+        raise MegatronCheckpointError(f"{folder}: args.expert_model_parallel_size={args.expert_model_parallel_size}: "
+                                      "legacy files of an expert-parallel run are not converted (a torch_dist "
+                                      "checkpoint of it is)")
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
         declared = getattr(args, key, None)
         found = tp if key.startswith("tensor") else pp
@@ -225,7 +241,6 @@ def family_of(args: Any, requested: str | None = None) -> str:
     """qwen3 (q/k norms), qwen2 (q/k/v bias) or llama, from ``args`` unless ``requested``; refuses what this
     converter does not build, naming the argument."""
     refusals = {
-        "num_experts": "mixture-of-experts checkpoints are not converted yet",
         "multi_latent_attention": "multi-latent attention (DeepSeek) is not converted",
         "use_rope_scaling": "rope scaling (Llama 3.1's) is not converted",
         "add_bias_linear": "biases on the linear layers other than q/k/v are not converted",
@@ -241,16 +256,49 @@ def family_of(args: Any, requested: str | None = None) -> str:
         raise MegatronCheckpointError(f"args.position_embedding_type={_arg(args, 'position_embedding_type')}: "
                                       "only rotary embeddings are converted")
     found = "qwen3" if _arg(args, "qk_layernorm") else "qwen2" if _arg(args, "add_qkv_bias") else "llama"
+    if _arg(args, "num_experts"):
+        _check_moe(args)
+        if found != "qwen3":
+            raise MegatronCheckpointError(f"args.num_experts={_arg(args, 'num_experts')} without qk_layernorm: of the "
+                                          "mixture-of-experts families only Qwen3-MoE is converted")
+        found = "qwen3_moe"
     if requested is None:
         return found
     if requested not in FAMILIES:
         raise MegatronCheckpointError(f"--model-type {requested!r}: expected one of {', '.join(FAMILIES)}")
+    if (requested == "qwen3_moe") != (found == "qwen3_moe"):
+        raise MegatronCheckpointError(f"--model-type {requested}: the checkpoint's args (num_experts="
+                                      f"{_arg(args, 'num_experts')}) describe {found}")
+    if found == "qwen3_moe":
+        return found
     if (requested == "qwen3") != bool(_arg(args, "qk_layernorm")) or \
             (requested == "qwen2") != bool(_arg(args, "add_qkv_bias")):
         raise MegatronCheckpointError(f"--model-type {requested}: the checkpoint's args (qk_layernorm="
                                       f"{_arg(args, 'qk_layernorm')}, add_qkv_bias={_arg(args, 'add_qkv_bias')}) "
                                       f"describe {found}")
     return requested
+
+
+def _check_moe(args: Any) -> None:
+    """Refuses the mixture-of-experts settings Qwen3-MoE does not have, naming the argument."""
+    freq = _arg(args, "moe_layer_freq", 1)
+    if not (freq == 1 or (isinstance(freq, (list, tuple)) and all(f == 1 for f in freq))):
+        raise MegatronCheckpointError(f"args.moe_layer_freq={freq}: dense layers among the MoE ones are not converted "
+                                      "(every layer of Qwen3-MoE is a mixture of experts)")
+    refusals = {
+        "moe_shared_expert_intermediate_size": "shared experts (Qwen2-MoE, DeepSeek) are not converted",
+        "moe_router_enable_expert_bias": "an expert bias in the router (DeepSeek-V3) is not converted",
+        "moe_router_num_groups": "group-limited routing (DeepSeek-V3) is not converted",
+    }
+    for name, why in refusals.items():
+        if _arg(args, name):
+            raise MegatronCheckpointError(f"args.{name}={_arg(args, name)}: {why}")
+    if str(_arg(args, "moe_router_score_function", "softmax")) != "softmax":
+        raise MegatronCheckpointError(f"args.moe_router_score_function={_arg(args, 'moe_router_score_function')}: "
+                                      "only softmax routing (Qwen3-MoE) is converted")
+    scaling = _arg(args, "moe_router_topk_scaling_factor")
+    if scaling not in (None, 1, 1.0):
+        raise MegatronCheckpointError(f"args.moe_router_topk_scaling_factor={scaling}: a scaled top-k is not converted")
 
 
 def hf_config(args: Any, family: str, dtype: torch.dtype):
@@ -268,7 +316,13 @@ def hf_config(args: Any, family: str, dtype: torch.dtype):
                   hidden_act="silu", rope_theta=float(_arg(args, "rotary_base", 10000)), dtype=dtype)
     if family == "llama":
         common.update(attention_bias=False, mlp_bias=False)
-    architecture = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[family]
+    if family == "qwen3_moe":
+        common.update(num_experts=int(args.num_experts), num_experts_per_tok=int(args.moe_router_topk),
+                      moe_intermediate_size=int(_arg(args, "moe_ffn_hidden_size") or args.ffn_hidden_size),
+                      norm_topk_prob=not _arg(args, "moe_router_pre_softmax", False), decoder_sparse_step=1,
+                      mlp_only_layers=[], attention_bias=False)
+    architecture = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                    "qwen3_moe": "Qwen3MoeForCausalLM"}[family]
     return AutoConfig.for_model(family, architectures=[architecture], **common)
 
 
@@ -307,9 +361,21 @@ def hf_state_dict(args: Any, tensors: dict[str, torch.Tensor], family: str) -> d
             for proj, part in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
                 out[dst + f"self_attn.{proj}.{kind}"] = part.reshape(-1, *qkv.shape[1:]).contiguous()
         out[dst + "self_attn.o_proj.weight"] = take(src + "self_attention.linear_proj.weight")
-        if family == "qwen3":
+        if family in ("qwen3", "qwen3_moe"):
             out[dst + "self_attn.q_norm.weight"] = take(src + "self_attention.q_layernorm.weight")
             out[dst + "self_attn.k_norm.weight"] = take(src + "self_attention.k_layernorm.weight")
+        if family == "qwen3_moe":
+            out[dst + "mlp.gate.weight"] = take(src + "mlp.router.weight")
+            experts = int(args.num_experts)
+            for fc, name in (("linear_fc1", "gate_up_proj"), ("linear_fc2", "down_proj")):
+                stacked = src + f"mlp.experts.experts.{fc}.weight"  # torch_dist: [E, ...]
+                # transformers 5 holds the experts stacked, gate_up_proj [E, 2I, H] (gate rows, then up: linear_fc1's
+                # order) and down_proj [E, H, I]; save_pretrained writes them back as the per-expert
+                # mlp.experts.{e}.{gate,up,down}_proj.weight of Megatron-Bridge's table
+                out[dst + f"mlp.experts.{name}"] = take(stacked).contiguous() if stacked in tensors else torch.stack([
+                    take(src + f"mlp.experts.local_experts.{e}.{fc}.weight", src + f"mlp.experts.{fc}.weight{e}")
+                    for e in range(experts)])
+            continue
         gate, up = take(src + "mlp.linear_fc1.weight").chunk(2, dim=0)
         out[dst + "mlp.gate_proj.weight"], out[dst + "mlp.up_proj.weight"] = gate.contiguous(), up.contiguous()
         out[dst + "mlp.down_proj.weight"] = take(src + "mlp.linear_fc2.weight")

@@ -3,7 +3,7 @@
 ``VERL_USE_MODELSCOPE`` is true (verl's switch: there every Hub id goes to ModelScope).
 
 An id is resolved through the ``modelscope`` package's cache (``pip install modelscope``), its environment read at
-call time:
+call time by ``npu_rl.utils.modelscope_env`` (shared with data set ids, ``npu_rl.data.modelscope_sets``):
 
 - ``MODELSCOPE_CACHE``, else ``~/.cache/modelscope``: where snapshots live (``models/<owner>--<name>/snapshots/
   <revision>``; the layout of modelscope < 1.38, ``[hub/]models/<owner>/<name with . as ___>``, is read too);
@@ -25,22 +25,16 @@ safetensors). A revision is a branch or tag name (ModelScope's default branch is
 
 from __future__ import annotations
 
-import base64
 import importlib.util
-import json
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 
 from npu_rl.models.hub import WANTED_FILES, parse_hub_id
 from npu_rl.models.snapshot import check_downloaded
-from npu_rl.utils.hf_env import TRUTHY, is_offline
+from npu_rl.utils.hf_env import is_offline
+from npu_rl.utils.modelscope_env import PREFIX, cache_dir, endpoint, list_repo, lock_path, require_package, \
+    use_modelscope
 from npu_rl.utils.redact import redact_url
-
-PREFIX = "modelscope://"
-DEFAULT_ENDPOINT = "https://modelscope.cn"
 
 
 @dataclass(frozen=True)
@@ -50,11 +44,6 @@ class ModelScopeId:
 
     def __str__(self) -> str:
         return PREFIX + self.repo_id + (f"@{self.revision}" if self.revision else "")
-
-
-def use_modelscope() -> bool:
-    """verl's switch: ``VERL_USE_MODELSCOPE`` (verl reads ``true``; 1 / on / yes count too)."""
-    return os.environ.get("VERL_USE_MODELSCOPE", "").upper() in TRUTHY
 
 
 def parse_modelscope_id(path: str) -> ModelScopeId | None:
@@ -70,39 +59,6 @@ def parse_modelscope_id(path: str) -> ModelScopeId | None:
                              "for example modelscope://Qwen/Qwen2.5-0.5B-Instruct")
         return None  # a local folder that does not exist, or a one-part name: not ModelScope's
     return ModelScopeId(hub_id.repo_id, hub_id.revision)
-
-
-def cache_dir() -> str:
-    """``MODELSCOPE_CACHE``, else ``~/.cache/modelscope`` (as modelscope reads it)."""
-    return os.path.expanduser(os.path.expandvars(os.environ.get("MODELSCOPE_CACHE") or "~/.cache/modelscope"))
-
-
-def endpoint() -> str:
-    """``MODELSCOPE_ENDPOINT``, else ``MODELSCOPE_DOMAIN`` (https:// added to a bare domain), else modelscope.cn."""
-    value = (os.environ.get("MODELSCOPE_ENDPOINT") or os.environ.get("MODELSCOPE_DOMAIN") or "").strip()
-    if not value:
-        return DEFAULT_ENDPOINT
-    if not value.lower().startswith(("http://", "https://")):
-        value = "https://" + value
-    return value.rstrip("/")
-
-
-def api_timeout() -> float:
-    value = os.environ.get("MODELSCOPE_API_TIMEOUT", "60")
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise ValueError(f"MODELSCOPE_API_TIMEOUT={value!r} is not a positive number of seconds")
-    return seconds
-
-
-def _require_package(ms_id: ModelScopeId) -> None:
-    if importlib.util.find_spec("modelscope") is None:
-        raise ImportError(f"{ms_id} is a ModelScope model id, and the modelscope package is not installed: "
-                          "pip install modelscope (or npu-rl[modelscope])"
-                          + (" (VERL_USE_MODELSCOPE is set)" if use_modelscope() else ""))
 
 
 def cached_model(ms_id: ModelScopeId) -> str | None:
@@ -133,45 +89,10 @@ def _not_cached(ms_id: ModelScopeId) -> FileNotFoundError:
         "the cache that has it, or give a local folder")
 
 
-def _request(url: str) -> urllib.request.Request:
-    """A GET of ``url``; a user:password@ in it (a proxy or mirror that wants one) goes into a Basic auth header,
-    since urllib does not read it from the URL."""
-    parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc:
-        return urllib.request.Request(url)
-    userinfo, host = parts.netloc.rsplit("@", 1)
-    token = base64.b64encode(urllib.parse.unquote(userinfo).encode()).decode()
-    return urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=host)),
-                                  headers={"Authorization": f"Basic {token}"})
-
-
 def repo_files(ms_id: ModelScopeId) -> list[str]:
     """The files of ``ms_id`` on the server (one request, bounded by MODELSCOPE_API_TIMEOUT); errors name the id
     and the endpoint (credentials masked)."""
-    where = redact_url(endpoint())
-    query = urllib.parse.urlencode({"Revision": ms_id.revision or "master", "Recursive": "True"})
-    request = _request(f"{endpoint()}/api/v1/models/{ms_id.repo_id}/repo/files?{query}")
-    timeout = api_timeout()
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = json.loads(response.read().decode())
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            what = f"revision {ms_id.revision!r} of" if ms_id.revision else "such model repo as"
-            raise FileNotFoundError(f"{ms_id}: {where} has no {what} {ms_id.repo_id} (or it is private: "
-                                    "`modelscope login`)") from exc
-        raise FileNotFoundError(f"{ms_id}: {where} answered HTTP {exc.code}") from exc
-    except (TimeoutError, urllib.error.URLError, OSError, ValueError) as exc:  # refused, DNS, proxy, not JSON
-        reason = getattr(exc, "reason", exc)
-        if isinstance(reason, TimeoutError):  # connect (URLError) or read (TimeoutError itself)
-            raise FileNotFoundError(f"{ms_id}: {where} did not answer within {timeout:g} s (MODELSCOPE_API_TIMEOUT); "
-                                    f"set HF_HUB_OFFLINE=1 to use only the cache ({cache_dir()})") from exc
-        raise FileNotFoundError(f"{ms_id}: {where} cannot be reached ({type(exc).__name__}: "
-                                f"{redact_url(str(reason))}); set HF_HUB_OFFLINE=1 to use only the cache "
-                                f"({cache_dir()})") from exc
-    data = body.get("Data") if isinstance(body, dict) else None
-    entries = data.get("Files", []) if isinstance(data, dict) else (data or [])
-    names = [e.get("Path") or e.get("Name") for e in entries if e.get("Type", "blob") != "tree"]
+    names = list_repo("models", ms_id.repo_id, ms_id.revision, str(ms_id))
     if "config.json" not in names:
         raise FileNotFoundError(f"{ms_id}: the ModelScope repo has no config.json: not a transformers model")
     return names
@@ -182,9 +103,7 @@ def fetch_model(ms_id: ModelScopeId) -> str:
     from filelock import FileLock
     from modelscope import snapshot_download
 
-    locks = os.path.join(cache_dir(), ".locks", "npu_rl")
-    os.makedirs(locks, exist_ok=True)
-    with FileLock(os.path.join(locks, ms_id.repo_id.replace("/", "--") + ".lock")):
+    with FileLock(lock_path("models", ms_id.repo_id)):
         folder = cached_model(ms_id)  # another rank of this node may have fetched it while we waited
         if folder is not None:
             return folder
@@ -204,7 +123,7 @@ def fetch_model(ms_id: ModelScopeId) -> str:
 
 def resolve_modelscope_model(ms_id: ModelScopeId) -> str:
     """The local snapshot folder: the cache first (every rank sees the same one), else a download when online."""
-    _require_package(ms_id)
+    require_package(str(ms_id))
     folder = cached_model(ms_id)
     if folder is not None:
         return folder
@@ -216,7 +135,7 @@ def resolve_modelscope_model(ms_id: ModelScopeId) -> str:
 def check_modelscope_model(ms_id: ModelScopeId) -> str | None:
     """At validation: cached -> its folder; offline and not cached -> an error naming the id and the cache; online
     and not cached -> the server is asked for the repo's files (the download happens when the run starts)."""
-    _require_package(ms_id)
+    require_package(str(ms_id))
     folder = cached_model(ms_id)
     if folder is not None:
         return folder

@@ -8,7 +8,8 @@ The user's function has verl's signature, called with keyword arguments::
 
     compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs) -> float | dict
 
-(a dict must hold ``score``; its other entries are logged). With the ``batch`` manager it takes lists::
+(a dict must hold ``score``; its other entries are logged; an ``async def`` is run to completion per call, as
+verl's reward loop awaits one). With the ``batch`` manager it takes lists::
 
     compute_score(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs) -> list[float | dict]
 
@@ -20,6 +21,9 @@ wrong type or a dict without ``score`` raise
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import inspect
 import math
 import numbers
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from npu_rl.reward import scorers
-from npu_rl.utils.imports import load_module_from_file
+from npu_rl.utils.imports import load_module_from_file, verl_import_hint
 
 ROW_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
@@ -67,7 +71,8 @@ class ScoreFnSpec:
             raise RewardFunctionError(f"custom_reward_function.path: importing {path} called sys.exit({exc.code!r}); "
                                       "a reward module must not exit the process") from None
         except Exception as exc:
-            raise RewardFunctionError(f"custom_reward_function.path: cannot import {path}: {exc}") from exc
+            raise RewardFunctionError(f"custom_reward_function.path: cannot import {path}: {exc}"
+                                      f"{verl_import_hint(exc)}") from exc
         fn = getattr(module, self.name, None)
         if fn is None:
             public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -76,19 +81,35 @@ class ScoreFnSpec:
         if not callable(fn):
             raise RewardFunctionError(f"custom_reward_function.name: {self.name!r} in {path} is a "
                                       f"{type(fn).__name__}, not a function")
+        if _is_async(fn):
+            fn = run_to_completion(fn)
         check_signature(fn, self)
         return fn
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def run_to_completion(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """An ``async def`` reward function (verl's reward loop awaits them: FAPO's ``compute_score_baseline``) as a
+    plain function: each call runs the coroutine to its end on an event loop of its own, in this thread, or in a
+    thread of its own when this thread already runs a loop. The managers' per-call timeout covers it as any call."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(fn(*args, **kwargs))
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="npu-rl-async-reward") as pool:
+            return pool.submit(lambda: asyncio.run(fn(*args, **kwargs))).result()
+
+    return call
 
 
 def check_signature(fn: Callable[..., Any], spec: ScoreFnSpec) -> None:
     """The function must accept the manager's keyword call; fail naming file, function and the expected call."""
     args = BATCH_ARGS if spec.batched else ROW_ARGS
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-        raise RewardFunctionError(
-            f"{spec.describe()} is an async def: the reward managers call it as a plain function (in this process or "
-            f"a worker process, with a per-call timeout), so it would return a coroutine, not a score. Make it a "
-            f"plain def (wrap an async scorer: def {spec.name}(*args, **kwargs): return asyncio.run(my_async(*args, "
-            "**kwargs)))")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):

@@ -35,6 +35,18 @@ def load_module_from_file(path: str) -> Any:
     return module
 
 
+def verl_import_hint(exc: BaseException) -> str:
+    """A sentence for an import that failed because a user's file imports verl (verl-recipe's reward functions,
+    tools and dataset classes do) and verl is not installed; "" otherwise."""
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "verl":
+            return ("; the file imports verl, which is not installed: npu-rl does not need verl and does not provide "
+                    "its modules. Install verl beside npu-rl for the helpers the file uses, or replace them (verl's "
+                    "rule scorers gsm8k / math / math_dapo are npu_rl.reward.scorers)")
+        exc = exc.__cause__ or exc.__context__
+    return ""
+
+
 def split_spec(spec: str) -> tuple[str, str]:
     """``a.b:c`` / ``f.py:c`` -> (``a.b`` / ``f.py``, ``c``); ``a.b.c`` -> (``a.b``, ``c``)."""
     if ":" in spec:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import textwrap
 import time
 
@@ -91,6 +92,13 @@ def test_tool_config_errors_name_the_file(tmp_path):
     no_schema = write(tmp_path, "noschema.yaml", "tools:\n  - class_name: npu_rl.agent.tools.base.BaseTool\n")
     with pytest.raises(ToolConfigError, match="needs a tool_schema"):
         load_tools(no_schema)
+    if importlib.util.find_spec("verl") is None:  # a verl tool (ReTool's CustomSandboxFusionTool subclasses one)
+        recipe = write(tmp_path, "sandbox_tool.py", "from verl.tools.sandbox_fusion_tools import SandboxFusionTool\n"
+                                                    "class CustomSandboxFusionTool(SandboxFusionTool):\n    pass\n")
+        verl_tool = write(tmp_path, "verl_tool.yaml", f"tools:\n  - class_name: {recipe}:CustomSandboxFusionTool\n")
+        with pytest.raises(ToolConfigError, match=r"No module named 'verl'; the module imports verl \(not installed\), "
+                                                  r"and verl's tool classes are not npu-rl tools"):
+            load_tools(verl_tool)
 
 
 def test_tool_class_by_file_path(tmp_path):

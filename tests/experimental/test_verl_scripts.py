@@ -10,7 +10,7 @@ import pytest
 from npu_rl.compat.verl.script import read_script
 from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.async_schema import async_problems
-from npu_rl.config.loader import load_config
+from npu_rl.config.loader import ConfigError, load_config
 from npu_rl.experimental import verl_flags
 from npu_rl.trainer.main_ppo import parse_args
 
@@ -19,11 +19,14 @@ ENTRY = {"verl.experimental.one_step_off_policy.main_ppo": ("one_step_off_ppo_tr
          "verl.experimental.fully_async_policy.fully_async_main": ("fully_async_ppo_trainer", "fully_async")}
 
 
-def load_script(name: str):
+def load_script(name: str, drop: str | None = None):
+    """The script's config as its entry point loads it; ``drop``: leave out the overrides of keys starting so."""
     with open(os.path.join(DATA, name)) as f:
         reading = read_script(f.read(), {"DEVICE": "npu", "HOME": "/home/user", "PWD": "/home/user/verl", "NNODES": "1"})
     config_name, mode = ENTRY[reading.entry_point]
     args, unknown = parse_args(verl_flags(reading.overrides), config_name)  # as the entry point reads its flags
+    if drop:
+        args.overrides = [o for o in args.overrides if not o.lstrip("+~").startswith(drop)]
     assert args.config_path is None and args.config_name == config_name
     # what the entry point adds (npu_rl/experimental/...): the mode; verl's keys translated as the entry point does
     overrides = translate_overrides(args.overrides + unknown + [f"async_training.mode={mode}"], [])
@@ -49,7 +52,9 @@ def test_fully_async_single_turn_script_is_built_with_partial_rollouts():
 
 
 def test_fully_async_multi_turn_script_with_partial_rollouts_is_refused_with_the_reason():
-    config = load_script("fully_async_dapo_7b_async_retool.sh")
+    with pytest.raises(ConfigError, match="data.custom_cls.path=.*verl's dataset classes subclass verl's RLHFDataset"):
+        load_script("fully_async_dapo_7b_async_retool.sh")  # ReTool's dataset class: refused with the reason
+    config = load_script("fully_async_dapo_7b_async_retool.sh", drop="data.custom_cls")
     assert config.async_training.partial_rollout and config.actor_rollout_ref.rollout.multi_turn.enable
     problems = async_problems(config)
     assert any("partial_rollout=True with multi-turn agent loops" in p and "partial_rollout=False" in p

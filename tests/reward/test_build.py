@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from omegaconf import OmegaConf
 
 from npu_rl.config.schema import PPOConfig
 from npu_rl.reward import REWARD_MANAGERS, build_reward_manager, check_reward_config
 from npu_rl.reward.managers import BatchRewardManager, DAPORewardManager, NaiveRewardManager
-from npu_rl.reward.score_fn import RewardFunctionError
+from npu_rl.reward.score_fn import RewardFunctionError, ScoreFnSpec
 from tests.helpers import make_tiny_tokenizer
 from tests.reward.common import config, make_batch, write_custom
 
@@ -71,10 +73,22 @@ def test_custom_function_problems_name_file_and_function(tmp_path, custom):
     with pytest.raises(RewardFunctionError, match=rf"path: {tmp_path} is a folder; give the .py file inside it"):
         _check(config(path=str(tmp_path), name="f"))
     asynchronous = tmp_path / "async_reward.py"
-    asynchronous.write_text("async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                            "    return 1.0\n")
-    with pytest.raises(RewardFunctionError, match="is an async def: the reward managers call it as a plain"):
-        _check(config(path=str(asynchronous)))
+    asynchronous.write_text("import asyncio\n"
+                            "async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                            "    await asyncio.sleep(0)\n"
+                            "    return {'score': float(solution_str == ground_truth),\n"
+                            "            'loop': id(asyncio.get_running_loop())}\n")
+    _check(config(path=str(asynchronous)))  # verl's reward loop awaits an async compute_score: run per call here
+    fn = ScoreFnSpec(str(asynchronous)).load()
+    assert fn(data_source="d", solution_str="4", ground_truth="4")["score"] == 1.0
+
+    async def inside_a_loop():  # a caller that runs an event loop itself (an agent loop): the call gets its own
+        return fn(data_source="d", solution_str="3", ground_truth="4")
+
+    assert asyncio.run(inside_a_loop())["score"] == 0.0
+    with pytest.raises(RewardFunctionError, match=r"compute_score\(data_source, solution_str, ground_truth, "
+                                                  r"extra_info=None\).*Expected"):
+        ScoreFnSpec(str(asynchronous), batched=True).load()  # its signature is still checked
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
     with pytest.raises(RewardFunctionError, match=rf"cannot import {broken}.*not_a_module_anywhere"):

@@ -254,3 +254,23 @@ def test_a_function_that_cannot_load_fails_in_the_pool_too(tok, custom):
                                                   r"failed: .*Expected verl's signature"):
         manager(make_batch(tok, ["1"], ["1"]))
     manager.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_async_reward_function_scores_in_process_and_in_the_pool(tok, tmp_path, num_workers):
+    """verl's reward loop awaits an ``async def compute_score`` (verl-recipe's FAPO baseline has one): each call is
+    run to completion here, in the trainer's process and in a pool worker alike."""
+    path = tmp_path / "async_reward.py"
+    path.write_text("import asyncio\n"
+                    "async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    loop = asyncio.get_running_loop()\n"
+                    "    correct = await loop.run_in_executor(None, lambda: solution_str.strip() == ground_truth)\n"
+                    "    return {'score': 1.0 if correct else -1.0, 'acc': correct}\n")
+    batch = make_batch(tok, ["5", "4"], ["5", "5"])
+    manager = build_reward_manager(config(path=str(path), num_workers=num_workers), tok)
+    try:
+        result = manager(batch)
+    finally:
+        manager.close()
+    assert result.token_level_scores.sum(-1).tolist() == [1.0, -1.0]
+    assert list(result.extra["acc"]) == [True, False] and result.metrics["reward/errors"] == 0.0

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from npu_rl.agent.tools.base import BaseTool, FunctionSchema
-from npu_rl.utils.imports import load_object
+from npu_rl.utils.imports import load_object, verl_import_hint
 
 BUILTIN_TOOLS = {
     "calculator": "npu_rl.agent.tools.calculator.CalculatorTool",
@@ -73,7 +73,12 @@ def load_class(class_name: Any, base: type, where: str) -> type:
     try:
         cls = load_object(target)
     except (ImportError, AttributeError, ValueError, FileNotFoundError) as exc:
-        raise ToolConfigError(f"{where}: cannot load class {class_name!r}: {exc}") from exc
+        hint = ""
+        if verl_import_hint(exc):  # a verl tool (verl.tools.*, or a recipe's subclass of one)
+            hint = (f"; the module imports verl (not installed), and verl's tool classes are not npu-rl tools: a tool "
+                    f"here subclasses {BaseTool.__module__}.BaseTool (docs/agents.md; verl's Gsm8kTool maps to the "
+                    "built-in one; no sandbox code-execution tool is built in)")
+        raise ToolConfigError(f"{where}: cannot load class {class_name!r}: {exc}{hint}") from exc
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise ToolConfigError(f"{where}: {class_name!r} is not a subclass of {base.__module__}.{base.__name__}")
     return cls

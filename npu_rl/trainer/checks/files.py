@@ -66,7 +66,7 @@ def _resolved_data(config, files_key: str) -> list[str]:
             continue
         try:
             resolved += resolve_data_path(str(item), "train" if files_key == "train_files" else "validation")
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, ImportError):  # reported by the path check
             continue
     return resolved
 

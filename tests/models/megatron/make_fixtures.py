@@ -11,7 +11,13 @@ Beside each, ``reference.pt``: input ids and the model's full-vocabulary logits 
 (not part of the tests; its output is committed):
 
     pip install --target /tmp/mcore megatron-core==0.16.1 --no-deps
-    PYTHONPATH=/tmp/mcore:. torchrun --nproc-per-node 2 tests/models/megatron/make_fixtures.py OUT_DIR
+    PYTHONPATH=/tmp/mcore:. torchrun --nproc-per-node 2 tests/models/megatron/make_fixtures.py OUT_DIR [FAMILY ...]
+
+The families: qwen2, qwen3, llama (dense) and qwen3_moe (Qwen3-MoE: every layer's MLP a mixture of experts, top-k
+softmax over the chosen experts' logits as Qwen3-MoE's ``norm_topk_prob``; megatron-core's local spec builds its
+experts as a ``SequentialMLP`` on CPU, each expert's weights split over the tensor-parallel ranks; the token
+dispatcher ``allgather``). No DeepSeek-V3: megatron-core 0.16.1 does not build its multi-latent attention without
+Transformer Engine (the local spec's ``DotProductAttention`` refuses MLA's ``k_channels``: tried, 2026-12-03).
 """
 
 from __future__ import annotations
@@ -26,12 +32,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 VOCAB, HIDDEN, HEADS, GROUPS, FFN, LAYERS, HEAD_DIM = 128, 32, 4, 2, 64, 2, 8
+EXPERTS, TOPK, MOE_FFN = 4, 2, 16  # qwen3_moe
 
 FAMILIES = {  # Megatron-LM arguments of each family (as its Qwen2 / Qwen3 / Llama scripts pass them)
     "qwen2": dict(add_qkv_bias=True, qk_layernorm=False, rotary_base=1000000.0, norm_epsilon=1e-6),
     "qwen3": dict(add_qkv_bias=False, qk_layernorm=True, rotary_base=1000000.0, norm_epsilon=1e-6),
     "llama": dict(add_qkv_bias=False, qk_layernorm=False, rotary_base=500000.0, norm_epsilon=1e-5),
+    "qwen3_moe": dict(add_qkv_bias=False, qk_layernorm=True, rotary_base=1000000.0, norm_epsilon=1e-6, moe=True),
 }
+MOE = dict(num_moe_experts=EXPERTS, moe_router_topk=TOPK, moe_ffn_hidden_size=MOE_FFN, moe_grouped_gemm=False,
+           moe_router_pre_softmax=False, moe_router_score_function="softmax", moe_router_load_balancing_type="none",
+           moe_token_dispatcher_type="allgather", moe_aux_loss_coeff=0.0)
 
 
 def build(family: str, tp: int):
@@ -40,7 +51,8 @@ def build(family: str, tp: int):
     from megatron.core.transformer import TransformerConfig
 
     f = FAMILIES[family]
-    config = TransformerConfig(
+    moe = MOE if f.get("moe") else {}
+    config = TransformerConfig(**moe,
         num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
         ffn_hidden_size=FFN, kv_channels=HEAD_DIM, gated_linear_unit=True, activation_func=F.silu,
         normalization="RMSNorm", layernorm_epsilon=f["norm_epsilon"], add_bias_linear=False,
@@ -50,7 +62,9 @@ def build(family: str, tp: int):
         gradient_accumulation_fusion=False, persist_layer_norm=False, hidden_dropout=0.0, attention_dropout=0.0,
         init_method_std=0.2)
     torch.manual_seed(1234)
-    model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=f["qk_layernorm"], normalization="RMSNorm"),
+    spec = get_gpt_layer_local_spec(num_experts=moe.get("num_moe_experts"), moe_grouped_gemm=False,
+                                    qk_layernorm=f["qk_layernorm"], normalization="RMSNorm")
+    model = GPTModel(config, spec,
                      vocab_size=VOCAB, max_sequence_length=64, position_embedding_type="rope",
                      rotary_base=f["rotary_base"], share_embeddings_and_output_weights=False, parallel_output=False)
     with torch.no_grad():  # norms away from 1 and biases away from 0, so that a misplaced one shows
@@ -62,7 +76,11 @@ def build(family: str, tp: int):
 
 def args_of(family: str, tp: int):
     f = FAMILIES[family]
-    return argparse.Namespace(
+    moe = dict(num_experts=EXPERTS, moe_router_topk=TOPK, moe_ffn_hidden_size=MOE_FFN, moe_layer_freq=1,
+               moe_router_pre_softmax=False, moe_router_score_function="softmax", moe_grouped_gemm=False,
+               moe_shared_expert_intermediate_size=None, expert_model_parallel_size=1,
+               expert_tensor_parallel_size=tp) if f.get("moe") else {}
+    return argparse.Namespace(**moe,
         num_layers=LAYERS, hidden_size=HIDDEN, ffn_hidden_size=FFN, num_attention_heads=HEADS,
         group_query_attention=True, num_query_groups=GROUPS, kv_channels=HEAD_DIM, padded_vocab_size=VOCAB,
         max_position_embeddings=64, seq_length=64, swiglu=True, normalization="RMSNorm", norm_epsilon=f["norm_epsilon"],
@@ -83,10 +101,15 @@ def main() -> int:
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
     # the attention forks the CUDA RNG tracker around its dropout (0 here): nothing to fork on CPU
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    from megatron.core.transformer.moe import moe_utils
+
+    # megatron-core 0.16.1 leaves this name undefined without Transformer Engine; the router's own matmul is used
+    # when it is None
+    moe_utils.__dict__.setdefault("te_general_gemm", None)
     ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(12).unsqueeze(0).expand(2, -1)
     causal = torch.triu(torch.ones(1, 1, 12, 12, dtype=torch.bool), diagonal=1)  # True: masked
-    for family in FAMILIES:
+    for family in sys.argv[2:] or FAMILIES:
         model, _ = build(family, world)
         with torch.no_grad():
             logits = model(ids, positions, causal)  # [b, s, V], gathered over the TP ranks

@@ -1,9 +1,9 @@
 """Megatron checkpoints -> Hugging Face folders (npu_rl/models/megatron.py, ``npu-rl convert``).
 
 The checkpoints under fixtures/ were written by the real megatron-core 0.16.1 on CPU (make_fixtures.py beside this
-file: tiny Qwen2 / Qwen3 / Llama GPT models, tensor parallel 2 on 2 gloo processes, saved as torch_dist and as
-Megatron-LM's legacy mp_rank_* files), with megatron-core's own logits. The converted folders must give the same
-logits through transformers (fp32)."""
+file: tiny Qwen2 / Qwen3 / Llama GPT models and a Qwen3-MoE one (4 experts, top 2, its experts a SequentialMLP),
+tensor parallel 2 on 2 gloo processes, saved as torch_dist and as Megatron-LM's legacy mp_rank_* files), with
+megatron-core's own logits. The converted folders must give the same logits through transformers (fp32)."""
 
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
 @pytest.mark.parametrize("kind", ["legacy", "torch_dist"])
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama", "qwen3_moe"])
 def test_converted_logits_equal_megatron_cores(tmp_path, family, kind):
     reference = torch.load(os.path.join(FIXTURES, f"{family}_tp2", "reference.pt"), weights_only=True)
     out = str(tmp_path / "hf")
     assert convert(os.path.join(FIXTURES, f"{family}_tp2", kind), out) == (family, kind)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                                    "llama": "LlamaForCausalLM"}[family]
+                                    "llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[family]
     with torch.no_grad():
         logits = model(reference["ids"]).logits
     torch.testing.assert_close(logits, reference["logits"], rtol=1e-5, atol=1e-5)
@@ -103,8 +103,21 @@ def test_incomplete_and_unsupported_checkpoints_are_refused(tmp_path):
         iteration_folder(str(tmp_path))
     base = dict(swiglu=True, normalization="RMSNorm", position_embedding_type="rope", qk_layernorm=False,
                 add_qkv_bias=True)
-    with pytest.raises(MegatronCheckpointError, match="args.num_experts=8: mixture-of-experts"):
-        family_of(argparse.Namespace(**base, num_experts=8))
+    with pytest.raises(MegatronCheckpointError, match="args.num_experts=8 without qk_layernorm: of the mixture-of"):
+        family_of(argparse.Namespace(**base, num_experts=8))  # Qwen2-MoE-like: not converted
+    moe = {**base, "qk_layernorm": True, "add_qkv_bias": False, "num_experts": 8}
+    assert family_of(argparse.Namespace(**moe)) == "qwen3_moe"
+    for extra, why in [({"moe_shared_expert_intermediate_size": 64}, "shared experts"),
+                       ({"moe_layer_freq": [1, 0]}, "dense layers among the MoE ones"),
+                       ({"moe_router_score_function": "sigmoid"}, "only softmax routing"),
+                       ({"moe_router_enable_expert_bias": True}, "expert bias"),
+                       ({"moe_router_num_groups": 8}, "group-limited routing"),
+                       ({"moe_router_topk_scaling_factor": 2.5}, "scaled top-k"),
+                       ({"multi_latent_attention": True}, "multi-latent attention")]:
+        with pytest.raises(MegatronCheckpointError, match=why):
+            family_of(argparse.Namespace(**moe, **extra))
+    with pytest.raises(MegatronCheckpointError, match="--model-type qwen3: the checkpoint's .* describe qwen3_moe"):
+        family_of(argparse.Namespace(**moe), "qwen3")
     with pytest.raises(MegatronCheckpointError, match="args.swiglu is not set"):
         family_of(argparse.Namespace(**{**base, "swiglu": False}))
     with pytest.raises(MegatronCheckpointError, match="--model-type qwen3: the checkpoint's args .* describe qwen2"):
@@ -151,3 +164,47 @@ def test_pipeline_stages_of_a_legacy_checkpoint(tmp_path):
     with torch.no_grad():
         logits = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()(reference["ids"]).logits
     torch.testing.assert_close(logits, reference["logits"], rtol=1e-5, atol=1e-5)
+
+
+def _rewrite_legacy(tmp_path, family: str, change) -> str:
+    """The family's legacy fixture with ``change(payload)`` applied to each rank's file."""
+    folder = _copy(tmp_path, family)
+    for t in range(2):
+        shard = os.path.join(folder, "iter_0000001", f"mp_rank_{t:02d}", "model_optim_rng.pt")
+        payload = torch.load(shard, weights_only=False)  # our own fixture
+        change(payload)
+        torch.save(payload, shard)
+    return folder
+
+
+def test_moe_experts_under_transformer_engines_names_and_norm_topk_prob(tmp_path):
+    """TEGroupedMLP's legacy names (mlp.experts.linear_fc1.weight<e>, as Megatron-Bridge maps them; Transformer
+    Engine does not run on CPU, so they are renamed here from the SequentialMLP fixture) convert to the same model;
+    moe_router_pre_softmax picks Hugging Face's norm_topk_prob; expert-parallel legacy files are refused."""
+    import re
+
+    def te_names(payload):
+        sequential = r"mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight"
+        payload["model"] = {re.sub(sequential, r"mlp.experts.\2.weight\1", k): v for k, v in payload["model"].items()}
+
+    out = str(tmp_path / "hf")
+    assert convert(_rewrite_legacy(tmp_path, "qwen3_moe", te_names), out) == ("qwen3_moe", "legacy")
+    reference = torch.load(os.path.join(FIXTURES, "qwen3_moe_tp2", "reference.pt"), weights_only=True)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert model.config.norm_topk_prob is True and model.config.num_experts == 4
+    with torch.no_grad():
+        torch.testing.assert_close(model(reference["ids"]).logits, reference["logits"], rtol=1e-5, atol=1e-5)
+
+    def pre_softmax(payload):
+        payload["args"].moe_router_pre_softmax = True
+
+    shutil.rmtree(tmp_path / "ckpt")
+    convert(_rewrite_legacy(tmp_path, "qwen3_moe", pre_softmax), str(tmp_path / "hf2"))
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf2")).config.norm_topk_prob is False
+
+    def expert_parallel(payload):
+        payload["args"].expert_model_parallel_size = 2
+
+    shutil.rmtree(tmp_path / "ckpt")
+    with pytest.raises(MegatronCheckpointError, match="expert_model_parallel_size=2: legacy files of an expert-par"):
+        convert(_rewrite_legacy(tmp_path, "qwen3_moe", expert_parallel), str(tmp_path / "hf3"))
