@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.loader import ConfigError, load_config
 from npu_rl.plan.job import plan_config, this_device
 from npu_rl.plan.memory import DEVICES
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        config = load_config(args.overrides, args.config_name, args.config_path)
+        # verl's renamed keys (reward.custom_reward_function.*, ...) read as `npu-rl train` reads them
+        config = load_config(translate_overrides(args.overrides), args.config_name, args.config_path)
         check(config, check_paths=False, check_device=False)  # training's value checks, before any arithmetic
         result = plan_config(config, args.device or this_device(), model_config=args.model_config,
                              critic_model_config=args.critic_model_config, ep=args.ep,

@@ -46,4 +46,9 @@ case "$row" in
 esac
 rc=$?
 for f in /tmp/bench-"$row"/*.log; do [ -f "$f" ] && cp "$f" "$out/$row-$(basename "$f")"; done
+# Ray's worker logs (verl's vLLM server and its engine process log there, not to the driver): the last 200 KB of each
+mkdir -p "$out/$row-ray"
+for f in /tmp/ray/session_latest/logs/worker-*.{out,err} /tmp/ray/session_latest/logs/raylet.out; do
+  [ -s "$f" ] && tail -c 200000 "$f" > "$out/$row-ray/$(basename "$f")"
+done
 exit $rc

@@ -64,3 +64,20 @@ def test_a_deep_or_absurd_model_config_is_named_not_a_traceback(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith(f"npu-rl plan: {path}") and "Traceback" not in err
     assert __import__("re").search(words, err), err
+
+
+PLAN_DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "plan")
+
+
+def test_plan_reads_verls_renamed_keys(tmp_path, capsys):
+    """`npu-rl plan` takes the overrides `npu-rl train` takes: verl 0.9's reward.custom_reward_function.* included."""
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(open(os.path.join(PLAN_DATA, "qwen2.5-7b", "config.json")).read())
+    code = plan(["--device", "h200", "algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={model}",
+                 f"reward.custom_reward_function.path={reward}"])
+    captured = capsys.readouterr()
+    assert code in (0, 1), captured.err
+    assert "peak" in captured.out
