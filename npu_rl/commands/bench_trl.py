@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="npu-rl-bench-trl-")
     caches = args.cache_dir or os.path.join(work, "caches")
     runs: list[dict] = []
+    keep = args.keep
     try:
         files = prepare_inputs(args, work)
         for index in range(1, args.repeat + 1):
@@ -301,10 +302,11 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"run": index, "cache": cache, **result})
                 print(f"npu-rl bench trl: run {index} ({cache}) {side}: wall {result['wall_s']:.1f} s", flush=True)
     except RuntimeError as exc:
+        keep = True  # the failed side's output.log is in it
         print(f"npu-rl bench trl: {exc}", file=sys.stderr)
         return 1
     finally:
-        if not args.keep:
+        if not keep:
             shutil.rmtree(work, ignore_errors=True)  # the bench's own folder (and, without --cache-dir, its caches)
     print(render(runs, args))
     if args.out:

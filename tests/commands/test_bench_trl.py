@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -149,3 +150,13 @@ def test_the_report_labels_cold_and_warm_runs_and_gives_the_ratios():
 
 def test_the_heldout_set_the_report_names_has_25_rows():
     assert len(bench_trl._task_rows(bench_trl.HELDOUT_SET)) == 25  # 1-digit addition: a quarter of 100 problems
+
+
+def test_a_failed_side_keeps_the_work_folder_with_its_output(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench_trl.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(bench_trl, "prepare_inputs", lambda args, work: dict(FILES))
+    monkeypatch.setattr(bench_trl, "side_command", lambda *a: [sys.executable, "-c", "print('boom'); raise SystemExit(3)"])
+    assert bench_trl.main(["--sides", "ours"]) == 1
+    work = next(tmp_path.iterdir())
+    assert (work / "ours-1" / "output.log").read_text().strip() == "boom"
+    assert "the ours side failed (exit 3)" in capsys.readouterr().err
