@@ -849,6 +849,9 @@ class TrainerConfig:
     has (actor/pg_loss, actor/kl_loss, critic/vf_loss), entropy, KL, grad norm, length, timing, throughput"""
     save_on_interrupt: bool = True
     """SIGINT / SIGTERM: finish the step, save it, print the resume command, exit 130/143"""
+    draw_curves: bool = True
+    """npu-rl: draw curves.png / curves.html in the run folder when training ends (npu-rl plot draws them later);
+    False: nothing but the metrics is written at the end (npu-rl bench trl)"""
     overwrite_checkpoints: bool = False
     """resume_mode=disable into a default_local_dir holding checkpoints is refused unless this is True (then the old
     global_step_* folders and the marker are removed first, so the folder never mixes two runs)"""

@@ -223,7 +223,8 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     checkpoint = latest_checkpoint(config)
     _summary(trainer, tracker.jsonl_path, time.perf_counter() - start, checkpoint)
     write_ray_timeline(config)
-    _draw_curves(run_dir)
+    if config.trainer.draw_curves:
+        _draw_curves(run_dir)
     return RunResult(code, trainer.global_step, run_dir, tracker.jsonl_path, checkpoint)
 
 

@@ -47,3 +47,33 @@ def test_a_cached_conversion_gets_chatml_end_token(tmp_path, monkeypatch, caplog
     before = (folder / "tokenizer_config.json").stat().st_mtime_ns
     loader.resolve_model_path("smollm2-135m-instruct")  # already right: not rewritten
     assert (folder / "tokenizer_config.json").stat().st_mtime_ns == before
+
+
+def _tiny_gguf(path: str) -> str:
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.arange(12, dtype=np.float32).reshape(3, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_conversion_parses_the_gguf_file_once_and_builds_each_name_map_once(tmp_path):
+    import gguf
+
+    path = _tiny_gguf(str(tmp_path / "tiny.gguf"))
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
+    with loader.gguf_parsed_once():
+        first = gguf.GGUFReader(path)  # looked up on the module at call time, as transformers does
+        assert gguf.GGUFReader(str(tmp_path / "." / "tiny.gguf")) is first  # one reader per file
+        assert first.tensors[0].name == "token_embd.weight"
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        assert gguf.get_tensor_name_map(arch, 3) is not gguf.get_tensor_name_map(arch, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_map)  # restored
+    assert gguf.GGUFReader(path) is not first

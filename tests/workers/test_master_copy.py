@@ -3,12 +3,13 @@ updated master weights reach the bf16 compute copy."""
 
 from __future__ import annotations
 
+import copy
 
 import torch
 
 from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
 
-from npu_rl.workers.model_runner import ModelRunner
+from npu_rl.workers.model_runner import ModelRunner, cast_copy
 from tests.parallel.common import make_batch, mean_nll, tiny_model
 
 
@@ -53,3 +54,22 @@ def test_optimizer_implementation_is_the_device_layers_choice(monkeypatch):
 
     with pytest.raises(ValueError, match="NPU_RL_OPTIMIZER_IMPL='fast'"):
         make_backend("cpu").optimizer_kwargs(params)
+
+
+def test_the_compute_copy_is_the_deep_copy_cast_without_a_master_dtype_copy_first():
+    model = tiny_model()
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are
+    model.model.layers[0].mlp.up_proj.weight.requires_grad_(False)
+    reference = copy.deepcopy(model).to(torch.bfloat16)  # what the runner built before
+    fast = cast_copy(model, torch.bfloat16)
+    assert fast.lm_head.weight is fast.model.embed_tokens.weight
+    assert fast.lm_head.weight is not model.lm_head.weight
+    for (name, a), (_, b) in zip(reference.named_parameters(), fast.named_parameters()):
+        assert (a.dtype, a.requires_grad) == (b.dtype, b.requires_grad), name
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    for (name, a), (_, b) in zip(reference.named_buffers(), fast.named_buffers()):
+        assert a.dtype == b.dtype, name  # rotary frequencies cast as .to() casts them
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)  # the copy owns its storage
+    torch.testing.assert_close(fast.lm_head.weight, reference.lm_head.weight, atol=0, rtol=0)
