@@ -19,6 +19,10 @@ Each side runs in its own interpreter, one after the other; wall time is the sid
 (vLLM's, Inductor's, Triton's) in the bench's folder, empty for the first run: with ``--repeat 2`` the first run is
 cold and the second warm, and the report shows them apart. Steady step: the median step after the first.
 
+The bench folder (``--dir``) keeps every finished run in ``results.jsonl``: a later invocation of the same job (the
+same keys) on the same folder reports the earlier runs beside its own, and its runs count on from them (warm). So the
+two sides of a row too long for one device call can run one call each (``--sides verl``, then ``--sides ours``).
+
 verl is an optional benchmark dependency (``pip install verl`` and its runtime: scripts/gpu/verl_wheels.txt, carried
 to the H200 by ``WITH_VERL=1 scripts/gpu/carry_vllm.sh``).
 """
@@ -26,6 +30,7 @@ to the H200 by ``WITH_VERL=1 scripts/gpu/carry_vllm.sh``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -252,6 +257,38 @@ def run_side(side: str, overrides: list[str], folder: str, run: int, timeout: fl
     return result
 
 
+RESULTS_FILE = "results.jsonl"
+
+
+def _job_key(overrides: list[str]) -> str:
+    return hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:16]
+
+
+def record_run(folder: str, overrides: list[str], result: dict) -> None:
+    """Keep a finished run in the bench folder, so that a later invocation of the same job reports it too (the sides
+    of a large row can then run in separate device calls, each under the device's per-call limit)."""
+    with open(os.path.join(folder, RESULTS_FILE), "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"job": _job_key(overrides), **result}) + "\n")
+
+
+def earlier_runs(folder: str, overrides: list[str]) -> list[dict]:
+    """The runs of this very job (the same overrides) recorded in ``folder``; runs of another job are left out."""
+    path = os.path.join(folder, RESULTS_FILE)
+    if not os.path.isfile(path):
+        return []
+    key, runs = _job_key(overrides), []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise ValueError(f"{path}:{number}: not a JSON line; move the file away to start this job "
+                                 "over") from None
+            if row.pop("job", None) == key:
+                runs.append(row)
+    return runs
+
+
 def render(results: list[dict], args) -> str:
     def f(x, digits=2):
         return "-" if x is None or x != x else f"{x:.{digits}f}"
@@ -298,18 +335,23 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.dir or tempfile.mkdtemp(prefix="npu-rl-bench-verl-")
     try:
         overrides = prepare(args, folder)
+        earlier_runs(folder, overrides)  # a damaged results file is named before anything runs
     except (ValueError, FileNotFoundError) as exc:
         print(f"npu-rl bench verl: {exc}", file=sys.stderr)
         return 2
-    results, failures = [], []
-    for run in range(1, args.repeat + 1):
+    results, failures = earlier_runs(folder, overrides), []
+    if results:
+        print(f"bench verl: {len(results)} earlier run(s) of this job in {folder} join the report", flush=True)
+    for repeat in range(args.repeat):
         for side in sides:
+            run = 1 + sum(r["side"] == side for r in results)  # a side's first run in this folder is its cold one
             try:
                 results.append(run_side(side, overrides, folder, run, args.timeout))
             except (RuntimeError, FileNotFoundError, ValueError) as exc:  # the other side still runs
                 print(f"npu-rl bench verl: {exc}", file=sys.stderr, flush=True)
                 failures.append({"side": side, "run": run, "error": str(exc)[:4000]})
                 continue
+            record_run(folder, overrides, results[-1])
             print(f"bench verl: {side} run {run}: wall {results[-1]['wall_s']:.1f} s, steady step "
                   f"{results[-1]['steady_step_s']:.2f} s", flush=True)
     if results:

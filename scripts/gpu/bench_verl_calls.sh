@@ -7,6 +7,9 @@
 #   bash scripts/gpu/bench_verl_calls.sh unpack 1          # carry .whl/verl/part1
 #   ...
 #   bash scripts/gpu/bench_verl_calls.sh unpack 5 && bash scripts/gpu/bench_verl_calls.sh row q05
+# A call may run 600 s: a row whose two sides do not fit runs one side a call (`row q7-1k --sides verl --timeout 560`,
+# then `row q7-1k --sides ours --timeout 560`): the bench folder /tmp/bench-ROW keeps the first call's run, and the
+# second call's report shows both. verl's first attempt (2026-12-03) had not left vLLM's server start after 265 s.
 # Rows (each one `npu-rl bench verl` invocation; figures and logs under $OUT):
 #   embedded  the embedded task (SmolLM2-135M, arithmetic) as a first-time user runs it, cold then warm
 #   q05       Qwen2.5-0.5B shape, 16 prompts x 4, 128 + 256 tokens (the TRL table's row)

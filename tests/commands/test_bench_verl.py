@@ -121,3 +121,32 @@ def test_missing_verl_and_bad_sides_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(bench_verl.importlib.util, "find_spec", lambda name: None)
     assert bench_verl.main([]) == 2
     assert "verl is not installed" in capsys.readouterr().err
+
+
+def test_a_folder_keeps_runs_of_the_same_job_across_invocations(tmp_path, monkeypatch, capsys):
+    """The sides of a long row run in separate invocations (device calls); the report joins them, runs count on."""
+    calls = []
+
+    def fake_run(side, overrides, folder, run, timeout):
+        calls.append((side, run))
+        return {"side": side, "run": run, "warm": run > 1, "wall_s": 10.0 * run, "first_step_s": 1.0,
+                "steady_step_s": 1.0, "tokens_per_s_per_gpu": 100.0, "peak_memory_gb": 1.0, "phases_s": {},
+                "num_steps": 1}
+
+    monkeypatch.setattr(bench_verl, "run_side", fake_run)
+    job = ["--model", "shape:tiny", "--prompts", "1", "--steps", "1", "--prompt-length", "4", "--dir", str(tmp_path)]
+    assert bench_verl.main([*job, "--sides", "ours"]) == 0
+    assert bench_verl.main([*job, "--sides", "ours", "--out", str(tmp_path / "o.json")]) == 0
+    assert calls == [("ours", 1), ("ours", 2)]  # the second invocation's run is the warm one
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert [(r["side"], r["run"], r["warm"]) for r in out["results"]] == [("ours", 1, False), ("ours", 2, True)]
+    assert "1 earlier run(s) of this job" in capsys.readouterr().out
+    # another job in the same folder starts over
+    assert bench_verl.main([*job, "--sides", "ours", "--lr", "3e-6", "--out", str(tmp_path / "o2.json")]) == 0
+    assert [r["run"] for r in json.loads((tmp_path / "o2.json").read_text())["results"]] == [1]
+    # a damaged record is named before anything runs
+    with open(tmp_path / "results.jsonl", "a") as fh:
+        fh.write("{not json\n")
+    assert bench_verl.main([*job, "--sides", "ours"]) == 2
+    assert "results.jsonl:4: not a JSON line" in capsys.readouterr().err
+    assert len(calls) == 3
