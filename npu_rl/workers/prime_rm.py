@@ -11,8 +11,10 @@ prime_dp_rm.py / prime_fsdp_workers.py; the formulas are in :mod:`npu_rl.core.pr
 
 Log-probs are taken at temperature 1 (the raw logits, as verl's PRM). The PRM trains with the actor's FSDP settings
 (``actor_rollout_ref.actor.fsdp_config``: verl's prime_trainer.yaml ties its offload keys to the actor's) and the
-optimizer ``reward_model.model.optim``; the reference runs with ``actor_rollout_ref.ref.fsdp_config``. Its checkpoint
-(weights, optimizer, schedule) is the folder ``reward_model/`` of each step's checkpoint.
+optimizer ``reward_model.model.optim``; its reference runs with the same settings (the same dtypes), so that the two
+agree exactly before the first update (``q = 0``; verl's reference runs under bf16 autocast, whose rounding the batch
+normalisation would blow up to rewards of order 1). Its checkpoint (weights, optimizer, schedule) is the folder
+``reward_model/`` of each step's checkpoint.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class ImplicitPRMWorker:
                                              enable_gradient_checkpointing=rm_cfg.model.enable_gradient_checkpointing)
         self.ref_model = dataclasses.replace(base, path=rm_cfg.model.ref_path or rm_cfg.model.path,
                                              enable_gradient_checkpointing=False)
-        self.actor_fsdp, self.ref_fsdp = arr.actor.fsdp_config, arr.ref.fsdp_config
+        self.fsdp_config = arr.actor.fsdp_config
         self.engine: TrainingEngine | None = None
         self.ref_engine: TrainingEngine | None = None
 
@@ -63,11 +65,11 @@ class ImplicitPRMWorker:
         rows = max((self.cfg.mini_batch_size or settings.train_rows) // dp, 1)
         update = UpdateSettings(rows_per_mini_batch=rows, micro=micro, epochs=1, shuffle=False,
                                 grad_clip=self.cfg.model.optim.grad_clip)
-        self.engine = build_policy_engine(self.prm_model, self.actor_fsdp, role=ROLE, run_settings=settings,
+        self.engine = build_policy_engine(self.prm_model, self.fsdp_config, role=ROLE, run_settings=settings,
                                           forward_micro=micro, sp_size=1, trainable=True,
                                           optim_config=self.cfg.model.optim, total_training_steps=total_training_steps,
                                           update=update)
-        self.ref_engine = build_policy_engine(self.ref_model, self.ref_fsdp, role="prm_ref", run_settings=settings,
+        self.ref_engine = build_policy_engine(self.ref_model, self.fsdp_config, role="prm_ref", run_settings=settings,
                                               forward_micro=micro, sp_size=1, trainable=False)
 
     def dispatch_layout(self):
