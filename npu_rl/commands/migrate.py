@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         words, source, entry_point = list(args.overrides), "overrides", None
     overrides, flags, flag_rows = compat.split_flags(words)
+    flags.config_name = compat.entry_config_name(entry_point, flags.config_name)
     if entry_point is not None:
         flag_rows = compat.entry_point_rows(entry_point) + flag_rows
     if entry_point is not None and entry_point.endswith("main_dapo"):

@@ -119,6 +119,9 @@ class RunSettings:
     distillation: Any = None
     # reward_model.enable with a causal LM: the reward model is a judge (npu_rl/workers/judge.py), not a classifier
     reward_judge: bool = False
+    # reward_model.reward_manager=prime: PRIME's settings (npu_rl.trainer.checks.prime.PrimeSpec), else None; the
+    # implicit PRM is the role "prm" (reward_model.enable), not a reward model that replaces the score
+    prime: Any = None
     # data.apply_chat_template_kwargs: the agent loops render later turns with the same template settings as the prompt
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     # what the plan reads differently from the keys as written (verl's global micro-batch sizes, uneven micro-batches,
@@ -188,7 +191,7 @@ def _role_settings(world: int, sp: int, mini_batch_size: int, n: int) -> RoleSet
 
 
 def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correction: Any,
-                        distillation: Any = None, reward_judge: bool = False) -> RunSettings:
+                        distillation: Any = None, reward_judge: bool = False, prime: Any = None) -> RunSettings:
     """The plan of a config (see :func:`plan_problems` for the checks behind each number). ``needs``: what the
     advantage estimator reads (``npu_rl.core.estimator_needs``); ``bypass_correction``: the core's settings of
     ``algorithm.rollout_correction`` in bypass mode, else None. ``npu_rl.trainer.preflight.run_settings_for`` passes both."""
@@ -216,7 +219,7 @@ def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correct
         use_critic=use_critic,
         use_ref=ref_enabled(config),
         ref_in_actor=ref_enabled(config) and arr.model.lora_rank > 0,
-        use_reward_model=bool(config.reward_model.enable),
+        use_reward_model=bool(config.reward_model.enable) and prime is None,
         use_greedy_baseline="reward_baselines" in needs,
         policy_model_path=arr.model.path,
         actor=_role_settings(world, arr.actor.ulysses_sequence_parallel_size, arr.actor.ppo_mini_batch_size, n),
@@ -229,6 +232,7 @@ def derive_run_settings(config: PPOConfig, needs: frozenset[str], bypass_correct
         allow_compile=not uses_precision_debugger(config),
         distillation=distillation,
         reward_judge=reward_judge,
+        prime=prime,
         notes=tuple(notes),
     )
 

@@ -71,6 +71,18 @@ class DataConfig:
     mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
     """image bounds for a Qwen-VL actor: min_pixels / max_pixels (each image resized to fit, before the model's image
     processor); other keys are refused"""
+    filter_accuracy: bool = False
+    """PRIME (reward_model.reward_manager=prime): put the groups whose mean accuracy lies in [accuracy_lower_bound,
+    accuracy_upper_bound] first when the oversampled batch is cut to train_batch_size prompts"""
+    accuracy_lower_bound: float = 0.0
+    """PRIME: the lowest mean accuracy of a group that passes data.filter_accuracy"""
+    accuracy_upper_bound: float = 1.0
+    """PRIME: the highest mean accuracy of a group that passes data.filter_accuracy"""
+    oversample_factor: float = 1.0
+    """PRIME: generate for train_batch_size x this many prompts, keep train_batch_size of them (filtered groups
+    first)"""
+    filter_truncate: bool = False
+    """PRIME: a group whose longest response reaches max_response_length - 1 tokens does not pass the filter"""
 
     def check(self, key: str) -> list[str]:
         unknown = sorted(set(self.mm_processor_kwargs or {}) - {"min_pixels", "max_pixels"})
@@ -82,6 +94,12 @@ class DataConfig:
             (self.max_prompt_length > 0, f"{key}.max_prompt_length must be > 0"),
             (self.max_response_length > 0, f"{key}.max_response_length must be > 0"),
             (self.gen_batch_size is None or self.gen_batch_size > 0, f"{key}.gen_batch_size must be > 0"),
+            (finite(self.oversample_factor) and self.oversample_factor >= 1,
+             f"{key}.oversample_factor={self.oversample_factor} must be >= 1 (prompts generated per prompt kept)"),
+            (not finite(self.accuracy_lower_bound) or not finite(self.accuracy_upper_bound)
+             or self.accuracy_lower_bound <= self.accuracy_upper_bound,
+             f"{key}.accuracy_lower_bound={self.accuracy_lower_bound} must be <= accuracy_upper_bound="
+             f"{self.accuracy_upper_bound}"),
         )
 
 
@@ -592,14 +610,47 @@ class CriticConfig:
 
 
 @dataclass
+class PrimeOptimConfig(OptimConfig):
+    """PRIME's PRM optimizer: verl's prime_trainer.yaml defaults (no weight decay) and its gradient clip."""
+
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    grad_clip: float = 10.0
+    """the PRM's gradient norm clip"""
+
+    def check(self, key: str) -> list[str]:
+        return super().check(key) + broken((finite(self.grad_clip) and self.grad_clip > 0,
+                                            f"{key}.grad_clip={self.grad_clip} must be > 0"))
+
+
+@dataclass
 class RewardModelModelConfig:
     input_tokenizer: Optional[str] = "${actor_rollout_ref.model.path}"
     path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
     external_lib: Optional[str] = None
     trust_remote_code: bool = False
     use_remove_padding: bool = False
-    """no effect in npu-rl (kept for verl scripts): the reward model runs on padded rows"""
+    """no effect in npu-rl (kept for verl scripts): the reward model runs on padded rows (PRIME's implicit PRM packs
+    its rows as the actor does, per actor_rollout_ref.model.use_remove_padding)"""
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    ref_path: Optional[str] = None
+    """PRIME: the frozen reference of the implicit PRM (None: reward_model.model.path, as verl's prime_trainer.yaml)"""
+    ref_type: str = "freeze"
+    """PRIME: freeze (the only kind verl's recipe builds: the reference never trains)"""
+    update: str = "before"
+    """PRIME: before (update the PRM on the batch, then score it with the updated PRM) | none (score only, never
+    train); verl's after / reverse are refused"""
+    beta_train: float = 0.05
+    """PRIME: beta of the implicit reward beta x log(pi_prm / pi_ref) and of the PRM's cross-entropy loss"""
+    loss_type: str = "ce"
+    """PRIME: ce (cross-entropy of sigmoid(beta x sum_t log-ratio) against the outcome); verl's dpo / bon_acc /
+    bon_rm are refused"""
+    optim: PrimeOptimConfig = field(default_factory=PrimeOptimConfig)
+    """PRIME: the implicit PRM's optimizer (AdamW) and schedule"""
+    tokenizer_path: Optional[str] = None
+    """no effect in npu-rl (kept for verl scripts): the PRM reads the policy's token ids, so it shares its tokenizer"""
+    enable_gradient_checkpointing: bool = False
+    """PRIME: recompute the PRM's activations in its backward"""
 
 
 @dataclass
@@ -701,6 +752,12 @@ class RewardModelConfig:
     batch_timeout_s: float = 300.0
     """npu-rl: one deadline for a whole batch's scoring (N hung rows cost one deadline, not N x timeout_s)"""
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    prime_granularity: str = "token"
+    """PRIME: token (the implicit reward on every token but the last) | whole (its sum on the last token)"""
+    prime_norm: str = "batch_norm"
+    """PRIME: batch_norm (divide the token scores by the batch's largest |return|) | none"""
+    mini_batch_size: Optional[int] = None
+    """PRIME: samples (not prompts) per optimizer step of the PRM (None: the step's samples in one step)"""
 
 
 @dataclass
@@ -785,6 +842,10 @@ class AlgorithmConfig:
     gdpo_reward_weights: Optional[list[float]] = None
     """gdpo: one weight per component (default: all 1)"""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    reward_gt_coef: float = 5.0
+    """PRIME: weight of the outcome reward's RLOO advantage"""
+    reward_dpo_coef: float = 5.0
+    """PRIME: weight of the implicit PRM's RLOO advantage"""
 
     def check(self, key: str) -> list[str]:
         return broken((not finite(self.gamma) or 0 <= self.gamma <= 1, f"{key}.gamma={self.gamma} must be in [0, 1]"),

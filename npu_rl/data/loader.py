@@ -199,13 +199,15 @@ def build_dataloader(data_config, tokenizer, split: str = "train", *, batch_size
                      require_ground_truth: bool = True, vision: Optional[VisionInputs] = None) -> PromptDataLoader:
     """The data loader for ``data.train_files`` (``split="train"``) or ``data.val_files`` (``"val"``).
 
-    Train: ``batch_size`` defaults to ``data.gen_batch_size`` or else ``data.train_batch_size`` prompts, shuffled
+    Train: ``batch_size`` defaults to ``data.gen_batch_size`` or else ``data.train_batch_size`` prompts (times
+    ``data.oversample_factor``, PRIME's oversampling, 1 elsewhere: validation refuses it outside PRIME), shuffled
     with ``data.seed`` when ``data.shuffle``, the last partial batch dropped. Val: ``data.val_batch_size`` or the
     whole set in one batch, shuffled only when ``data.validation_shuffle``, nothing dropped.
     """
     dataset = dataset or build_dataset(data_config, tokenizer, split, files, require_ground_truth, vision)
     if split == "train":
-        size = batch_size or data_config.gen_batch_size or data_config.train_batch_size
+        size = batch_size or data_config.gen_batch_size or \
+            int(data_config.train_batch_size * data_config.oversample_factor)
         shuffle, drop_last = bool(data_config.shuffle), True
     else:
         size = batch_size or data_config.val_batch_size or len(dataset)

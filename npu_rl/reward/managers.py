@@ -247,6 +247,13 @@ class NaiveRewardManager(RuleRewardManager):
     """One scoring call per row (verl's ``naive``)."""
 
 
+@REWARD_MANAGERS.register("prime")
+class PrimeRewardManager(RuleRewardManager):
+    """verl's ``prime``: the outcome score of each row (verl scores rows in a process pool: reward_model.num_workers
+    here); the name also turns PRIME on (npu_rl/trainer/checks/prime.py), whose advantages read this score as the
+    outcome ``acc`` of each sample."""
+
+
 @REWARD_MANAGERS.register("gdpo")
 class GDPORewardManager(RuleRewardManager):
     """verl's ``gdpo``: naive scoring; a dict result's entries (the GDPO reward components) become per-row extras,

@@ -4,10 +4,12 @@ One step::
 
     prompts --repeat n--> rollout (wake, sync weights, generate, sleep) --> responses [+ rollout logprobs]
        --> reward manager --> token-level scores        (DAPO: drop groups whose metric is constant, generate more)
+                                                          (PRIME: keep train_batch_size groups, filtered ones first)
        --> actor forward (no grad) --> old logprobs, entropy  (bypass mode: the rollout's logprobs instead)
        --> rollout correction: IS weights, rejection, rollout_corr/* metrics (algorithm.rollout_correction)
        --> reference forward --> ref logprobs             (when a KL term is on)
        --> teacher forward --> teacher logprobs           (on-policy distillation: distillation.enabled)
+       --> implicit PRM: update on the outcomes, then token scores   (PRIME: reward_model.reward_manager=prime)
        --> critic forward --> values                      (PPO / GAE)
        --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
        --> advantage estimator (registry) --> advantages, returns
@@ -33,7 +35,15 @@ import torch
 
 from npu_rl.config.derived import RunSettings
 from npu_rl.config.schema import PPOConfig
-from npu_rl.core import AdvantageInputs, compute_advantages, kl_in_reward, make_kl_controller
+from npu_rl.core import (
+    AdvantageInputs,
+    AdvantageOutput,
+    as_group_ids,
+    compute_advantages,
+    kl_in_reward,
+    make_kl_controller,
+)
+from npu_rl.core.prime import group_filter_mask, prime_rloo_advantages, prioritised_keep
 from npu_rl.protocol import Batch
 from npu_rl.trainer import metrics as M
 from npu_rl.trainer.async_rollouts import SyncRollouts
@@ -85,6 +95,7 @@ class Roles:
     reward_model: Any = None  # a model-based reward replaces the rule score (reward_model.enable)
     teacher: Any = None  # on-policy distillation's frozen teacher (distillation.enabled)
     judge: Any = None  # a generative reward model (reward_model.enable with a causal LM): scores replace the rule's
+    prm: Any = None  # PRIME's implicit process reward model (trained every step; reward_model.reward_manager=prime)
     num_devices: int = 1
 
 
@@ -211,6 +222,9 @@ class PPOTrainer:
             with timer("reward"):
                 batch, reward_metrics = self._score(batch)
             metrics |= reward_metrics
+            if self.run_settings.prime is not None:
+                batch, prime_metrics = self._prime_filter(batch)
+                metrics |= prime_metrics
             if not fg.enable:
                 break
             survivors, filter_metrics = filter_groups(batch, fg.metric)
@@ -242,6 +256,38 @@ class PPOTrainer:
             record = os.path.join(self.tracker.run_dir, "judge", f"{self.global_step}.jsonl")
             return score_with_judge(batch, self.judge, self.tokenizer, record, self.global_step)
         return score_batch(batch, self.reward_fn)
+
+    def _prime_filter(self, batch: Batch) -> tuple[Batch, dict[str, Any]]:
+        """PRIME's cut of the oversampled batch to ``data.train_batch_size`` groups, those passing the accuracy and
+        truncation filters first (npu_rl.core.prime); ``acc``: the mean outcome before the cut (verl's metric)."""
+        spec = self.run_settings.prime
+        acc = batch["token_level_scores"].sum(-1)
+        ids = as_group_ids(batch["uid"], num_samples=len(batch))
+        passes = group_filter_mask(acc=acc, response_lengths=batch["response_mask"].sum(-1), group_ids=ids,
+                                   filter_accuracy=spec.filter_accuracy, lower=spec.accuracy_lower_bound,
+                                   upper=spec.accuracy_upper_bound, filter_truncate=spec.filter_truncate,
+                                   max_response_length=self.run_settings.max_response_length)
+        keep = prioritised_keep(passes, ids, keep_groups=spec.keep_prompts, n=self.run_settings.rollout_n)
+        return batch.index(keep), {"acc": acc.float().mean()}
+
+    def _implicit_prm(self, batch: Batch, timer: PhaseTimer) -> tuple[Batch, dict[str, Any]]:
+        """PRIME: the outcome ``acc`` of each sample (its rule score, which must lie in [0, 1]: the PRM's
+        cross-entropy target), then the implicit PRM's update and its token scores ``rm_scores``."""
+        spec = self.run_settings.prime
+        acc = batch["token_level_scores"].sum(-1).float()
+        if bool(((acc < 0) | (acc > 1)).any()):
+            raise ValueError(f"PRIME: the reward function gave scores outside [0, 1] (min {float(acc.min())}, max "
+                             f"{float(acc.max())}); PRIME reads each score as the outcome's accuracy, the target of "
+                             "the PRM's cross-entropy: use a 0/1 (correct / wrong) reward")
+        batch = batch.union(Batch({"acc": acc}))
+        metrics: dict[str, Any] = {}
+        if self.roles.prm is None:  # reward_model.enable=False: the outcome's advantage alone
+            return batch, metrics
+        with timer("reward_model"):
+            if spec.update == "before":
+                metrics |= self.roles.prm.update_rm(batch).metrics
+            scored = self.roles.prm.compute_rm_score(batch)
+        return batch.union(scored.batch), metrics | scored.metrics
 
     def _greedy_baseline(self, prompts: Batch) -> torch.Tensor:
         """The score of one greedy response per prompt, repeated over its n samples (ReMax's baseline). [B*n]"""
@@ -276,11 +322,23 @@ class PPOTrainer:
         if self.roles.teacher is not None:
             with timer("teacher"):
                 batch = batch.union(self.roles.teacher.compute_teacher_logprobs(batch))
+        if self.run_settings.prime is not None:
+            batch, prm_metrics = self._implicit_prm(batch, timer)
+            metrics |= prm_metrics
         if self.run_settings.use_critic:
             with timer("values"):
                 batch = batch.union(self.roles.critic.compute_values(batch))
         with timer("adv"):
             rewards = batch["token_level_scores"]
+            if self.run_settings.prime is not None:  # RLOO per reward source (use_kl_in_reward: no effect, as verl)
+                spec = self.run_settings.prime
+                out = AdvantageOutput(*prime_rloo_advantages(
+                    token_scores=batch.get("rm_scores"), acc=batch["acc"], response_mask=batch["response_mask"],
+                    group_ids=as_group_ids(batch["uid"], num_samples=len(batch)),
+                    reward_dpo_coef=spec.reward_dpo_coef, reward_gt_coef=spec.reward_gt_coef))
+                batch = batch.union(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
+                                           "returns": out.returns}))
+                return batch, metrics
             if algo.use_kl_in_reward:
                 rewards, kl_metrics = kl_in_reward(
                     token_level_scores=rewards, old_logprobs=batch["old_logprobs"],
@@ -373,6 +431,8 @@ class PPOTrainer:
             self.roles.actor_rollout.save_checkpoint(f"{tmp}/actor")
             if self.run_settings.use_critic:
                 self.roles.critic.save_checkpoint(f"{tmp}/critic")
+            if self.roles.prm is not None:
+                self.roles.prm.save_checkpoint(f"{tmp}/reward_model")
             return self.checkpoints.commit(self.global_step, tmp, self.trainer_state())
         except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
             interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
@@ -393,6 +453,8 @@ class PPOTrainer:
         self.roles.actor_rollout.load_checkpoint(f"{path}/actor")
         if self.run_settings.use_critic:
             self.roles.critic.load_checkpoint(f"{path}/critic")
+        if self.roles.prm is not None:
+            self.roles.prm.load_checkpoint(f"{path}/reward_model")
         self.global_step = state["global_step"]
         self.prompts.load_state_dict(state["prompts"])
         self.backend.set_rng_state(state["rng"])

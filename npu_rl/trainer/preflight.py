@@ -22,6 +22,8 @@ and what to change.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import sys
 
@@ -40,6 +42,7 @@ from npu_rl.trainer.checks.device import device_problems
 from npu_rl.trainer.checks.distillation import distillation_config_problems, distillation_spec, teacher_file_problems
 from npu_rl.trainer.checks.files import file_problems
 from npu_rl.trainer.checks.judge import judge_problems, uses_judge
+from npu_rl.trainer.checks.prime import prime_config_problems, prime_notes, prime_spec
 from npu_rl.trainer.checks.moe import router_replay_problems
 from npu_rl.trainer.checks.names import estimator_resolves, name_problems
 from npu_rl.trainer.rollout_correction import correction_spec
@@ -121,7 +124,9 @@ def _plan(config: PPOConfig, strict: bool) -> RunSettings:
         except ValueError:
             if strict:
                 raise
-    return derive_run_settings(config, needs, bypass, distillation_spec(config), uses_judge(config))
+    settings = derive_run_settings(config, needs, bypass, distillation_spec(config), uses_judge(config),
+                                   prime_spec(config))
+    return dataclasses.replace(settings, notes=settings.notes + tuple(prime_notes(config)))
 
 
 def check(config: PPOConfig, run_settings: RunSettings | None = None, check_paths: bool = True, check_device: bool = True) -> None:
@@ -137,6 +142,7 @@ def check(config: PPOConfig, run_settings: RunSettings | None = None, check_path
     problems += router_replay_problems(config, check_paths)
     problems += distillation_config_problems(config)
     problems += judge_problems(config)
+    problems += prime_config_problems(config)
     if check_paths:
         problems += file_problems(config, run_settings.use_critic)
         problems += teacher_file_problems(config)

@@ -190,6 +190,9 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     if "reward_model" in group.role_names():
         group.reward_model.init_model()
         roles.reward_model = group.reward_model
+    if "prm" in group.role_names():
+        group.prm.init_model(total_steps)
+        roles.prm = group.prm
 
     run_dir = run_dir_for(config)
 

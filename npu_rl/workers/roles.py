@@ -12,6 +12,7 @@ from npu_rl.workers.actor_rollout import ActorRolloutWorker
 from npu_rl.workers.critic import CriticWorker
 from npu_rl.workers.reference import ReferenceWorker
 from npu_rl.workers.judge import JudgeWorker
+from npu_rl.workers.prime_rm import ImplicitPRMWorker
 from npu_rl.workers.reward_model import RewardModelWorker
 from npu_rl.workers.teacher import TeacherWorker, teacher_slices
 
@@ -30,6 +31,8 @@ def worker_specs(config: PPOConfig, run_settings: RunSettings) -> dict[str, Work
     if run_settings.distillation is not None:  # a frozen teacher on the same devices, like the reference
         teacher_model, teacher_ref = teacher_slices(arr.model, arr.ref, config.distillation.teacher_models.teacher_model)
         roles["teacher"] = WorkerSpec(TeacherWorker, (teacher_model, teacher_ref, run_settings))
+    if run_settings.prime is not None and run_settings.prime.use_prm:  # PRIME's implicit PRM (trained), and its ref
+        roles["prm"] = WorkerSpec(ImplicitPRMWorker, (arr, config.reward_model, run_settings))
     if run_settings.use_reward_model and run_settings.reward_judge:  # a generative reward model, served on rank 0
         roles["judge"] = WorkerSpec(JudgeWorker, (config.reward_model, run_settings))
     elif run_settings.use_reward_model:

@@ -432,3 +432,16 @@ def test_a_secret_written_in_the_script_is_masked(capsys, tmp_path):
     main([str(script), "--skip-paths"])
     out = capsys.readouterr().out
     assert "planted" not in out and "WANDB_API_KEY=<redacted>" in out
+
+
+def test_prime_script_migrates_to_main_prime(tmp_path, capsys):
+    """verl-recipe's PRIME launch becomes npu_rl.trainer.main_prime with its config, and its overrides pass."""
+    script = tmp_path / "run_prime.sh"
+    script.write_text("python3 -m recipe.prime.main_prime data.train_batch_size=8 data.filter_accuracy=True "
+                      "data.accuracy_lower_bound=0.2 data.oversample_factor=4 algorithm.adv_estimator=rloo "
+                      "reward_model.model.update=before reward_model.model.beta_train=0.05 "
+                      "reward_model.mini_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8\n")
+    assert main([str(script), "--skip-paths"]) == 0
+    out = capsys.readouterr().out
+    assert "python3 -m npu_rl.trainer.main_prime --config-name prime_trainer" in out
+    assert "the kept overrides load and pass the checks" in out

@@ -334,10 +334,10 @@ SCRIPT_NAMES = sorted(f[:-4] for f in os.listdir(SCRIPTS) if f.endswith(".txt"))
 def test_verl_script_passes_the_check(name, local_files):
     """Every launch loads, or stops on a refusal with its reason; none meets an unknown key of verl's. A recipe's own
     trainer (not main_ppo) is refused as a whole; verl's async trainers load on npu-rl's (docs/async.md)."""
-    from npu_rl.compat.verl.migrate import ASYNC_TRAINERS, entry_point_rows
+    from npu_rl.compat.verl.migrate import ASYNC_TRAINERS, PRIME_TRAINER, entry_point_rows
 
     trainer = header(name, "trainer")
-    if trainer is not None and trainer.startswith("recipe."):
+    if trainer is not None and trainer.startswith("recipe.") and trainer != PRIME_TRAINER[0]:
         rows = entry_point_rows(trainer)
         assert rows and rows[0].kind == "refused" and "a recipe's own trainer" in rows[0].detail
         return  # its keys are that recipe's
@@ -345,7 +345,10 @@ def test_verl_script_passes_the_check(name, local_files):
     unknown = [o for o in overrides if verl_keys.classify(o.lstrip("+~").split("=", 1)[0]).kind == "unknown"]
     assert unknown == []  # (a refusal stops the loading before the loader would name an unknown key)
     config_name = "ppo_trainer"
-    if trainer is not None:  # verl's asynchronous trainers: npu-rl's module of the same name, its config and mode
+    if trainer == PRIME_TRAINER[0]:  # verl-recipe's PRIME: npu_rl.trainer.main_prime and its config
+        assert entry_point_rows(trainer) == []
+        config_name = PRIME_TRAINER[2]
+    elif trainer is not None:  # verl's asynchronous trainers: npu-rl's module of the same name, its config and mode
         assert entry_point_rows(trainer) == []
         config_name, mode = next(v for k, v in ASYNC_TRAINERS.items() if trainer.endswith(k))
         overrides = overrides + [f"async_training.mode={mode}"]
@@ -401,16 +404,56 @@ def test_docs_list_every_alias_and_the_counts():
                 f"{kinds.count(kind)} (a feature landed or an entry moved): update the counts there")
 
 
-def test_prime_is_refused_naming_what_is_missing():
-    from npu_rl.compat.verl.migrate import entry_point_rows
+@pytest.mark.parametrize("name", ["recipe_prime_run_prime_qwen", "recipe_prime_run_prime_qwen_code"])
+def test_prime_recipe_loads_on_main_prime(name, local_files, capsys):
+    """verl-recipe's PRIME scripts pass ``--cfg job`` with the module changed to npu_rl.trainer.main_prime."""
+    from npu_rl.compat.verl.migrate import entry_point_rows, npu_rl_module
+    from npu_rl.trainer.main_prime import main
 
-    (row,) = entry_point_rows("recipe.prime.main_prime")
-    assert row.kind == "refused" and "implicit process reward model" in row.detail
-    for key in ("data.filter_accuracy", "data.accuracy_lower_bound", "reward_model.model.beta_train",
-                "reward_model.prime_granularity", "algorithm.reward_dpo_coef"):
-        status = verl_keys.classify(key)
-        assert status.kind == "refused" and "PRIME" in status.why and "accuracy filter" in status.why, key
-    assert verl_keys.refused_value("reward_model.reward_manager", "prime") is not None
-    assert load("data.filter_accuracy=False") is not None  # off: accepted with a note
-    with pytest.raises(ConfigError, match=r"data.accuracy_lower_bound=0.2: PRIME .* is not implemented"):
-        load("data.accuracy_lower_bound=0.2")
+    assert entry_point_rows("recipe.prime.main_prime") == []
+    assert npu_rl_module("recipe.prime.main_prime")[0] == "npu_rl.trainer.main_prime"
+    files = dict(local_files, **{"reward_model.model.path": local_files["actor_rollout_ref.model.path"]})
+    overrides = supply_paths(read_lines(os.path.join(SCRIPTS, f"{name}.txt")), files)
+    code = main(["--cfg", "job", *overrides])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "# config 'prime_trainer' is valid" in err
+    assert "algorithm.use_kl_in_reward=True has no effect with PRIME" in err
+    config = load(*overrides, config_name="prime_trainer")
+    assert config.reward_model.reward_manager == "prime" and config.data.filter_accuracy is True
+    assert config.reward_model.model.update == "before" and config.reward_model.mini_batch_size == 64
+
+
+@pytest.mark.parametrize("override,message", [
+    ("reward_model.model.update=reverse", "reward_model.model.update=reverse: PRIME's implicit PRM is updated before"),
+    ("reward_model.model.loss_type=dpo", "reward_model.model.loss_type=dpo: PRIME's implicit PRM trains with the "
+                                         "cross-entropy loss only"),
+])
+def test_prime_values_not_implemented_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load(override, config_name="prime_trainer")
+
+
+def test_prime_settings_are_checked_naming_the_key(local_files):
+    paths = [f"{k}={v}" for k, v in local_files.items() if k in ("data.train_files", "data.val_files",
+                                                                   "actor_rollout_ref.model.path")]
+    cases = {
+        "algorithm.adv_estimator=grpo": "algorithm.adv_estimator=grpo with reward_model.reward_manager=prime",
+        "actor_rollout_ref.rollout.n=1": "actor_rollout_ref.rollout.n=1 with PRIME",
+        "reward_model.prime_norm=layer": "reward_model.prime_norm=layer: expected one of",
+        "reward_model.model.beta_train=0": "reward_model.model.beta_train=0.0 must be > 0",
+        "data.gen_batch_size=8": "data.gen_batch_size=8 with PRIME",
+        "data.accuracy_lower_bound=0.9": "data.accuracy_lower_bound=0.9 must be <= accuracy_upper_bound=0.8",
+    }
+    for override, message in cases.items():
+        config = load(*paths, override, config_name="prime_trainer")
+        with pytest.raises(ConfigError) as exc:
+            validate(config, check_device=False, check_paths=False)
+        assert any(message in p for p in exc.value.problems), (override, exc.value.problems)
+    # PRIME's data keys outside PRIME are refused, naming the key
+    config = load(*paths, "data.filter_accuracy=True", "data.oversample_factor=2")
+    with pytest.raises(ConfigError) as exc:
+        validate(config, check_device=False, check_paths=False)
+    for key in ("data.filter_accuracy", "data.oversample_factor"):
+        assert any(p.startswith(f"{key} is read only by PRIME") for p in exc.value.problems), key
+    validate(load(*paths, config_name="prime_trainer"), check_device=False, check_paths=False)  # the defaults pass

@@ -25,7 +25,7 @@ def _check(cfg: PPOConfig):
 
 
 def test_registered_managers():
-    assert REWARD_MANAGERS.names() == ["batch", "dapo", "gdpo", "naive"]
+    assert REWARD_MANAGERS.names() == ["batch", "dapo", "gdpo", "naive", "prime"]
     tok = make_tiny_tokenizer()
     for name, cls in (("naive", NaiveRewardManager), ("batch", BatchRewardManager), ("dapo", DAPORewardManager)):
         _check(config(name))

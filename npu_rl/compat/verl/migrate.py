@@ -103,22 +103,31 @@ ASYNC_TRAINERS = {
 }
 
 
+# verl-recipe's PRIME trainer: npu-rl's module and its config (docs/algorithms.md, "PRIME")
+PRIME_TRAINER = ("recipe.prime.main_prime", "npu_rl.trainer.main_prime", "prime_trainer")
+
+
 def npu_rl_module(entry_point: str | None) -> tuple[str, str | None]:
     """(npu-rl's module for verl's ``entry_point``, the ``async_training.mode`` it sets or None)."""
     for tail, (_, mode) in ASYNC_TRAINERS.items():
         if entry_point is not None and entry_point.endswith("experimental." + tail):
             return f"npu_rl.experimental.{tail}", mode
+    if entry_point is not None and entry_point.endswith("main_prime"):
+        return PRIME_TRAINER[1], None
     return "npu_rl.trainer.main_ppo", None
+
+
+def entry_config_name(entry_point: str | None, config_name: str) -> str:
+    """The config npu-rl's module for ``entry_point`` starts from when the script names none (PRIME's own)."""
+    if entry_point is not None and entry_point.endswith("main_prime") and config_name == "ppo_trainer":
+        return PRIME_TRAINER[2]
+    return config_name
 
 
 def entry_point_rows(module: str) -> list[Row]:
     """A refused row for a recipe's own trainer (none for main_ppo, its DAPO entry point and the async trainers)."""
     if module in ENTRY_POINTS:
         return []
-    if module.rpartition(".")[0] == "recipe.prime":  # said in full: what of PRIME is missing
-        prime = classify("algorithm.reward_dpo_coef")
-        return [Row(f"-m {module}", module, "refused", f"{module} is a recipe's own trainer (PRIME): {prime.why}; "
-                                                       f"instead: {prime.instead}")]
     return [Row(f"-m {module}", module, "refused", f"{module} is a recipe's own trainer (its own loop and config), "
                                                    "not main_ppo; instead: python3 -m npu_rl.trainer.main_ppo with "
                                                    "the overrides below")]

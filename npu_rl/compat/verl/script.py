@@ -46,7 +46,9 @@ ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "npu_rl.traine
                 # the asynchronous trainers (docs/async.md)
                 "verl.experimental.one_step_off_policy.main_ppo", "verl.experimental.fully_async_policy.fully_async_main",
                 "npu_rl.experimental.one_step_off_policy.main_ppo",
-                "npu_rl.experimental.fully_async_policy.fully_async_main")
+                "npu_rl.experimental.fully_async_policy.fully_async_main",
+                # verl-recipe's PRIME (npu_rl.trainer.main_prime, config prime_trainer)
+                "recipe.prime.main_prime", "npu_rl.trainer.main_prime")
 # other trainers of verl's recipes: recognised (and reported as what they are), not translated
 OTHER_TRAINERS = ("recipe.*main*", "verl.experimental.*main*")
 MAX_BYTES = 1 << 20  # a run script is a few kB; a larger file is not one

@@ -16,7 +16,7 @@ JUDGE_ENGINES = ROLLOUT_ENGINES  # the engines a judge runs on: the rollout engi
 def uses_judge(config: PPOConfig) -> bool:
     """``reward_model.enable`` with a causal LM (a built-in model, or a folder whose architectures are all LMs)."""
     rm = config.reward_model
-    if not rm.enable:
+    if not rm.enable or rm.reward_manager == "prime":  # PRIME's causal LM is its implicit PRM, not a judge
         return False
     path = str(rm.model.path)
     if is_builtin(path):
