@@ -302,6 +302,9 @@ class ActorConfig:
     """sapo: gate temperature where the advantage is positive"""
     tau_neg: float = 1.05
     """sapo: gate temperature where the advantage is not positive"""
+    freeze_vision_tower: bool = False
+    """a Qwen-VL actor: the vision tower takes no gradient (only the language model trains), and each prompt's
+    images are encoded once per update"""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     loss_agg_mode: str = "token-mean"
     """token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | ...-norm"""

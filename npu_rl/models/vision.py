@@ -9,15 +9,26 @@ A batch of such rows holds, besides the usual tensors:
                                     [images_i, 3] (empty for a text row)
 
 The model takes the rows' ``pixel_values`` concatenated in row order (its vision tower fills the ``<|image_pad|>``
-positions in the same order) and ``position_ids`` as [3, B, T]. The vision tower runs once per row and forward
-(a prompt's ``rollout.n`` samples each run it): caching it per prompt is not built.
+positions in the same order) and ``position_ids`` as [3, B, T].
+
+One vision forward per prompt (:class:`ImageFeatures`): a prompt's ``rollout.n`` rows share one ``multi_modal_inputs``
+dict (``Batch.repeat`` repeats the object, and pickling keeps the sharing), so a pass over a batch encodes each
+distinct dict once (:func:`encode_images`: one call of the model's ``get_image_features`` over them all) and every
+micro-batch hands the model its rows' features (transformers' ``mm_encoder_outputs``, which the model scatters into
+the ``<|image_pad|>`` positions as it does its own; Qwen3-VL's deepstack features too) instead of pixels. Rows are
+matched by identity, so two equal dicts that are different objects are simply encoded twice. Used where no gradient
+has to reach the vision tower: log-prob and reference passes, and the update when the tower is frozen
+(``actor.freeze_vision_tower``, or LoRA adapters on the language model only).
 """
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from npu_rl.data.images import QWEN_VL_TYPES, VisionInputs, VisionSpec
 from npu_rl.models.kinds import is_qwen_vl_folder
@@ -104,3 +115,100 @@ def vision_tower(model: torch.nn.Module) -> Optional[torch.nn.Module]:
     """The vision encoder of a Qwen-VL model (``model.model.visual``), or None for a text model."""
     inner = getattr(model, "model", None)
     return getattr(inner, "visual", None)
+
+
+def vision_tower_frozen(model: torch.nn.Module) -> bool:
+    """Whether no parameter of the vision tower of ``model`` (PEFT-wrapped or not) takes a gradient."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    tower = vision_tower(inner)
+    return tower is not None and not any(p.requires_grad for p in tower.parameters())
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """verl's ``actor.freeze_vision_tower``: the vision tower (patch embedding, blocks, merger) takes no gradient and
+    the optimizer leaves it out. Returns how many parameters were frozen; raises for a model without one."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    tower = vision_tower(inner)
+    if tower is None:
+        raise ValueError(f"actor_rollout_ref.actor.freeze_vision_tower=True, but {type(inner).__name__} has no vision "
+                         "tower (model.visual): set it to False")
+    params = list(tower.parameters())
+    for param in params:
+        param.requires_grad_(False)
+    return len(params)
+
+
+def takes_encoder_outputs(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes precomputed vision features (``mm_encoder_outputs``, transformers >= 5.19's
+    Qwen-VL classes); with an older transformers the features cannot be handed in and every row encodes its own."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = getattr(inner, "model", None)
+    return base is not None and "mm_encoder_outputs" in inspect.signature(base.forward).parameters
+
+
+@dataclass
+class ImageFeatures:
+    """The vision tower's outputs for a batch's distinct image dicts (module docstring), by the dict's identity:
+    per dict, its images' merged features (``pooler_output``, one [tokens_i, H] each) and, for Qwen3-VL, the
+    deepstack features (per deepstack layer, one [tokens_i, H] per image)."""
+
+    output_type: type
+    pooled: dict[int, list[torch.Tensor]]
+    deepstack: Optional[dict[int, list[list[torch.Tensor]]]]
+    keep: list  # the dicts themselves: their ids stay theirs while the features are held
+    encodes: int = 1  # vision forwards this took
+
+    def model_inputs(self, rows: Optional[Sequence[Any]]) -> dict[str, Any]:
+        """The model's keyword arguments for ``rows`` (a micro-batch's ``multi_modal_inputs``, in row order):
+        ``mm_encoder_outputs`` holding their images' features; {} when no row has an image."""
+        present = [row for row in (rows if rows is not None else []) if row]
+        if not present:
+            return {}
+        missing = [i for i, row in enumerate(present) if id(row) not in self.pooled]
+        if missing:
+            raise KeyError(f"ImageFeatures: {len(missing)} image row(s) of this micro-batch were not encoded with the "
+                           "batch (encode_images over the whole batch first)")
+        pooled = tuple(t for row in present for t in self.pooled[id(row)])
+        fields: dict[str, Any] = {"pooler_output": pooled}
+        if self.deepstack is not None:
+            layers = len(self.deepstack[id(present[0])])
+            fields["deepstack_features"] = [tuple(t for row in present for t in self.deepstack[id(row)][layer])
+                                            for layer in range(layers)]
+        return {"mm_encoder_outputs": {"image": self.output_type(**fields)}}
+
+
+def distinct_image_rows(rows: Optional[Sequence[Any]]) -> list[dict]:
+    """The rows' image dicts (text rows left out), each object once, in first-seen order."""
+    seen: dict[int, dict] = {}
+    for row in rows if rows is not None else []:
+        if row and id(row) not in seen:
+            seen[id(row)] = row
+    return list(seen.values())
+
+
+@torch.no_grad()
+def encode_images(model: torch.nn.Module, rows: Optional[Sequence[Any]], device,
+                  dtype: Optional[torch.dtype] = None) -> Optional[ImageFeatures]:
+    """One vision forward over the distinct image dicts of ``rows`` (a whole batch's ``multi_modal_inputs``), without
+    gradient; None when no row has an image or the model cannot take precomputed features
+    (:func:`takes_encoder_outputs`). Under FSDP2 the call runs as a forward of the root (its pre/post-forward hooks
+    gather the root's patch embedding and merger), so every rank must call it the same number of times: once per
+    pass, as each did per micro-batch before."""
+    distinct = distinct_image_rows(rows)
+    if not distinct or not takes_encoder_outputs(model):
+        return None
+    if isinstance(model, FSDPModule) and not getattr(model, "_npu_rl_image_features_registered", False):
+        register_fsdp_forward_method(model, "get_image_features")
+        model._npu_rl_image_features_registered = True
+    inputs = multi_modal_kwargs(distinct, device, dtype)
+    out = model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
+    counts = [len(torch.as_tensor(row["image_grid_thw"])) for row in distinct]
+    per_image = list(out.pooler_output)
+    layers = getattr(out, "deepstack_features", None)
+    pooled, deepstack, start = {}, ({} if layers is not None else None), 0
+    for row, count in zip(distinct, counts):
+        pooled[id(row)] = per_image[start:start + count]
+        if deepstack is not None:
+            deepstack[id(row)] = [list(layer[start:start + count]) for layer in layers]
+        start += count
+    return ImageFeatures(type(out), pooled, deepstack, distinct)

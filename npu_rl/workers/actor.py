@@ -31,6 +31,7 @@ from npu_rl.core.distillation import combined_loss, distillation_loss
 from npu_rl.models.forward import LogprobOptions
 from npu_rl.models.fused_losses import implementation_name
 from npu_rl.models.loader import load_causal_lm, resolve_model_path
+from npu_rl.models.vision import freeze_vision_tower
 from npu_rl.models import moe
 from npu_rl.models.lora import (
     ADAPTER_NAME,
@@ -52,11 +53,13 @@ from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, run_settings: RunSettings, forward_micro: MicroBatching,
                         sp_size: int, trainable: bool, optim_config=None, total_training_steps=None,
-                        update: UpdateSettings | None = None, compile_blocks: bool = False) -> TrainingEngine:
+                        update: UpdateSettings | None = None, compile_blocks: bool = False,
+                        freeze_vision: bool = False) -> TrainingEngine:
     """A causal LM from ``actor_rollout_ref.model`` on an engine: the actor's (trained) or the reference's.
     With ``lora_rank`` > 0 the trained one is a PEFT model: the frozen base loaded straight in the compute dtype,
     fp32 adapters (models/lora.py). On several ranks the model is built on the meta device and each rank reads
-    only its shards (:func:`sharded_load_folder`)."""
+    only its shards (:func:`sharded_load_folder`). ``freeze_vision`` (``actor.freeze_vision_tower``): a Qwen-VL
+    model's vision tower takes no gradient."""
     lora = LoraSpec.from_config(model_cfg)
     lora_on = lora.enabled and trainable
     weights_folder = sharded_load_folder(model_cfg.path)
@@ -69,6 +72,8 @@ def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, run_s
     )
     if lora_on:
         model = apply_lora(model, lora, base_path=model_cfg.path, seed=run_settings.seed)
+    if trainable and freeze_vision:
+        freeze_vision_tower(model)
     return TrainingEngine(model, fsdp_config, role=role, response_length=run_settings.max_response_length,
                           forward_micro=forward_micro, sp_size=sp_size, use_remove_padding=model_cfg.use_remove_padding,
                           optim_config=optim_config if trainable else None, total_training_steps=total_training_steps,
@@ -106,7 +111,8 @@ class ActorWorker:
             self.model_cfg, cfg.fsdp_config, role="actor", run_settings=self.run_settings, forward_micro=self.logprob_micro,
             sp_size=cfg.ulysses_sequence_parallel_size, trainable=True, optim_config=cfg.optim,
             total_training_steps=total_training_steps, update=update,
-            compile_blocks=cfg.use_torch_compile and self.run_settings.allow_compile)
+            compile_blocks=cfg.use_torch_compile and self.run_settings.allow_compile,
+            freeze_vision=cfg.freeze_vision_tower)
         if cfg.moe_router_bias_update_rate > 0 and not moe.has_correction_bias(self.engine.compute_model):
             raise ValueError(f"actor_rollout_ref.actor.moe_router_bias_update_rate={cfg.moe_router_bias_update_rate}"
                              f": {type(moe.base_model(self.engine.compute_model)).__name__} has no routing bias "

@@ -20,6 +20,7 @@ The update, for one step's batch on this rank::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import torch
 from npu_rl.core import loss_denominators
 from npu_rl.device import get_backend
 from npu_rl.models import moe
-from npu_rl.models.vision import MULTI_MODAL_KEY, multi_modal_kwargs
+from npu_rl.models.vision import MULTI_MODAL_KEY, ImageFeatures, encode_images, multi_modal_kwargs, vision_tower_frozen
 from npu_rl.models.forward import (
     LogprobOptions,
     packed_response_logprobs,
@@ -154,6 +155,10 @@ class TrainingEngine:
         self.update_settings = update
         self.seed = seed
         self.num_updates = 0
+        # A Qwen-VL model: a pass encodes each prompt's images once (npu_rl.models.vision.ImageFeatures) where no
+        # gradient reaches the vision tower; False: every row of every micro-batch runs it (the plain path)
+        self.encode_images_once = True
+        self.image_features: ImageFeatures | None = None  # set during a pass
         self.optimizer = self.scheduler = None
         if self.trainable:
             if update is None or total_training_steps is None:
@@ -188,9 +193,29 @@ class TrainingEngine:
                 inputs["responses"]), kept, inputs
 
     def _image_inputs(self, mb: Batch) -> dict[str, torch.Tensor]:
-        """A Qwen-VL micro-batch's ``pixel_values`` / ``image_grid_thw`` (npu_rl.models.vision); {} for text."""
+        """A Qwen-VL micro-batch's image inputs (npu_rl.models.vision): its rows' features encoded with the pass
+        (``mm_encoder_outputs``) when there are, else their ``pixel_values`` / ``image_grid_thw``; {} for text."""
         rows = mb.non_tensors.get(MULTI_MODAL_KEY)
-        return multi_modal_kwargs(rows, self.device, self.runner.param_dtype) if rows is not None else {}
+        if rows is None:
+            return {}
+        if self.image_features is not None:
+            return self.image_features.model_inputs(rows)
+        return multi_modal_kwargs(rows, self.device, self.runner.param_dtype)
+
+    @contextlib.contextmanager
+    def images_encoded_once(self, batch: Batch, *, training: bool = False):
+        """Inside the block, the micro-batches of ``batch`` take their images' features from one vision forward over
+        the batch's distinct image rows. Not in an update whose gradient reaches the vision tower (``training`` and
+        the tower not frozen), with ``encode_images_once`` off, or for a model that cannot take the features."""
+        rows = batch.non_tensors.get(MULTI_MODAL_KEY)
+        wanted = (self.encode_images_once and rows is not None
+                  and (not training or vision_tower_frozen(self.compute_model)))
+        self.image_features = (encode_images(self.compute_model, rows, self.device, self.runner.param_dtype)
+                               if wanted else None)
+        try:
+            yield self.image_features
+        finally:
+            self.image_features = None
 
     def _router_rows(self, inputs: dict[str, torch.Tensor]) -> tuple[Callable, Callable]:
         """Per-token ``[b, T, ...]`` -> ``[N, ...]`` in the order the routers see the tokens: flattened (padded
@@ -266,9 +291,10 @@ class TrainingEngine:
         self.runner.eval()
         micro_batches, permutation = split_micro_batches(batch, self.forward_micro)
         outputs: dict[str, list[torch.Tensor]] = {}
-        for mb in micro_batches:
-            for key, value in forward(mb).items():
-                outputs.setdefault(key, []).append(value.cpu())
+        with self.images_encoded_once(batch):
+            for mb in micro_batches:
+                for key, value in forward(mb).items():
+                    outputs.setdefault(key, []).append(value.cpu())
         return Batch({key: restore_order(values, permutation) for key, values in outputs.items()})
 
     # --------------------------------------------------------------------------------------------- the update
@@ -281,12 +307,14 @@ class TrainingEngine:
         self.runner.train()
         metrics: list[dict[str, torch.Tensor]] = []
         generator = torch.Generator().manual_seed(self.seed + self.num_updates)
-        for _ in range(settings.epochs):
-            order = torch.randperm(len(batch), generator=generator) if settings.shuffle else torch.arange(len(batch))
-            for mini in batch.index(order).split(settings.rows_per_mini_batch):
-                metrics.append(self._update_mini_batch(mini, loss_fn))
-                if after_step is not None:
-                    metrics[-1].update(after_step(bool(metrics[-1][f"{self.role}/nan_skipped"] == 0)))
+        with self.images_encoded_once(batch, training=True):  # a frozen vision tower: its features stay the same
+            for _ in range(settings.epochs):
+                order = (torch.randperm(len(batch), generator=generator) if settings.shuffle
+                         else torch.arange(len(batch)))
+                for mini in batch.index(order).split(settings.rows_per_mini_batch):
+                    metrics.append(self._update_mini_batch(mini, loss_fn))
+                    if after_step is not None:
+                        metrics[-1].update(after_step(bool(metrics[-1][f"{self.role}/nan_skipped"] == 0)))
         # the last step's gradients would otherwise stay allocated through the next rollout and log-prob passes
         # (a fp32 copy of every trainable weight, memory the rollout engine could use)
         self.optimizer.zero_grad(set_to_none=True)

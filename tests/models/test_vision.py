@@ -15,7 +15,15 @@ from npu_rl.models.synthetic import (
     tiny_image_processor,
     vl_char_tokenizer,
 )
-from npu_rl.models.vision import load_vision_inputs, load_vl_model, multi_modal_kwargs, vision_tower
+from npu_rl.models.vision import (
+    encode_images,
+    freeze_vision_tower,
+    load_vision_inputs,
+    load_vl_model,
+    multi_modal_kwargs,
+    vision_tower,
+    vision_tower_frozen,
+)
 from npu_rl.parallel.attention import use_varlen_attention
 from npu_rl.rollout.utils import assemble_rollout_batch
 
@@ -132,3 +140,57 @@ def test_saved_folder_loads_model_and_image_side(kind, tmp_path):
     reference = random_vl_model(kind, seed=3)
     for (name, ours), (_, theirs) in zip(model.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(ours, theirs, msg=name)
+
+
+class _CountCalls:
+    """Counts the forwards of a module (a hook)."""
+
+    def __init__(self, module):
+        self.calls = 0
+        module.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+
+
+@pytest.mark.parametrize("kind", VL_KINDS)
+@pytest.mark.parametrize("packed", [False, True])
+def test_features_encoded_once_per_prompt_equal_per_row_pixels(kind, packed):
+    """Three prompts x n=3 samples: the batch's image dicts are encoded in one vision forward (one per distinct
+    dict), and the log-probs of any micro-batch fed those features equal the plain path's (pixels per row; the
+    vision tower runs in every forward), at fp32 1e-5. Qwen3-VL's deepstack features go through as well."""
+    batch, _, tokenizer = _batch(kind)
+    n = 3
+    batch = batch.repeat(n)  # a prompt's samples share its multi_modal_inputs object, as after the rollout
+    model = random_vl_model(kind, tokenizer, seed=7).eval()
+    if packed:
+        use_varlen_attention(model)
+    forward = packed_response_logprobs if packed else response_logprobs
+    counter = _CountCalls(vision_tower(model))
+    rows = batch.non_tensors["multi_modal_inputs"]
+    with torch.no_grad():
+        features = encode_images(model, rows, "cpu")
+        assert counter.calls == 1 and len(features.pooled) == 2  # two of the three prompts have images
+        assert (features.deepstack is not None) == (kind == "qwen3_vl")
+        for micro in (slice(0, 4), slice(4, 9)):  # micro-batches cutting through a prompt's samples
+            mb = batch.index(micro)
+            args = (mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"], 1.0,
+                    LogprobOptions(compute_entropy=True))
+            cached = forward(model, *args, model_inputs=features.model_inputs(mb.non_tensors["multi_modal_inputs"]))
+            calls = counter.calls
+            plain = forward(model, *args, model_inputs=multi_modal_kwargs(mb.non_tensors["multi_modal_inputs"], "cpu"))
+            assert counter.calls == calls + 1  # the plain path ran the tower; the cached one did not
+            mask = mb["response_mask"].bool()
+            for ours, theirs in zip(cached, plain):
+                torch.testing.assert_close(ours[mask], theirs[mask], rtol=1e-5, atol=1e-6)
+    assert counter.calls == 3
+    assert features.model_inputs([{}, None]) == {}
+    with pytest.raises(KeyError, match="not encoded"):
+        features.model_inputs([dict(rows[0])])  # an equal dict that is another object was not part of the batch
+
+
+def test_freeze_vision_tower():
+    model = random_vl_model("qwen2_5_vl", vl_char_tokenizer(), seed=3)
+    assert not vision_tower_frozen(model)
+    assert freeze_vision_tower(model) == len(list(vision_tower(model).parameters()))
+    assert vision_tower_frozen(model)
+    assert all(p.requires_grad for n, p in model.named_parameters() if not n.startswith("model.visual."))
+    with pytest.raises(ValueError, match="freeze_vision_tower=True.*no vision tower"):
+        freeze_vision_tower(torch.nn.Linear(2, 2))

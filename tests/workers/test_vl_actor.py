@@ -58,3 +58,56 @@ def test_vl_actor_logprobs_and_update(tmp_path, remove_padding):
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert any(k.startswith("model.visual.blocks.") for k in moved), sorted(moved)[:5]
     assert any(k.startswith("model.language_model.layers.") for k in moved)
+
+
+class _CountCalls:
+    def __init__(self, module):
+        self.calls = 0
+        module.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+
+
+def test_vl_actor_encodes_each_prompt_once(tmp_path):
+    """2 prompts x n=4 samples in micro-batches of 2 rows: the log-prob pass runs the vision tower once (the plain
+    path: once per micro-batch) with equal log-probs (1e-5, fp32). With actor.freeze_vision_tower the update
+    encodes once too and trains the language model exactly as the plain path does, the vision tower untouched;
+    without it every micro-batch's forward runs the tower (its gradient is wanted)."""
+    folder = save_random_vl_model(str(tmp_path / "vl"))
+    batch = _rollout_batch(folder, num_prompts=2, n=4)
+    results = {}
+    for once in (True, False):
+        config = actor_config(folder, str(tmp_path / f"run{once}"),
+                              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                              "data.max_prompt_length=128", "actor_rollout_ref.actor.freeze_vision_tower=True")
+        worker = actor_worker(config)
+        worker.init_model(total_training_steps=1)
+        worker.engine.encode_images_once = once
+        counter = _CountCalls(worker.engine.compute_model.model.visual)
+        out = worker.compute_logprobs(batch)
+        logprob_calls = counter.calls
+        before = {k: v.detach().clone() for k, v in worker.model.state_dict().items()}
+        worker.update_policy(batch.union(Batch({"old_logprobs": out["old_logprobs"]})))
+        after = worker.model.state_dict()
+        results[once] = (out["old_logprobs"], logprob_calls, counter.calls - logprob_calls, before, after)
+    (cached, calls, update_calls, before, after), (plain, plain_calls, plain_update_calls, _, plain_after) = \
+        results[True], results[False]
+    assert (calls, update_calls) == (1, 1)
+    assert (plain_calls, plain_update_calls) == (4, 4)  # 8 rows / 2 per micro-batch, in each pass
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(cached[mask], plain[mask], rtol=1e-5, atol=1e-6)
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and not any(k.startswith("model.visual.") for k in moved)
+    for key in before:
+        torch.testing.assert_close(after[key], plain_after[key], rtol=1e-4, atol=1e-6)
+
+
+def test_vl_actor_update_runs_the_vision_tower_per_micro_batch_when_it_trains(tmp_path):
+    folder = save_random_vl_model(str(tmp_path / "vl"))
+    batch = _rollout_batch(folder, num_prompts=2, n=4)
+    config = actor_config(folder, str(tmp_path / "run"), "data.max_prompt_length=128")
+    worker = actor_worker(config)
+    worker.init_model(total_training_steps=1)
+    counter = _CountCalls(worker.engine.compute_model.model.visual)
+    old = worker.compute_logprobs(batch)["old_logprobs"]
+    assert counter.calls == 1
+    worker.update_policy(batch.union(Batch({"old_logprobs": old})))
+    assert counter.calls == 1 + 4

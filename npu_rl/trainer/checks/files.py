@@ -88,6 +88,9 @@ def _capability_problems(config, use_critic: bool) -> list[str]:
             sp_size=max(int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)),
             lora_rank=int(arr.model.lora_rank), rollout_name=str(arr.rollout.name),
             agent_loops=arr.rollout.mode == "async" or bool(arr.rollout.multi_turn.enable))
+    if bool(config.actor_rollout_ref.actor.freeze_vision_tower) and folder and not actor_is_vl:
+        problems.append(f"actor_rollout_ref.actor.freeze_vision_tower=True, but the actor ({actor_path}) is a text "
+                        "model with no vision tower: set it to False")
     if use_critic:
         critic_folder = None if is_builtin(str(config.critic.model.path)) else local_model_folder(
             str(config.critic.model.path))
