@@ -29,7 +29,7 @@ import tempfile
 from npu_rl.models.check import check_model_folder
 from npu_rl.models.loader import load_tokenizer, resolve_model_path
 from npu_rl.models.lora import merge_adapter, read_adapter_config
-from npu_rl.parallel.checkpoint import HF_DIR, merge_checkpoint
+from npu_rl.parallel.checkpoint import HF_DIR, PROCESSOR_FILES, merge_checkpoint
 from npu_rl.parallel.manifest import verify_manifest
 from npu_rl.trainer.checkpoint import latest_step, step_dir
 from npu_rl.utils.dtypes import to_dtype
@@ -128,12 +128,14 @@ def lora_adapter_dir(source: str) -> str | None:
 
 
 def merge_lora(base: str, adapter: str, out: str, dtype=None) -> str:
-    """base model + PEFT adapter -> a merged HF folder (with the base's tokenizer and generation config)."""
+    """base model + PEFT adapter -> a merged HF folder (with the base's tokenizer, generation config and, for a
+    vision-language base, its image processor files)."""
     check_model_folder(base, "the base model")  # the trainer's checks and words, before anything loads
     merge_adapter(base, adapter, out, dtype=dtype, tokenizer=load_tokenizer(base))
-    gen = os.path.join(resolve_model_path(base), "generation_config.json")
-    if os.path.isfile(gen):
-        shutil.copyfile(gen, os.path.join(out, "generation_config.json"))
+    for name in ("generation_config.json",) + PROCESSOR_FILES:
+        path = os.path.join(resolve_model_path(base), name)
+        if os.path.isfile(path):
+            shutil.copyfile(path, os.path.join(out, name))
     return out
 
 

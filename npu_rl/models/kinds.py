@@ -4,7 +4,7 @@ what was asked are refused at validation with the reason.
 - A vision-language model (a ``vision_config``, or an architecture such as ``Qwen2_5_VLForConditionalGeneration``)
   as the actor: a Qwen-VL folder (Qwen2-VL / Qwen2.5-VL / Qwen3-VL, with its preprocessor_config.json) is trained
   (docs/vl.md) where the run uses only what is built for it (``vision_language_problems``: no Ulysses, the hf
-  rollout, no LoRA, no agent loops); any other vision-language family is refused.
+  rollout, no agent loops); any other vision-language family is refused.
 - A generative reward model (a GenRM, as verl's FAPO recipe serves through its reward loop): a checkpoint whose
   architectures are all causal / conditional LMs, given as ``reward_model.model.path``, is served as a judge
   (:func:`is_generative`; npu_rl/reward/judge.py), not scored with a sequence-classification head. A
@@ -73,13 +73,16 @@ def image_patch_size_problem(folder: str, image_patch_size: int) -> Optional[str
             f"to {patch}")
 
 
-def vision_language_problems(key: str, *, sp_size: int, lora_rank: int, rollout_name: str,
+def vision_language_problems(key: str, *, sp_sizes: dict[str, int], rollout_name: str,
                              agent_loops: bool) -> list[str]:
-    """What a Qwen-VL actor's run asks that is not built for it (docs/vl.md)."""
+    """What a Qwen-VL actor's run asks that is not built for it (docs/vl.md). ``sp_sizes``: each role's Ulysses key
+    and its value."""
     wanted = [
-        (sp_size > 1, "Ulysses (ulysses_sequence_parallel_size > 1) with 3-D rotary ids",
-         "ulysses_sequence_parallel_size=1 (model.use_remove_padding=True works without it)"),
-        (lora_rank > 0, "LoRA on a vision-language model (model.lora_rank)", "model.lora_rank=0"),
+        (size > 1, f"Ulysses ({sp_key}={size}: the sequence split would have to keep each image's tokens whole "
+         "where the vision features are scattered, and carry the 3-D rotary ids)",
+         f"{sp_key}=1 (model.use_remove_padding=True packs the rows without it)")
+        for sp_key, size in sp_sizes.items()
+    ] + [
         (rollout_name != "hf", f"rollout.name={rollout_name} with images (vLLM's multi_modal_data)", "rollout.name=hf"),
         (agent_loops, "agent-loop rollouts (rollout.mode=async / multi_turn) with images",
          "rollout.mode=sync, multi_turn.enable=False"),

@@ -116,13 +116,29 @@ def _match(name: str, pattern: Any) -> bool:
     return any(name == p or name.endswith("." + p) for p in pattern)
 
 
+def vision_tower_name(model: nn.Module) -> str | None:
+    """The module name of a Qwen-VL model's vision tower (``model.visual``), None for a text model."""
+    inner = getattr(model, "model", None)
+    tower = getattr(inner, "visual", None)
+    if tower is None:
+        return None
+    return next((name for name, module in model.named_modules() if module is tower), None)
+
+
 def resolve_target_modules(model: nn.Module, target_modules: Any, exclude_modules: Any = None,
                            key: str = "actor_rollout_ref.model") -> list[str]:
-    """Full names of the ``nn.Linear`` layers that get an adapter; a clear error when that is none."""
+    """Full names of the ``nn.Linear`` layers that get an adapter; a clear error when that is none.
+
+    ``all-linear`` is PEFT's meaning (every linear layer but the output layer) except on a vision-language model,
+    where it means the language model's linear layers only: the vision tower (and its merger) stays frozen without
+    an adapter, as verl's Megatron LoRA defaults to (``lora.freeze_vision_model``); PEFT's own ``all-linear``, which
+    verl's FSDP workers pass, would put adapters on the vision tower too. A list or a regex naming vision modules
+    (``qkv``, ``.*visual.*``) adapts them as asked."""
     linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if target_modules == "all-linear":  # PEFT's meaning: every linear layer but the output layer
         head = output_layer_name(model)
-        chosen = [n for n in linears if n != head]
+        tower = vision_tower_name(model)
+        chosen = [n for n in linears if n != head and not (tower and n.startswith(tower + "."))]
     else:
         chosen = [n for n in linears if _match(n, target_modules)]
     if exclude_modules:
@@ -297,7 +313,10 @@ def _wrap(model: nn.Module, spec: LoraSpec, base_path: str | None, seed: int) ->
     """The PEFT model: an adapter loaded from ``spec.adapter_path``, or a fresh one drawn from ``seed``."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    resolve_target_modules(model, spec.target_modules, spec.exclude_modules, spec.key)  # clear error when empty
+    chosen = resolve_target_modules(model, spec.target_modules, spec.exclude_modules, spec.key)  # error when empty
+    targets = spec.target_modules
+    if targets == "all-linear" and vision_tower_name(model) is not None:
+        targets = chosen  # the language model's linear layers, by full name (PEFT's all-linear takes the tower too)
     if spec.adapter_path:
         check_adapter(spec.adapter_path, model, spec)
         peft_model = PeftModel.from_pretrained(model, os.path.expanduser(spec.adapter_path), is_trainable=True,
@@ -305,7 +324,7 @@ def _wrap(model: nn.Module, spec: LoraSpec, base_path: str | None, seed: int) ->
         if base_path is not None:  # what a saved checkpoint's adapter records as its base
             peft_model.peft_config[ADAPTER_NAME].base_model_name_or_path = base_path
     else:
-        config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.target_modules,
+        config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=targets,
                             exclude_modules=spec.exclude_modules, lora_dropout=0.0, bias="none",
                             task_type="CAUSAL_LM", base_model_name_or_path=base_path)
         with torch.random.fork_rng(devices=[]):
@@ -606,8 +625,7 @@ def check_against_model(model_cfg: Any, key: str = "actor_rollout_ref.model") ->
     spec = LoraSpec.from_config(model_cfg, key)
     if not spec.enabled:
         return
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     path = str(model_cfg.path)
     if is_builtin(path):
@@ -622,8 +640,10 @@ def check_against_model(model_cfg: Any, key: str = "actor_rollout_ref.model") ->
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust)
     for name, value in dict(getattr(model_cfg, "override_config", None) or {}).items():
         setattr(config, name, value)
+    auto_class = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None \
+        else AutoModelForCausalLM
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
+        skeleton = auto_class.from_config(config, trust_remote_code=trust)
     resolve_target_modules(skeleton, spec.target_modules, spec.exclude_modules, key)
     if spec.adapter_path and os.path.isdir(os.path.expanduser(spec.adapter_path)):
         check_adapter(spec.adapter_path, skeleton, spec)

@@ -66,7 +66,7 @@ from npu_rl.rollout.utils import (assemble_rollout_batch, check_token_requests, 
                                  first_stop_response_mask, left_padded_prompts)
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten
 from npu_rl.models.loader import load_causal_lm
-from npu_rl.models.lora import has_lora_layers
+from npu_rl.models.lora import has_lora_layers, hf_model
 
 logger = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ class HFRolloutEngine:
                              "a Qwen-VL model")
         dtype = next(self.module.parameters()).dtype
         inputs = multi_modal_kwargs([row for row in rows for _ in range(n)], device, dtype)
-        rope_index = getattr(getattr(self.module, "model", None), "get_rope_index", None)
+        rope_index = getattr(getattr(hf_model(self.module), "model", None), "get_rope_index", None)  # under PEFT too
         if rope_index is not None and "mm_token_type_ids" in inspect.signature(rope_index).parameters:
             # transformers >= 5.19 finds the image tokens from these; earlier versions from the ids themselves
             inputs["mm_token_type_ids"] = (input_ids == image_token_id).int()

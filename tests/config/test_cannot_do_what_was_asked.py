@@ -50,13 +50,30 @@ def test_a_qwen_vl_actor_is_accepted_where_built(tmp_path):
         _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.lora_rank=8")
     message = str(exc.value)
     assert "is a Qwen-VL model: rollout.name=vllm with images (vLLM's multi_modal_data) is not built" in message
-    assert "is a Qwen-VL model: LoRA on a vision-language model (model.lora_rank) is not built" in message
+    assert "LoRA" not in message  # LoRA on the language model is built
     _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf", "data.image_patch_size=14")  # verl's
     with pytest.raises(ConfigError, match="data.image_patch_size=16, but .* uses patch_size=14"):
         _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf", "data.image_patch_size=16")
     (tmp_path / "qwen_vl" / "preprocessor_config.json").unlink()
     with pytest.raises(ConfigError, match="without preprocessor_config.json"):
         _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf")
+
+
+def test_freeze_vision_tower_and_ulysses_with_a_qwen_vl_actor(tiny_model_dir, tmp_path):
+    from npu_rl.models.synthetic import save_random_vl_model
+
+    folder = save_random_vl_model(str(tmp_path / "qwen_vl"))
+    shapes = ["data.train_files=builtin://shapes/train?num_train=8&num_test=2&size=56",
+              "data.val_files=builtin://shapes/test?num_train=8&num_test=2&size=56", "actor_rollout_ref.rollout.name=hf"]
+    config = _config(folder, tmp_path, *shapes, "actor_rollout_ref.actor.freeze_vision_tower=True")
+    assert config.actor_rollout_ref.actor.freeze_vision_tower is True
+    with pytest.raises(ConfigError, match=r"actor.freeze_vision_tower=True, but the actor .* is a text model"):
+        _config(tiny_model_dir, tmp_path, "actor_rollout_ref.actor.freeze_vision_tower=True")
+    for role in ("actor", "ref"):  # refused, naming the key (docs/vl.md: not built)
+        with pytest.raises(ConfigError, match=rf"Ulysses \(actor_rollout_ref\.{role}\."
+                                              r"ulysses_sequence_parallel_size=2: .*\) is not built"):
+            _config(folder, tmp_path, *shapes, "trainer.n_gpus_per_node=2",
+                    f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size=2")
 
 
 def test_image_rows_are_refused_naming_file_and_row(tiny_model_dir, tmp_path):

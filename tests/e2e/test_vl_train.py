@@ -71,3 +71,27 @@ def test_two_processes(tmp_path):
     rows = step_rows(out)
     assert sorted(rows) == [1] and rows[1]["perf/num_memory_reports"] == 2
     assert os.path.isfile(os.path.join(out, "global_step_1", "actor", "huggingface", "preprocessor_config.json"))
+
+
+def test_lora_grpo_step_and_merge(tmp_path):
+    """LoRA on the language model of a Qwen-VL actor: two GRPO steps with the hf rollout (the reference is the
+    actor with its adapter off), the checkpoint's adapter merged by `npu-rl merge` into a loadable Qwen-VL folder
+    whose language model moved and whose vision tower is the base's."""
+    from npu_rl.commands.merge import merge_source
+
+    folder = save_random_vl_model(str(tmp_path / "vl"))
+    out = str(tmp_path / "run")
+    assert run_training(_overrides(folder, out) + [
+        "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.optim.lr=5e-2",
+        "trainer.total_training_steps=2"]) == 0
+    rows = step_rows(out)
+    assert sorted(rows) == [1, 2] and all(torch.isfinite(torch.tensor(r["actor/pg_loss"])) for r in rows.values())
+    actor_dir = os.path.join(out, "global_step_2", "actor")
+    assert os.path.isdir(os.path.join(actor_dir, "lora_adapter"))
+    merged = merge_source(actor_dir, str(tmp_path / "merged"))
+    assert os.path.isfile(os.path.join(merged, "preprocessor_config.json"))
+    mine, base = load_vl_model(merged).state_dict(), load_vl_model(folder).state_dict()
+    assert mine.keys() == base.keys()
+    assert any(not torch.equal(mine[k], base[k]) for k in base if k.startswith("model.language_model.layers."))
+    assert all(torch.equal(mine[k], base[k]) for k in base if k.startswith("model.visual."))

@@ -12,6 +12,7 @@ from npu_rl.data.io import write_parquet
 from npu_rl.data.loader import PromptCollator
 from npu_rl.models.forward import response_logprobs
 from npu_rl.models.loader import load_causal_lm, load_tokenizer
+from npu_rl.models.lora import LoraSpec, apply_lora, lora_layers
 from npu_rl.models.synthetic import VL_KINDS, save_random_vl_model
 from npu_rl.models.vision import load_vision_inputs, multi_modal_kwargs
 from npu_rl.rollout import SamplingParams
@@ -37,10 +38,17 @@ def _prompts(folder, tmp_path):
 
 
 @pytest.mark.parametrize("kind", VL_KINDS)
-def test_rollout_logprobs_equal_the_actor_forward(kind, tmp_path):
+@pytest.mark.parametrize("lora", [False, True])
+def test_rollout_logprobs_equal_the_actor_forward(kind, lora, tmp_path):
+    """``lora``: the module is a PEFT model (a LoRA actor's, the hf engine generates with it): its 3-D ids still come
+    from transformers' rope index (found under the PEFT wrapper)."""
     folder = save_random_vl_model(str(tmp_path / kind), kind, seed=4)
     prompts, tokenizer = _prompts(folder, tmp_path)
     model = load_causal_lm(folder)
+    if lora:
+        model = apply_lora(model, LoraSpec(rank=4), seed=1)
+        for _, layer in lora_layers(model):  # a trained adapter (B is zero when fresh)
+            torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.05)
     torch.manual_seed(0)
     sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, stop_token_ids=[tokenizer.eos_token_id],
                               return_logprobs=True)

@@ -85,8 +85,9 @@ def _capability_problems(config, use_critic: bool) -> list[str]:
         arr = config.actor_rollout_ref
         problems += vision_language_problems(
             "actor_rollout_ref.model.path",
-            sp_size=max(int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)),
-            lora_rank=int(arr.model.lora_rank), rollout_name=str(arr.rollout.name),
+            sp_sizes={f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size":
+                      int(getattr(arr, role).ulysses_sequence_parallel_size) for role in ("actor", "ref")},
+            rollout_name=str(arr.rollout.name),
             agent_loops=arr.rollout.mode == "async" or bool(arr.rollout.multi_turn.enable))
     if bool(config.actor_rollout_ref.actor.freeze_vision_tower) and folder and not actor_is_vl:
         problems.append(f"actor_rollout_ref.actor.freeze_vision_tower=True, but the actor ({actor_path}) is a text "
