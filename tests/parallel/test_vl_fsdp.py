@@ -1,4 +1,5 @@
-"""FSDP2 over a Qwen2.5-VL actor on 2 gloo ranks, padded and packed forward: every vision block and decoder layer is
+"""FSDP2 over a Qwen2.5-VL actor on 2 gloo ranks, padded and packed forward, with the vision tower trained, frozen or
+under a LoRA actor: every vision block and decoder layer is
 its own FSDP group, the weights are read shard by shard, and log-probs of each rank's rows and the weights after one
 PPO update equal the single-process run's."""
 
@@ -11,27 +12,27 @@ from npu_rl.models.synthetic import save_random_vl_model
 from tests.workers.test_vl_actor import _rollout_batch
 
 
-def _worker(folder: str, out_dir: str, remove_padding: bool):
+def _worker(folder: str, out_dir: str, remove_padding: bool, extra: tuple = ()):
     from tests.models.lora.common import actor_config, actor_worker
 
     config = actor_config(folder, out_dir, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
                           "data.max_prompt_length=128", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.rollout.n=2",
                           "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.shuffle=False",
-                          f"actor_rollout_ref.model.use_remove_padding={remove_padding}")
+                          f"actor_rollout_ref.model.use_remove_padding={remove_padding}", *extra)
     worker = actor_worker(config)
     worker.init_model(total_training_steps=1)
     return worker
 
 
-def step_job(folder: str, out_dir: str, remove_padding: bool = False) -> dict:
+def step_job(folder: str, out_dir: str, remove_padding: bool = False, extra: tuple = ()) -> dict:
     """This rank's half of the rows: log-probs, then one update; the full weights after it."""
     from npu_rl.parallel import dist
     from npu_rl.parallel.fsdp import fsdp_modules
     from npu_rl.parallel.weights import iter_full_parameters
     from npu_rl.protocol import Batch
 
-    worker = _worker(folder, out_dir, remove_padding)
+    worker = _worker(folder, out_dir, remove_padding, extra)
     batch = _rollout_batch(folder)
     rank, world = dist.rank(), dist.world_size()
     per_rank = len(batch) // world
@@ -43,13 +44,20 @@ def step_job(folder: str, out_dir: str, remove_padding: bool = False) -> dict:
             "full": {n: t.detach().clone() for n, t in iter_full_parameters(worker.model, include_tied=True)}}
 
 
-@pytest.mark.parametrize("remove_padding", [False, True])
-def test_two_ranks_equal_one(dist_pool2, dist_pool1, tmp_path, remove_padding):
+FROZEN = ("actor_rollout_ref.actor.freeze_vision_tower=True",)
+LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8")
+
+
+@pytest.mark.parametrize("remove_padding,extra", [(False, ()), (True, ()), (False, FROZEN), (True, LORA)],
+                         ids=["padded", "packed", "frozen-tower", "lora"])
+def test_two_ranks_equal_one(dist_pool2, dist_pool1, tmp_path, remove_padding, extra):
+    """With a frozen tower (freeze_vision_tower, or LoRA on the language model) the update's one vision forward per
+    pass runs as a forward of the FSDP2 root on both ranks."""
     folder = save_random_vl_model(str(tmp_path / "vl"))
-    one = dist_pool1.run(step_job, folder, str(tmp_path / "one"), remove_padding)[0]
-    two = dist_pool2.run(step_job, folder, str(tmp_path / "two"), remove_padding)
-    assert {"FSDPQwen2_5_VLVisionBlock", "FSDPQwen2_5_VLDecoderLayer", "FSDPQwen2_5_VLForConditionalGeneration"
-            } <= set(two[0]["groups"])
+    one = dist_pool1.run(step_job, folder, str(tmp_path / "one"), remove_padding, extra)[0]
+    two = dist_pool2.run(step_job, folder, str(tmp_path / "two"), remove_padding, extra)
+    root = "FSDPPeftModelForCausalLM" if extra == LORA else "FSDPQwen2_5_VLForConditionalGeneration"
+    assert {"FSDPQwen2_5_VLVisionBlock", "FSDPQwen2_5_VLDecoderLayer", root} <= set(two[0]["groups"])
     torch.testing.assert_close(torch.cat([two[0]["logprobs"], two[1]["logprobs"]]), one["logprobs"],
                                rtol=1e-5, atol=1e-6)
     assert one["full"].keys() == two[0]["full"].keys()
