@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from npu_rl.config.loader import load_config
 from npu_rl.data.builtin import resolve_builtin
 from npu_rl.data.dataset import PromptDataset
 from npu_rl.data.loader import PromptCollator
@@ -54,8 +55,6 @@ def main() -> None:
     p.add_argument("--response", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    from npu_rl.config.loader import load_config
-
     with tempfile.TemporaryDirectory() as tmp:
         folder = save_random_vl_model(f"{tmp}/vl", args.kind, max_pixels=args.image * args.image)
         batch = _batch(folder, args.prompts, args.n, args.image, args.response)

@@ -69,6 +69,12 @@ def test_freeze_vision_tower_and_ulysses_with_a_qwen_vl_actor(tiny_model_dir, tm
     assert config.actor_rollout_ref.actor.freeze_vision_tower is True
     with pytest.raises(ConfigError, match=r"actor.freeze_vision_tower=True, but the actor .* is a text model"):
         _config(tiny_model_dir, tmp_path, "actor_rollout_ref.actor.freeze_vision_tower=True")
+    _config(folder, tmp_path, *shapes, "actor_rollout_ref.model.lora_rank=8",  # verl's VL LoRA script's keys
+            "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.model.exclude_modules=.*visual.*")
+    with pytest.raises(ConfigError, match=r"target_modules=\['nothing'\] .* matches no linear layer of "
+                                          r"Qwen2_5_VLForConditionalGeneration"):
+        _config(folder, tmp_path, *shapes, "actor_rollout_ref.model.lora_rank=8",
+                "actor_rollout_ref.model.target_modules=[nothing]")
     for role in ("actor", "ref"):  # refused, naming the key (docs/vl.md: not built)
         with pytest.raises(ConfigError, match=rf"Ulysses \(actor_rollout_ref\.{role}\."
                                               r"ulysses_sequence_parallel_size=2: .*\) is not built"):

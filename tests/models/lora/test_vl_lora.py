@@ -25,6 +25,8 @@ def test_all_linear_is_the_language_model(kind):
     chosen = resolve_target_modules(model, "all-linear")
     assert chosen and all(name.startswith("model.language_model.") for name in chosen)
     assert "lm_head" not in chosen
+    # verl's VL LoRA example (examples/tuning/lora/run_qwen2_5_vl_7b_fsdp.sh) excludes the tower itself
+    assert resolve_target_modules(model, "all-linear", ".*visual.*") == chosen
     vision = resolve_target_modules(model, ["qkv"])  # only the vision blocks have a fused qkv
     assert vision and all(name.startswith("model.visual.blocks.") for name in vision)
     with pytest.raises(LoraConfigError, match="matches no linear layer"):
