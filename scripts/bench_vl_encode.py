@@ -5,7 +5,8 @@ calls of each, on this machine's device, a tiny random model from npu_rl.models.
     python scripts/bench_vl_encode.py [--kind qwen2_5_vl] [--prompts 4] [--n 8] [--micro 4] [--image 224]
 
 The update is measured with ``actor.freeze_vision_tower=True`` (with a trained tower the update needs the tower's
-gradient and always runs it per micro-batch). Median of ``--repeats`` after a warm-up; the log-probs of both paths
+gradient and always runs it per micro-batch). The fastest of ``--repeats`` rounds after a warm-up round (the
+two paths alternate within a round, so a busy machine slows both alike); the log-probs of both paths
 must agree (1e-5 relative). The numbers say how much of a pass the repeated vision forwards cost at this model's
 proportions only, not at a real model's.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 
@@ -75,24 +75,26 @@ def main() -> None:
         worker.init_model(total_training_steps=10 * args.repeats)
         calls = [0]
         vision_tower(worker.engine.compute_model).register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        results, logprobs = {}, {}
-        for once in (True, False, True, False):  # the first round is the warm-up
-            worker.engine.encode_images_once = once
-            times = {"logprobs": [], "update": []}
-            for _ in range(args.repeats):
+        times = {once: {"logprobs": [], "update": []} for once in (True, False)}
+        counts, logprobs = {}, {}
+        for round_ in range(args.repeats + 1):  # round 0 warms up; the modes alternate within each round
+            for once in (True, False):
+                worker.engine.encode_images_once = once
                 calls[0] = 0
                 start = time.perf_counter()
                 out = worker.compute_logprobs(batch)
-                times["logprobs"].append(time.perf_counter() - start)
+                seconds = time.perf_counter() - start
                 logprob_calls = calls[0]
                 start = time.perf_counter()
                 worker.update_policy(batch.union(Batch({"old_logprobs": out["old_logprobs"]})))
-                times["update"].append(time.perf_counter() - start)
-            logprobs[once] = out["old_logprobs"]
-            results["once" if once else "per row"] = {
-                "logprobs_s": round(statistics.median(times["logprobs"]), 4),
-                "update_s": round(statistics.median(times["update"]), 4),
-                "vision_calls_logprobs": logprob_calls, "vision_calls_update": calls[0] - logprob_calls}
+                if round_:
+                    times[once]["logprobs"].append(seconds)
+                    times[once]["update"].append(time.perf_counter() - start)
+                logprobs[once] = out["old_logprobs"]
+                counts[once] = (logprob_calls, calls[0] - logprob_calls)
+        results = {("once" if once else "per row"): {
+            "logprobs_s": round(min(times[once]["logprobs"]), 4), "update_s": round(min(times[once]["update"]), 4),
+            "vision_calls_logprobs": counts[once][0], "vision_calls_update": counts[once][1]} for once in (True, False)}
         torch.testing.assert_close(logprobs[True], logprobs[False], rtol=1e-5, atol=1e-6)
         image_tokens = int((batch["input_ids"][0] == load_vision_inputs(folder).image_token_id).sum())
         print(json.dumps({"kind": args.kind, "rows": len(batch), "prompts": args.prompts, "n": args.n,
