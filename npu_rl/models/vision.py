@@ -24,6 +24,7 @@ has to reach the vision tower: log-prob and reference passes, and the update whe
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -201,7 +202,9 @@ def encode_images(model: torch.nn.Module, rows: Optional[Sequence[Any]], device,
         register_fsdp_forward_method(model, "get_image_features")
         model._npu_rl_image_features_registered = True
     inputs = multi_modal_kwargs(distinct, device, dtype)
-    out = model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
+    with warnings.catch_warnings():  # FSDP2 warns of the per-image views it returns; no backward runs through them
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        out = model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True)
     counts = [len(torch.as_tensor(row["image_grid_thw"])) for row in distinct]
     per_image = list(out.pooler_output)
     layers = getattr(out, "deepstack_features", None)
