@@ -958,8 +958,10 @@ class DistillationLossConfig:
     """verl's ``distillation.distillation_loss`` (formulas: npu_rl/core/distillation.py, docs/algorithms.md)."""
 
     loss_mode: str = "k3"
-    """the reverse-KL estimator at the student's sampled tokens: k1 (kl) | k2 (mse) | k3 (low_var_kl) | abs;
-    verl's forward_kl_topk is refused (not implemented)"""
+    """the reverse-KL estimator at the student's sampled tokens: k1 (kl) | k2 (mse) | k3 (low_var_kl) | abs; or
+    forward_kl_topk: the forward KL over the teacher's top-k tokens at each position (topk)"""
+    topk: Optional[int] = 32
+    """forward_kl_topk: how many of the teacher's most likely tokens per position (K); other modes ignore it"""
     use_task_rewards: bool = True
     """True: the actor's PPO/GRPO loss plus distillation_loss_coef x the distillation loss; False: the distillation
     loss alone (the policy loss, its entropy and KL terms are dropped)"""
@@ -967,6 +969,9 @@ class DistillationLossConfig:
     """the distillation loss's weight when use_task_rewards=True"""
     loss_max_clamp: Optional[float] = None
     """per-token losses clamped to [-c, c]; null: no clamp"""
+    log_prob_min_clamp: Optional[float] = None
+    """forward_kl_topk: the student's and the teacher's top-k log-probs clamped from below at this value; null: no
+    clamp"""
     use_policy_gradient: bool = False
     """True: the negative per-token loss is the advantage of a clipped PPO update (k1 recommended); False: the loss
     is backpropagated directly (k3 recommended; k1 is refused there)"""

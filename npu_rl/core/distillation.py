@@ -18,8 +18,18 @@ Each is a single-sample estimator of the reverse KL, KL(pi(.|s_t) || teacher(.|s
 ``agg`` is the actor's ``loss_agg_mode`` with the mini-batch's global denominators. ``k1`` backpropagated directly has
 no gradient through the teacher, so it needs ``use_policy_gradient=True`` (verl refuses it the same way).
 
-The top-k forward KL of verl (``forward_kl_topk``: the teacher's top-k log-probs against the student's full
-distribution) is not implemented: it needs the teacher's top-k ids and the student's logits inside the forward.
+The top-k forward KL (``loss_mode=forward_kl_topk``; verl/trainer/distillation/fsdp/losses.py): with the teacher's
+top-k ids ``V_t`` (``topk`` = K) at each position, its log-probs ``q_t(v)`` there and the student's ``s_t(v)`` at the
+same ids (from its full distribution at the rollout temperature, with gradient)::
+
+    q, s       <- clamp_min(q, m), clamp_min(s, m)     log_prob_min_clamp = m (None: no clamp)
+    d_t         = sum_{v in V_t} exp(q_t(v)) (q_t(v) - s_t(v)),  then  d_t <- max(d_t, 0)
+
+(the top-k masses do not sum to 1, so the truncated KL can go negative; verl clamps it at 0, before the range metrics
+and ``loss_max_clamp``). Metrics: ``distillation/{student,teacher}_mass`` (the top-k mass, mean / ``_min`` / ``_max``
+over valid tokens), ``distillation/overlap_ratio`` (shared ids of the two top-k's over K) and
+``distillation/overlap_token_advantage`` (mean over positions with shared ids of ``-sum_{shared} exp(q)(q - s)`` over
+the shared count).
 
 Metrics (the actor prefixes ``actor/``): ``distillation/abs_loss`` (mean |d| over valid tokens), ``distillation/
 loss_min`` / ``loss_max`` (over valid tokens, before the clamp), and with the policy gradient
@@ -37,7 +47,7 @@ from npu_rl.core.kl import kl_penalty
 from npu_rl.core.policy_loss import PolicyLossInputs, compute_policy_loss
 
 ESTIMATOR_LOSS_MODES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-TOPK_LOSS_MODES: tuple[str, ...] = ("forward_kl_topk",)  # verl's; not implemented here (module docstring)
+TOPK_LOSS_MODES: tuple[str, ...] = ("forward_kl_topk",)  # the teacher's top-k against the student (docstring)
 PG_DUAL_CLIP = 3.0  # verl's vanilla loss reads clip_ratio_c from a config that has none here: its default 3.0
 
 
@@ -52,18 +62,24 @@ class DistillationSpec:
     use_policy_gradient: bool
     clip_ratio_low: float
     clip_ratio_high: float
+    topk: int = 0  # K of forward_kl_topk (0 for the estimators)
+    log_prob_min_clamp: float | None = None  # forward_kl_topk's clamp of both top-k log-probs
+
+    @property
+    def uses_topk(self) -> bool:
+        return self.loss_mode in TOPK_LOSS_MODES
 
 
-def distillation_problems(loss_mode: str, use_policy_gradient: bool, policy_loss_mode: str, key: str) -> list[str]:
+def distillation_problems(loss_mode: str, use_policy_gradient: bool, policy_loss_mode: str, key: str,
+                          topk: int | None = None) -> list[str]:
     """What is wrong with these settings (empty: nothing); ``key`` names ``distillation.distillation_loss``."""
-    if loss_mode in TOPK_LOSS_MODES:
-        return [f"{key}.loss_mode={loss_mode}: the top-k forward KL is not implemented in npu-rl (it needs the "
-                "teacher's top-k token ids and the student's logits in the forward); use one of the reverse-KL "
-                f"estimators {', '.join(ESTIMATOR_LOSS_MODES)} (verl's scripts use k1 with use_policy_gradient=True)"]
-    if loss_mode not in ESTIMATOR_LOSS_MODES:
+    if loss_mode not in ESTIMATOR_LOSS_MODES + TOPK_LOSS_MODES:
         return [f"{key}.loss_mode={loss_mode!r} is not a distillation loss; expected one of "
                 f"{', '.join(ESTIMATOR_LOSS_MODES + TOPK_LOSS_MODES)}"]
     problems = []
+    if loss_mode in TOPK_LOSS_MODES and (topk is None or int(topk) < 1):
+        problems.append(f"{key}.topk={topk}: loss_mode={loss_mode} needs the number of the teacher's top tokens "
+                        "per position (>= 1; verl's default 32)")
     if not use_policy_gradient and loss_mode in ("kl", "k1"):
         problems.append(f"{key}.loss_mode={loss_mode} with use_policy_gradient=False: the gradient of k1 does not "
                         "depend on the teacher's log-probs; set use_policy_gradient=True or loss_mode=k3")
@@ -78,6 +94,49 @@ def distillation_token_losses(*, student_logprobs: torch.Tensor, teacher_logprob
     return kl_penalty(logprobs=student_logprobs, ref_logprobs=teacher_logprobs, kl_type=loss_mode)
 
 
+def forward_kl_topk(*, student_topk_logprobs: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
+                    student_topk_ids: torch.Tensor, teacher_topk_ids: torch.Tensor,
+                    log_prob_min_clamp: float | None) -> dict[str, torch.Tensor]:
+    """The truncated forward KL per token (module docstring; verl's ``compute_forward_kl_topk``): inputs [B, T, K]
+    (the student's log-probs at the teacher's ids, the teacher's top-k log-probs, both top-k id sets); returns
+    ``distillation_losses`` (before verl's clamp at 0), ``student_mass``, ``teacher_mass``, ``overlap_count`` and
+    ``overlap_token_advantage``, each [B, T]."""
+    student_mass = student_topk_logprobs.exp().sum(dim=-1)
+    teacher_mass = teacher_topk_logprobs.exp().sum(dim=-1)
+    s, q = student_topk_logprobs, teacher_topk_logprobs
+    if log_prob_min_clamp is not None:
+        s, q = s.clamp_min(log_prob_min_clamp), q.clamp_min(log_prob_min_clamp)
+    s, q = s.float(), q.float()
+    token_kl = q.exp() * (q - s)
+    losses = token_kl.sum(dim=-1)
+    overlap = (teacher_topk_ids.unsqueeze(-1) == student_topk_ids.unsqueeze(-2)).any(dim=-1)
+    count = overlap.sum(dim=-1)
+    advantage = (-token_kl * overlap).sum(dim=-1) / count.clamp_min(1)
+    advantage = torch.where(count > 0, advantage, torch.zeros_like(advantage))
+    return {"distillation_losses": losses, "student_mass": student_mass, "teacher_mass": teacher_mass,
+            "overlap_count": count, "overlap_token_advantage": advantage}
+
+
+def topk_token_losses(*, student_topk_logprobs: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
+                      student_topk_ids: torch.Tensor, teacher_topk_ids: torch.Tensor, valid: torch.Tensor,
+                      spec: DistillationSpec) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``d`` [B, T] of forward_kl_topk (clamped at 0, as verl) and its mass and overlap metrics over ``valid``."""
+    out = forward_kl_topk(student_topk_logprobs=student_topk_logprobs, teacher_topk_logprobs=teacher_topk_logprobs,
+                          student_topk_ids=student_topk_ids, teacher_topk_ids=teacher_topk_ids,
+                          log_prob_min_clamp=spec.log_prob_min_clamp)
+    metrics = {}
+    for side in ("student", "teacher"):
+        mass = out[f"{side}_mass"].detach()
+        metrics[f"distillation/{side}_mass"] = masked_mean(mass, valid)
+        metrics[f"distillation/{side}_mass_min"] = _extreme(mass, valid, largest=False)
+        metrics[f"distillation/{side}_mass_max"] = _extreme(mass, valid, largest=True)
+    count = out["overlap_count"]
+    metrics["distillation/overlap_ratio"] = masked_mean(count.float(), valid) / spec.topk
+    metrics["distillation/overlap_token_advantage"] = masked_mean(out["overlap_token_advantage"].detach(),
+                                                                  valid & (count > 0))
+    return out["distillation_losses"].clamp_min(0.0), metrics
+
+
 def _extreme(values: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
     fill = torch.finfo(values.dtype).min if largest else torch.finfo(values.dtype).max
     picked = torch.where(valid, values, torch.full_like(values, fill))
@@ -85,18 +144,27 @@ def _extreme(values: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.
     return torch.where(valid.any(), out, torch.zeros_like(out))
 
 
-def distillation_loss(*, inputs: PolicyLossInputs, teacher_logprobs: torch.Tensor, spec: DistillationSpec
-                      ) -> LossOutput:
+def distillation_loss(*, inputs: PolicyLossInputs, spec: DistillationSpec, teacher_logprobs: torch.Tensor | None = None,
+                      topk: dict[str, torch.Tensor] | None = None) -> LossOutput:
     """``L_distill`` of one micro-batch and its metrics. ``inputs``: the actor's policy-loss inputs (the student's
     ``logprobs`` with gradient, ``old_logprobs``, mask, aggregation and denominators); only their clip ratios are
-    replaced by the distillation's in the policy-gradient form."""
-    losses = distillation_token_losses(student_logprobs=inputs.logprobs, teacher_logprobs=teacher_logprobs,
-                                       loss_mode=spec.loss_mode)
+    replaced by the distillation's in the policy-gradient form. The estimators read ``teacher_logprobs`` [B, T] (at
+    the sampled tokens); forward_kl_topk reads ``topk``: ``student_topk_logprobs`` (with gradient),
+    ``teacher_topk_logprobs``, ``student_topk_ids``, ``teacher_topk_ids``, each [B, T, K]."""
     valid = inputs.response_mask.bool()
+    if spec.uses_topk:
+        if topk is None:
+            raise ValueError(f"loss_mode={spec.loss_mode} needs the student's and the teacher's top-k (topk=...)")
+        losses, metrics = topk_token_losses(**topk, valid=valid, spec=spec)
+    else:
+        if teacher_logprobs is None:
+            raise ValueError(f"loss_mode={spec.loss_mode} needs the teacher's log-probs (teacher_logprobs=...)")
+        losses = distillation_token_losses(student_logprobs=inputs.logprobs, teacher_logprobs=teacher_logprobs,
+                                           loss_mode=spec.loss_mode)
+        metrics = {"distillation/abs_loss": masked_mean(losses.detach().abs(), valid)}
     detached = losses.detach()
-    metrics = {"distillation/abs_loss": masked_mean(detached.abs(), valid),
-               "distillation/loss_min": _extreme(detached, valid, largest=False),
-               "distillation/loss_max": _extreme(detached, valid, largest=True)}
+    metrics |= {"distillation/loss_min": _extreme(detached, valid, largest=False),
+                "distillation/loss_max": _extreme(detached, valid, largest=True)}
     if spec.loss_max_clamp is not None:
         losses = losses.clamp(min=-spec.loss_max_clamp, max=spec.loss_max_clamp)
     if not spec.use_policy_gradient:

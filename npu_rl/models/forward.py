@@ -36,6 +36,10 @@ class LogprobOptions:
     # sum_v pi_v^2 of the tempered distribution per token (the optimal-token-baseline estimators; verl's
     # actor.calculate_sum_pi_squared). Plain path only: the fused kernels do not produce it.
     compute_sum_pi_squared: bool = False
+    # k > 0: also the top-k of the tempered distribution per token (on-policy distillation's forward_kl_topk): its
+    # own top-k token ids and the log-probs at the ids the caller gives (``topk_ids``: the student's log-probs at
+    # the teacher's top-k), or at its own top-k where it gives none (the teacher's). Plain path only.
+    topk: int = 0
 
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, compute_entropy: bool):
@@ -78,6 +82,27 @@ def plain_linear_sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, bias
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
 
+def plain_linear_topk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      temperature: torch.Tensor | float, k: int, gather_ids: torch.Tensor | None,
+                      chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs [N, K] float32, own top-k ids [N, K]) of ``softmax(logits / T)`` for hidden [N, H], weight
+    [V, H]: the log-probs at ``gather_ids`` [N, K] where given (with gradient), else at the row's own top-k;
+    ``chunk_rows`` rows of logits at a time (no [N, V] buffer beyond a chunk)."""
+    out_lp, out_ids = [], []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        logits = F.linear(hidden[rows], weight, bias).float()
+        temp = temperature[rows].unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
+        logprobs = torch.log_softmax(logits / temp, dim=-1)
+        own = torch.topk(logprobs.detach(), k=k, dim=-1).indices
+        out_lp.append(logprobs.gather(-1, own if gather_ids is None else gather_ids[rows].long()))
+        out_ids.append(own)
+    if not out_lp:
+        empty = hidden.new_zeros(0, k, dtype=torch.float32)
+        return empty, empty.long()
+    return torch.cat(out_lp), torch.cat(out_ids)
+
+
 def _output_weight_and_bias(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The output layer's weight and bias; a LoRA on the output layer (a PEFT layer around it) contributes its
     ``scale * B @ A`` while its adapter is on, so both kernels see the effective weight."""
@@ -87,9 +112,11 @@ def _output_weight_and_bias(module: torch.nn.Module) -> tuple[torch.Tensor, torc
 
 
 def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
-             rows: torch.Tensor | None = None) -> Callable:
+             rows: torch.Tensor | None = None, topk_ids: torch.Tensor | None = None) -> Callable:
     """What the swapped lm_head computes: [B, S, H] -> [B, S, 2] = (logprob, entropy) of ``targets`` [B, S], or
-    [B, S, 3] with sum_v pi_v^2 last when ``options.compute_sum_pi_squared``.
+    [B, S, 3] with sum_v pi_v^2 next when ``options.compute_sum_pi_squared``, then with ``options.topk`` = K, 2K
+    more: the log-probs at ``topk_ids`` [B, S, K] (or at the own top-k) and the own top-k ids (as floats: exact
+    below 2^24).
     ``rows`` [B, S] (bool): compute only there (zeros elsewhere): the packed path keeps prompt tokens off the
     vocabulary projection."""
 
@@ -98,13 +125,18 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
         flat_hidden = hidden.reshape(-1, dim)
         flat_targets = targets.reshape(-1)
         temp = temperature.reshape(-1) if isinstance(temperature, torch.Tensor) else temperature
+        flat_gather = topk_ids.reshape(-1, topk_ids.shape[-1]) if topk_ids is not None else None
         if rows is not None:
             keep = rows.reshape(-1).nonzero().squeeze(-1)
             flat_hidden, flat_targets = flat_hidden[keep], flat_targets[keep]
             temp = temp[keep] if isinstance(temp, torch.Tensor) else temp
+            flat_gather = flat_gather[keep] if flat_gather is not None else None
         if options.use_fused_kernels and options.compute_sum_pi_squared:
             raise ValueError("sum_pi_squared (actor.calculate_sum_pi_squared) is computed on the plain path only; "
                              "set actor_rollout_ref.model.use_fused_kernels=False")
+        if options.use_fused_kernels and options.topk:
+            raise ValueError("the top-k log-probs (distillation.distillation_loss.loss_mode=forward_kl_topk) are "
+                             "computed on the plain path only; set actor_rollout_ref.model.use_fused_kernels=False")
         weight, bias = _output_weight_and_bias(module)
         if options.use_fused_kernels:
             logprobs, entropy = npu_rl.kernels.linear_logprob_entropy(
@@ -120,6 +152,10 @@ def _head_fn(targets: torch.Tensor, temperature, options: LogprobOptions,
         channels = [logprobs, entropy]
         if options.compute_sum_pi_squared:
             channels.append(plain_linear_sum_pi_squared(flat_hidden, weight, bias, temp, options.chunk_rows))
+        if options.topk:
+            top_lp, top_ids = plain_linear_topk(flat_hidden, weight, bias, temp, options.topk, flat_gather,
+                                                options.chunk_rows)
+            channels += [*top_lp.unbind(-1), *top_ids.float().unbind(-1)]
         out = torch.stack(channels, dim=-1)
         if rows is not None:
             out = out.new_zeros(batch * seq, len(channels)).index_put((keep,), out)
@@ -152,9 +188,12 @@ def response_logprobs(
     options: LogprobOptions | None = None,
     return_sum_pi_squared: bool = False,
     model_inputs: dict[str, torch.Tensor] | None = None,
+    topk_ids: torch.Tensor | None = None,  # [B, R, K]: with options.topk, the ids whose log-probs to return
 ) -> tuple[torch.Tensor, ...]:
     """(logprobs [B, R], entropy [B, R] or None) of ``responses`` under ``model``; entropy at ``temperature``.
     With ``return_sum_pi_squared`` (needs ``options.compute_sum_pi_squared``) a third item, sum_v pi_v^2 [B, R].
+    With ``options.topk`` = K, two items more: the log-probs [B, R, K] at ``topk_ids`` (or at the own top-k where
+    ``topk_ids`` is None) and the own top-k ids [B, R, K] (long), both at ``temperature``.
     ``model_inputs``: more keyword arguments of the model's forward (a Qwen-VL model's ``pixel_values`` and
     ``image_grid_thw``); ``position_ids`` may be [B, 3, T] (3-D rotary ids)."""
     options = options or LogprobOptions()
@@ -163,21 +202,28 @@ def response_logprobs(
     targets = torch.cat([responses, responses[:, -1:]], dim=1)
     if isinstance(temperature, torch.Tensor) and temperature.dim() == 2:
         temperature = torch.cat([temperature, temperature[:, -1:]], dim=1).float()
-    with swapped_lm_head(model, _head_fn(targets, temperature, options)):
+    if topk_ids is not None:
+        topk_ids = torch.cat([topk_ids, topk_ids[:, -1:]], dim=1)
+    with swapped_lm_head(model, _head_fn(targets, temperature, options, topk_ids=topk_ids)):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=model_position_ids(position_ids),
                     use_cache=False, logits_to_keep=response_length + 1, **(model_inputs or {}))
-    packed = out.logits[:, :-1]  # [B, R, 2 or 3]
+    packed = out.logits[:, :-1]  # [B, R, channels]
     return _split_channels(packed, options, return_sum_pi_squared)
 
 
 def _split_channels(packed: torch.Tensor, options: LogprobOptions, return_sum_pi_squared: bool) -> tuple:
     logprobs = packed[..., 0]
     entropy = packed[..., 1] if options.compute_entropy else None
-    if not return_sum_pi_squared:
-        return logprobs, entropy
-    if not options.compute_sum_pi_squared:
-        raise ValueError("return_sum_pi_squared needs LogprobOptions(compute_sum_pi_squared=True)")
-    return logprobs, entropy, packed[..., 2]
+    out: tuple = (logprobs, entropy)
+    if return_sum_pi_squared:
+        if not options.compute_sum_pi_squared:
+            raise ValueError("return_sum_pi_squared needs LogprobOptions(compute_sum_pi_squared=True)")
+        out += (packed[..., 2],)
+    if options.topk:
+        first = 3 if options.compute_sum_pi_squared else 2
+        k = options.topk
+        out += (packed[..., first:first + k], packed[..., first + k:first + 2 * k].detach().round().long())
+    return out
 
 
 def packed_response_logprobs(
@@ -191,6 +237,7 @@ def packed_response_logprobs(
     sp_group=None,
     return_sum_pi_squared: bool = False,
     model_inputs: dict[str, torch.Tensor] | None = None,
+    topk_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """:func:`response_logprobs` without padding (``model.use_remove_padding``) and, with ``sp_group``, with the
     packed sequence split over the Ulysses group. The model must use ``npu_rl.parallel.use_varlen_attention``.
@@ -218,10 +265,15 @@ def packed_response_logprobs(
         per_position = temperature.new_ones(batch, width)
         per_position[:, width - response_length - 1: width - 1] = temperature
         temperature = inputs.slice(per_position.float(), pad_value=1.0)
-    with inputs.attention() as layout, swapped_lm_head(model, _head_fn(targets, temperature, options, rows)):
+    if topk_ids is not None:  # [B, R, K] -> [B, T, K] aligned to the positions that predict them
+        per_position = topk_ids.new_zeros(batch, width, topk_ids.shape[-1])
+        per_position[:, width - response_length - 1: width - 1] = topk_ids
+        topk_ids = inputs.slice(per_position)
+    with inputs.attention() as layout, swapped_lm_head(model, _head_fn(targets, temperature, options, rows,
+                                                                        topk_ids)):
         out = model(input_ids=inputs.input_ids, position_ids=model_position_ids, use_cache=False,
                     npu_rl_varlen_layout=layout, **(model_inputs or {}))
-    full = inputs.restore(out.logits)  # [B, T, 2 or 3], gathered over the sp group
+    full = inputs.restore(out.logits)  # [B, T, channels], gathered over the sp group
     packed = full[:, width - response_length - 1: width - 1]
     return _split_channels(packed, options, return_sum_pi_squared)
 

@@ -10,7 +10,8 @@ Loss of one micro-batch (aggregated with the mini-batch's global denominators)::
 
 With on-policy distillation (``distillation.enabled``; npu_rl/core/distillation.py) that loss becomes
 ``loss + distillation_loss_coef * L_distill(logprobs, teacher_logprobs)``, or ``L_distill`` alone with
-``use_task_rewards=False``; its metrics are ``actor/distillation/*``.
+``use_task_rewards=False``; its metrics are ``actor/distillation/*``. With ``loss_mode=forward_kl_topk`` the same
+forward also gives the student's log-probs at the teacher's top-k ids (``teacher_topk_ids``) and its own top-k.
 
 Mixture-of-experts models (npu_rl/models/moe.py): the update's forward captures the routing for the
 ``actor/moe/*`` metrics; ``router_replay.mode`` R3 replays the rollout's ``routed_experts`` in the log-prob pass
@@ -204,7 +205,12 @@ class ActorWorker:
         options = logprob_options(self.model_cfg, need_entropy)
         moe_model = self.engine.router_hooks is not None
         routing = Routing(capture=moe_model, replay=self.replay_mode != "disabled")
-        stats, routed = self.engine.forward_logprob_stats(mb, self.run_settings.logprob_temperature, options, routing)
+        spec = self.run_settings.distillation
+        teacher_ids = None
+        if spec is not None and spec.uses_topk:  # the student's log-probs at the teacher's top-k ids, same forward
+            options.topk, teacher_ids = spec.topk, mb["teacher_topk_ids"]
+        stats, routed = self.engine.forward_logprob_stats(mb, self.run_settings.logprob_temperature, options, routing,
+                                                          topk_ids=teacher_ids)
         logprobs, entropy = stats["logprobs"], stats.get("entropy")
         response_mask = mb["response_mask"].to(device)
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=denominators["global_num_tokens"],
@@ -237,9 +243,15 @@ class ActorWorker:
         if routed is not None:
             loss = loss + self._router_loss(routed, metrics, response_mask, denominators)
         shares, extremes = {"actor/pg_loss": policy.loss.detach()}, {}
-        spec = self.run_settings.distillation
         if spec is not None:
-            distill = distillation_loss(inputs=inputs, teacher_logprobs=mb["teacher_logprobs"].to(device), spec=spec)
+            if spec.uses_topk:
+                topk = {"student_topk_logprobs": stats["topk_logprobs"], "student_topk_ids": stats["topk_ids"],
+                        "teacher_topk_logprobs": mb["teacher_topk_logprobs"].to(device),
+                        "teacher_topk_ids": teacher_ids.to(device)}
+                distill = distillation_loss(inputs=inputs, spec=spec, topk=topk)
+            else:
+                distill = distillation_loss(inputs=inputs, spec=spec,
+                                            teacher_logprobs=mb["teacher_logprobs"].to(device))
             loss = combined_loss(loss, distill.loss, spec)
             shares["actor/distillation/loss"] = distill.loss.detach()
             for key, value in distill.metrics.items():

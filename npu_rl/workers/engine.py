@@ -252,20 +252,25 @@ class TrainingEngine:
         return stats["logprobs"], stats.get("entropy")
 
     def forward_logprob_stats(self, mb: Batch, temperature: float, options: LogprobOptions,
-                              routing: Routing = Routing()) -> tuple[dict[str, torch.Tensor], RoutedForward | None]:
+                              routing: Routing = Routing(), topk_ids: torch.Tensor | None = None
+                              ) -> tuple[dict[str, torch.Tensor], RoutedForward | None]:
         """``logprobs`` [b, R], ``entropy`` (``options.compute_entropy``) and ``sum_pi_squared``
-        (``options.compute_sum_pi_squared``) of one micro-batch, from one forward; with an MoE model and
-        ``routing``, that forward's routing (replay stays armed until the next forward: a backward's recompute)."""
+        (``options.compute_sum_pi_squared``) of one micro-batch, from one forward; with ``options.topk`` = K also
+        ``topk_logprobs`` [b, R, K] (at ``topk_ids`` [b, R, K] where given, else at the own top-k) and ``topk_ids``
+        [b, R, K] (the own top-k); with an MoE model and ``routing``, that forward's routing (replay stays armed
+        until the next forward: a backward's recompute)."""
         args, kept, inputs = self._inputs(mb)
         routed = self._arm_routing(inputs, kept, routing)
         want_spi = options.compute_sum_pi_squared
+        gather = topk_ids[:, :kept].to(self.device) if topk_ids is not None else None
         if self.runner.packed:
             out = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group,
-                                           return_sum_pi_squared=want_spi, model_inputs=self._image_inputs(mb))
+                                           return_sum_pi_squared=want_spi, model_inputs=self._image_inputs(mb),
+                                           topk_ids=gather)
         else:
             out = response_logprobs(*args, temperature, options, return_sum_pi_squared=want_spi,
-                                    model_inputs=self._image_inputs(mb))
-        names = ("logprobs", "entropy", "sum_pi_squared")
+                                    model_inputs=self._image_inputs(mb), topk_ids=gather)
+        names = ("logprobs", "entropy") + (("sum_pi_squared",) if want_spi else ()) + ("topk_logprobs", "topk_ids")
         stats = {name: pad_right(t, self.response_length) for name, t in zip(names, out) if t is not None}
         return stats, routed
 

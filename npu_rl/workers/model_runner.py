@@ -71,10 +71,10 @@ def trimmed_inputs(mb: Batch, response_length: int) -> tuple[dict[str, torch.Ten
 
 
 def pad_right(values: torch.Tensor, width: int) -> torch.Tensor:
-    """[b, kept] -> [b, width] with zeros."""
+    """[b, kept, ...] -> [b, width, ...] with zeros."""
     if values.shape[1] == width:
         return values
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+    return torch.nn.functional.pad(values, (0, 0) * (values.dim() - 2) + (0, width - values.shape[1]))
 
 
 def shared_compute_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -6,16 +6,21 @@ settings) on another model folder, with its own FSDP settings (dtype, offload:
 ``distillation.teacher_models.teacher_model.fsdp_config``). Its log-probs are taken at temperature 1, as verl's
 teacher server computes them (``prompt_logprobs`` at temperature 1.0 whatever the rollout's). The student's token
 ids are scored as they are, so the teacher shares the student's tokenizer (checked at validation:
-npu_rl/trainer/checks/distillation.py).
+npu_rl/trainer/checks/distillation.py). With ``loss_mode=forward_kl_topk`` the same forward also gives the teacher's
+top-k per position (``teacher_topk_logprobs`` / ``teacher_topk_ids`` [B, R, K], K = ``distillation_loss.topk``), the
+top-k of its logits as verl's teacher server returns them (``prompt_logprobs=k``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from npu_rl.config.schema import DistillationTeacherConfig, ModelConfig, RefConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.protocol import Batch
+from npu_rl.workers.actor import logprob_options
 from npu_rl.workers.reference import ReferenceWorker
 
 TEACHER_TEMPERATURE = 1.0
@@ -41,5 +46,17 @@ class TeacherWorker(ReferenceWorker):
 
     @register(Dispatch.DP_SPLIT)
     def compute_teacher_logprobs(self, batch: Batch) -> Batch:
-        """``teacher_logprobs`` [B, R]: the teacher's log-probs of the student's response tokens."""
-        return self.logprobs(batch)
+        """``teacher_logprobs`` [B, R]: the teacher's log-probs of the student's response tokens; with the top-k loss
+        also ``teacher_topk_logprobs`` and ``teacher_topk_ids`` [B, R, K]."""
+        spec = self.run_settings.distillation
+        if spec is None or not spec.uses_topk:
+            return self.logprobs(batch)
+        options = logprob_options(self.model_cfg, compute_entropy=False)
+        options.topk = spec.topk
+
+        def forward(mb: Batch) -> dict[str, torch.Tensor]:
+            stats, _ = self.engine.forward_logprob_stats(mb, self.temperature, options)
+            return {self.OUTPUT: stats["logprobs"], "teacher_topk_logprobs": stats["topk_logprobs"],
+                    "teacher_topk_ids": stats["topk_ids"]}
+
+        return self.engine.infer(batch, forward)

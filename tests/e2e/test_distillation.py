@@ -1,7 +1,8 @@
 """On-policy distillation end to end through ``npu-rl train``: a tiny random student distilled from a teacher that
 was taught to say '7' (the same architecture and tokenizer), with verl's example settings (k1 as a policy-gradient
 reward, no task rewards). The reverse KL falls and the student's share of '7' rises; a run stopped at a checkpoint
-and resumed ends with the weights of a run that was never stopped."""
+and resumed ends with the weights of a run that was never stopped. The top-k forward KL (``forward_kl_topk``) moves the
+student the same way, backpropagated as verl recommends."""
 
 from __future__ import annotations
 
@@ -88,6 +89,32 @@ def test_student_moves_towards_the_teacher_and_resumes(tiny_model_dir, tmp_path,
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_topk_forward_kl_moves_the_student_towards_the_teacher(tiny_model_dir, tmp_path, reward_file):
+    teacher = _teacher_favouring_seven(str(tmp_path / "teacher"))
+    out = str(tmp_path / "run")
+    done = _train(base_overrides(tiny_model_dir, out, reward_file) + [
+        "preset=grpo", "actor_rollout_ref.actor.use_kl_loss=False", "algorithm.use_kl_in_reward=False",
+        "distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={teacher}",
+        "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=8",
+        "distillation.distillation_loss.use_task_rewards=False",
+        "distillation.distillation_loss.use_policy_gradient=False", "distillation.distillation_loss.log_prob_min_clamp=-10.0",
+        "distillation.teacher_models.teacher_model.fsdp_config.mixed_precision.param_dtype=fp32",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "trainer.val_before_train=False", "trainer.test_freq=0",
+        f"trainer.total_training_steps={STEPS}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = step_rows(out)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    for key in ("loss", "loss_min", "loss_max", "student_mass", "student_mass_min", "student_mass_max", "teacher_mass",
+                "teacher_mass_min", "teacher_mass_max", "overlap_ratio", "overlap_token_advantage"):
+        assert f"actor/distillation/{key}" in rows[1], key
+    first, last = rows[1], rows[STEPS]
+    assert first["actor/distillation/teacher_mass"] > 0.9  # the teacher's top 8 hold nearly all its mass
+    # the truncated forward KL falls and the student's mass on the teacher's top 8 rises towards the teacher's
+    assert last["actor/distillation/loss"] < 0.6 * first["actor/distillation/loss"], (first, last)
+    assert last["actor/distillation/student_mass"] > first["actor/distillation/student_mass"] + 0.3
+    assert last["critic/score/mean"] > first["critic/score/mean"] + 0.3  # more '7's, with no task reward trained on
 
 
 def test_distillation_with_the_vllm_rollout(eos_model_dir, eos_model_dir_other_weights, tmp_path):

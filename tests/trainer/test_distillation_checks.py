@@ -52,7 +52,11 @@ def test_the_plan_carries_verls_settings(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("extra,match", [
     ([], None),
     (["distillation.distillation_loss.loss_mode=k1"], r"loss_mode=k1 with use_policy_gradient=False"),
-    (["distillation.distillation_loss.loss_mode=forward_kl_topk"], r"top-k forward KL is not implemented"),
+    (["distillation.distillation_loss.loss_mode=forward_kl_topk"], None),
+    (["distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=0"],
+     r"distillation.distillation_loss.topk=0"),
+    (["distillation.distillation_loss.loss_mode=forward_kl_topk", "actor_rollout_ref.model.use_fused_kernels=True"],
+     r"forward_kl_topk with actor_rollout_ref.model.use_fused_kernels=True"),
     (["distillation.distillation_loss.loss_mode=k5"], r"'k5' is not a distillation loss"),
     (["distillation.distillation_loss.loss_max_clamp=-1"], r"loss_max_clamp=-1.0 must be > 0"),
     (["distillation.distillation_loss.use_policy_gradient=True",

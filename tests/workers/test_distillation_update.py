@@ -8,7 +8,7 @@ import torch
 from npu_rl.config.loader import load_config
 from npu_rl.protocol import Batch
 from npu_rl.trainer.preflight import run_settings_for
-from npu_rl.workers.actor import ActorWorker
+from npu_rl.workers.actor import ActorWorker, logprob_options
 from npu_rl.workers.model_runner import MicroBatching
 from tests.trainer.conftest import base_overrides
 from tests.workers.test_fused_update import _batch
@@ -62,3 +62,29 @@ def test_without_task_rewards_the_advantages_do_not_matter(tiny_model_dir, tmp_p
         weights.append({k: v.detach().clone() for k, v in worker.model.state_dict().items()})
     for name in weights[0]:
         torch.testing.assert_close(weights[0][name], weights[1][name], rtol=0, atol=0, msg=name)
+
+
+def test_topk_update_reads_the_teachers_top_k(tiny_model_dir, tmp_path):
+    """forward_kl_topk: the update's forward gathers the student's log-probs at the teacher's top-k ids; a teacher
+    whose top-k log-probs are the student's own (at its own ids) gives a near-zero loss (exactly zero before the
+    first mini-batch's optimizer step) and a high overlap (the random model's near-ties at the k-th place move after
+    that step); the same log-probs at other ids a far larger loss."""
+    k = 3
+    worker = _worker(tiny_model_dir, tmp_path, "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                     f"distillation.distillation_loss.topk={k}")
+    batch = _distil_batch()
+    options = logprob_options(worker.model_cfg, compute_entropy=False)
+    options.topk = k
+    with torch.no_grad():
+        stats, _ = worker.engine.forward_logprob_stats(batch, worker.run_settings.logprob_temperature, options)
+    same = batch.union(Batch({"teacher_topk_logprobs": stats["topk_logprobs"], "teacher_topk_ids": stats["topk_ids"]}))
+    metrics = worker.update_policy(same).metrics
+    assert abs(metrics["actor/distillation/loss"]) < 1e-3
+    assert metrics["actor/distillation/overlap_ratio"] > 0.8
+    for key in ("student_mass", "student_mass_min", "student_mass_max", "teacher_mass", "overlap_token_advantage"):
+        assert f"actor/distillation/{key}" in metrics, key
+    shifted = (stats["topk_ids"] + 1) % worker.model.config.vocab_size  # other ids, the same teacher log-probs
+    other = batch.union(Batch({"teacher_topk_logprobs": stats["topk_logprobs"], "teacher_topk_ids": shifted}))
+    far = _worker(tiny_model_dir, tmp_path / "other", "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                  f"distillation.distillation_loss.topk={k}").update_policy(other).metrics["actor/distillation/loss"]
+    assert far > 100 * abs(metrics["actor/distillation/loss"]) and far > 1e-2, far

@@ -1,8 +1,10 @@
 """The distillation teacher: the reference's forward-only engine on the teacher's folder; its log-probs of the
-response tokens equal an unpadded transformers forward at temperature 1, whatever the rollout's temperature."""
+response tokens equal an unpadded transformers forward at temperature 1, whatever the rollout's temperature; with
+``loss_mode=forward_kl_topk`` its top-k log-probs and ids too."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from npu_rl.config.loader import load_config
@@ -12,17 +14,20 @@ from npu_rl.workers.roles import worker_specs
 from tests.trainer.conftest import base_overrides
 
 
-def test_teacher_logprobs_equal_a_transformers_forward_at_temperature_one(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("topk", [0, 3])
+def test_teacher_logprobs_equal_a_transformers_forward_at_temperature_one(tiny_model_dir, tmp_path, topk):
     from transformers import AutoModelForCausalLM
 
     from tests.helpers import save_tiny_model_dir
 
     teacher = save_tiny_model_dir(str(tmp_path / "teacher"), seed=5)
+    loss = (["distillation.distillation_loss.loss_mode=forward_kl_topk", f"distillation.distillation_loss.topk={topk}"]
+            if topk else [])
     config = load_config(base_overrides(tiny_model_dir, str(tmp_path / "run")) + [
         "preset=grpo", "actor_rollout_ref.rollout.temperature=0.7", "distillation.enabled=True",
         f"distillation.teacher_models.teacher_model.model_path={teacher}",
         "distillation.teacher_models.teacher_model.fsdp_config.mixed_precision.param_dtype=fp32",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1", "data.max_response_length=3"])
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1", "data.max_response_length=3"] + loss)
     spec = worker_specs(config, run_settings_for(config))["teacher"]
     worker = spec.cls(*spec.args)
     worker.init_model()
@@ -33,7 +38,12 @@ def test_teacher_logprobs_equal_a_transformers_forward_at_temperature_one(tiny_m
     batch = Batch({"prompts": prompts, "responses": responses, "response_mask": response_mask,
                    "input_ids": torch.cat([prompts, responses], 1), "attention_mask": attention_mask,
                    "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0)})
-    out = worker.compute_teacher_logprobs(batch)["teacher_logprobs"]
+    result = worker.compute_teacher_logprobs(batch)
+    out = result["teacher_logprobs"]
+    if topk:
+        assert result["teacher_topk_logprobs"].shape == result["teacher_topk_ids"].shape == (2, 3, topk)
+    else:
+        assert "teacher_topk_ids" not in result
     reference = AutoModelForCausalLM.from_pretrained(teacher).eval()
     for row, (prompt, response) in enumerate([([10, 11], [20, 21]), ([12, 13, 14], [22])]):
         ids = torch.tensor([prompt + response])
@@ -41,3 +51,9 @@ def test_teacher_logprobs_equal_a_transformers_forward_at_temperature_one(tiny_m
             logp = torch.log_softmax(reference(input_ids=ids).logits[0].float(), -1)  # temperature 1
         expected = torch.stack([logp[len(prompt) - 1 + i, tok] for i, tok in enumerate(response)])
         torch.testing.assert_close(out[row, :len(response)], expected, rtol=1e-5, atol=1e-5)
+        if topk:  # the top-k of the same distributions, at the positions that predict the response tokens
+            positions = [len(prompt) - 1 + i for i in range(len(response))]
+            want_lp, want_ids = torch.topk(logp[positions], topk, dim=-1)
+            assert torch.equal(result["teacher_topk_ids"][row, :len(response)], want_ids)
+            torch.testing.assert_close(result["teacher_topk_logprobs"][row, :len(response)], want_lp, rtol=1e-5,
+                                       atol=1e-5)

@@ -8,7 +8,7 @@ import os
 
 from npu_rl.config.schema import PPOConfig
 from npu_rl.core import resolved_clip_ratios
-from npu_rl.core.distillation import DistillationSpec, distillation_problems
+from npu_rl.core.distillation import TOPK_LOSS_MODES, DistillationSpec, distillation_problems
 from npu_rl.models.check import model_path_problems
 from npu_rl.models.kinds import is_vision_language
 from npu_rl.models.loader import check_model_path, is_builtin, local_model_folder
@@ -29,7 +29,10 @@ def distillation_spec(config: PPOConfig) -> DistillationSpec | None:
                             distillation_loss_coef=float(loss.distillation_loss_coef),
                             loss_max_clamp=None if loss.loss_max_clamp is None else float(loss.loss_max_clamp),
                             use_policy_gradient=bool(loss.use_policy_gradient), clip_ratio_low=float(low),
-                            clip_ratio_high=float(high))
+                            clip_ratio_high=float(high),
+                            topk=int(loss.topk or 0) if loss.loss_mode in TOPK_LOSS_MODES else 0,
+                            log_prob_min_clamp=None if loss.log_prob_min_clamp is None
+                            else float(loss.log_prob_min_clamp))
 
 
 def distillation_config_problems(config: PPOConfig) -> list[str]:
@@ -39,7 +42,11 @@ def distillation_config_problems(config: PPOConfig) -> list[str]:
         return []
     loss = d.distillation_loss
     problems = distillation_problems(str(loss.loss_mode), bool(loss.use_policy_gradient), str(loss.policy_loss_mode),
-                                     LOSS_KEY)
+                                     LOSS_KEY, topk=loss.topk)
+    if loss.loss_mode in TOPK_LOSS_MODES and config.actor_rollout_ref.model.use_fused_kernels:
+        problems.append(f"{LOSS_KEY}.loss_mode={loss.loss_mode} with actor_rollout_ref.model.use_fused_kernels=True: "
+                        "the top-k log-probs are computed on the plain log-prob path only; set "
+                        "actor_rollout_ref.model.use_fused_kernels=False")
     if config.async_training.mode != "sync":
         problems.append(f"distillation.enabled=True with async_training.mode={config.async_training.mode}: the "
                         "teacher is wired into the synchronous trainer only; use async_training.mode=sync")
