@@ -33,7 +33,7 @@ def _trainer(root: str):
     actor = types.SimpleNamespace(save_checkpoint=lambda path: save_checkpoint(path, model, optimizer,
                                                                                extra={"scheduler": {}}))
     trainer = types.SimpleNamespace(checkpoints=CheckpointManager(root), global_step=1,
-                                    roles=types.SimpleNamespace(actor_rollout=actor),
+                                    roles=types.SimpleNamespace(actor_rollout=actor, prm=None),
                                     run_settings=types.SimpleNamespace(use_critic=False))
     trainer.trainer_state = lambda: {"global_step": trainer.global_step}
     return trainer
