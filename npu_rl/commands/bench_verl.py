@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 
+from npu_rl.commands.bench_trl import CACHE_VARIABLES
 from npu_rl.data.builtin import resolve_builtin
 from npu_rl.data.io import read_rows, write_parquet
 from npu_rl.models.loader import resolve_model_path
@@ -170,8 +171,8 @@ def padding_overrides(padding: str) -> list[str]:
 def side_command(side: str, overrides: list[str], run_dir: str) -> tuple[list[str], dict[str, str]]:
     """The command line and extra environment of one side's run, its metrics written under ``run_dir``."""
     caches = os.path.join(os.path.dirname(run_dir), f"caches-{side}")  # one per side, kept across its runs
-    env = {"VLLM_CACHE_ROOT": os.path.join(caches, "vllm"), "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-           "TRITON_CACHE_DIR": os.path.join(caches, "triton"), "PYTHONUNBUFFERED": "1"}
+    env = {variable: os.path.join(caches, name) for variable, name in CACHE_VARIABLES.items()}
+    env["PYTHONUNBUFFERED"] = "1"
     name = os.path.basename(run_dir)
     if side == "verl":
         env["VERL_FILE_LOGGER_PATH"] = os.path.join(run_dir, "metrics.jsonl")
@@ -216,8 +217,8 @@ def summarize(side: str, records: list[dict], wall_s: float) -> dict:
            "first_step_s": steps[0]["timing_s/step"] if steps else float("nan"),
            "steady_step_s": _median([r["timing_s/step"] for r in later]),
            "tokens_per_s_per_gpu": _median([r["perf/throughput"] for r in later if "perf/throughput" in r]),
-           "peak_memory_gb": max((r[k] for r in steps for k in ("perf/max_memory_allocated_gb",) if k in r),
-                                 default=float("nan")),
+           "peak_memory_gb": max((r["perf/max_memory_allocated_gb"] for r in steps
+                                  if "perf/max_memory_allocated_gb" in r), default=float("nan")),
            "phases_s": {}}
     for label, verl_key, our_key in PHASES:
         key = verl_key if side == "verl" else our_key
