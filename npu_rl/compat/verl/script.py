@@ -159,7 +159,6 @@ def _run_bash(program: str, environment: dict[str, str], timeout: float, *flags:
             with open(path, "w", encoding="utf-8") as f:
                 fd = record.fileno()
                 f.write(program.replace("{move}", "" if fd == 3 else f"exec 3>&{fd} {fd}>&-; "))
-            start_total = _threads_total()
             process = subprocess.Popen(
                 [_bash(), "--noprofile", "--norc", *flags, path], cwd=work, env=environment,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, pass_fds=(record.fileno(),),
@@ -170,7 +169,7 @@ def _run_bash(program: str, environment: dict[str, str], timeout: float, *flags:
                 raise ScriptError(f"the script did not finish within {TIME_LIMIT_S:.0f} s of reading (a loop that "
                                   "never ends?)") from None
             finally:
-                _kill_all(process, start_total)
+                _kill_all(process)
             record.seek(0)
             stderr.seek(0)
             return record.read(OUTPUT_LIMIT), stderr.read(64 * 1024).decode("utf-8", "replace"), status
@@ -225,7 +224,7 @@ def _wait_bounded(process: subprocess.Popen, timeout: float) -> int:
         if baseline and _threads_total() - baseline > MAX_PROCESSES:
             count = sum(_session_groups(process.pid).values())
             if count > MAX_PROCESSES:
-                _kill_all(process, baseline)
+                _kill_all(process)
                 raise TooManyProcesses(f"the script started more than {MAX_PROCESSES} processes at once ({count} "
                                        "seen; a fork bomb, or a loop of subshells or '&' jobs?); reading stopped")
             baseline = _threads_total() - count  # the rest of the growth is somebody else's
@@ -242,11 +241,12 @@ def _killpg(group: int) -> bool:
         return False
 
 
-def _kill_all(process: subprocess.Popen, start_total: int) -> None:
+def _kill_all(process: subprocess.Popen) -> None:
     """bash's group first (bash, its subshells and jobs; bash reaped), so no new group can be made; then every
-    other group of its session (top-level jobs under ``builtin set -m``; looked for only when the machine has more
-    threads than when bash started: a scan of /proc is not free), a group at a time, never a process at a time (a
-    forking member would outrun that). Each until it is empty, at most ~2 s in all."""
+    other group of its session (top-level jobs under ``builtin set -m``), a group at a time, never a process at a
+    time (a forking member would outrun that). Each until it is empty, at most ~2 s in all. The session is always
+    scanned once (~1 ms per 50 processes): the machine's thread total cannot tell whether jobs were left behind, as
+    other programs' threads come and go meanwhile."""
     import time
 
     if _killpg(process.pid):
@@ -256,8 +256,6 @@ def _kill_all(process: subprocess.Popen, start_total: int) -> None:
             if not _killpg(process.pid):
                 break
     process.wait()
-    if not (start_total and _threads_total() > start_total):
-        return
     for _ in range(10):
         groups = _session_groups(process.pid)
         if not groups:
