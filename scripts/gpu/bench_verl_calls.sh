@@ -34,6 +34,45 @@ row="$2"; shift 2
   { echo "installing npu-rl failed:"; tail -5 "$out/install_npu_rl.log"; exit 1; }
 export PYTHONPATH="/tmp/site:/tmp/npu_rl_site" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_HOME=/tmp/hf NPU_RL_CACHE=/tmp/npu_rl_cache RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0
+# verl turns vLLM down to WARN (its Ray runtime env) unless the shell sets it: INFO says what the engine is doing
+export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-INFO}"
+# DIAG_AFTER="200 330 460": at those seconds from the row's start, a snapshot under $out/$row-diag-T (processes, GPU,
+# sockets, every Python process's stacks: each one dumps its own threads to its stderr on SIGUSR2 through the
+# sitecustomize below, which Ray keeps in its worker logs; py-spy too where ptrace is allowed), Ray's logs copied
+# each time: a run that hangs until the call's limit still says where it waits
+ray_logs() {
+  mkdir -p "$1"
+  for f in /tmp/ray/session_latest/logs/worker-*.{out,err} /tmp/ray/session_latest/logs/raylet.out; do
+    [ -s "$f" ] && tail -c 200000 "$f" > "$1/$(basename "$f")"
+  done
+}
+if [ -n "${DIAG_AFTER:-}" ]; then
+  mkdir -p /tmp/diag
+  printf '%s\n' 'import faulthandler, signal' \
+    'if signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL:' \
+    '    faulthandler.register(signal.SIGUSR2, all_threads=True)' > /tmp/diag/sitecustomize.py
+  export PYTHONPATH="/tmp/diag:$PYTHONPATH"
+  (
+    started=$SECONDS
+    for t in $DIAG_AFTER; do
+      sleep $((t - (SECONDS - started))) 2>/dev/null || true
+      d="$out/$row-diag-$t"; mkdir -p "$d"
+      ps -eo pid,ppid,etimes,stat,pcpu,rss,args --forest > "$d/ps.txt" 2>&1
+      nvidia-smi > "$d/nvidia-smi.txt" 2>&1
+      (ss -ltnp || netstat -ltnp) > "$d/listening.txt" 2>&1
+      for p in /proc/[0-9]*; do
+        case "$(readlink "$p/exe" 2>/dev/null)" in
+          *python*) pid=${p#/proc/}  # only the processes started with the handler (PYTHONPATH names /tmp/diag)
+                    tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -q '^PYTHONPATH=.*/tmp/diag' || continue
+                    /tmp/site/bin/py-spy dump --pid "$pid" >> "$d/py-spy.txt" 2>&1
+                    kill -USR2 "$pid" 2>/dev/null;;
+        esac
+      done
+      sleep 2; ray_logs "$d/ray"
+    done
+  ) &
+  diag=$!
+fi
 bench() { python3 -m npu_rl.cli bench verl --dir "/tmp/bench-$row" --out "$out/$row.json" "$@"; }
 case "$row" in
   embedded) bench --repeat 2 "$@";;
@@ -49,9 +88,7 @@ case "$row" in
 esac
 rc=$?
 for f in /tmp/bench-"$row"/*.log; do [ -f "$f" ] && cp "$f" "$out/$row-$(basename "$f")"; done
+[ -n "${diag:-}" ] && kill "$diag" 2>/dev/null
 # Ray's worker logs (verl's vLLM server and its engine process log there, not to the driver): the last 200 KB of each
-mkdir -p "$out/$row-ray"
-for f in /tmp/ray/session_latest/logs/worker-*.{out,err} /tmp/ray/session_latest/logs/raylet.out; do
-  [ -s "$f" ] && tail -c 200000 "$f" > "$out/$row-ray/$(basename "$f")"
-done
+ray_logs "$out/$row-ray"
 exit $rc
