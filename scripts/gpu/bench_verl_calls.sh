@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # `npu-rl bench verl` on the H200: verl 0.9.1, vLLM 0.22.0 and their runtime carried in parts, then the rows.
 #
-# Here, once:   WITH_VERL=1 VLLM_ONLY=1 scripts/gpu/carry_vllm.sh .whl/verl  (the TRL wheels must stay out)
-#               (parts .whl/verl/part1..N; the embedded row also needs the GGUF: see carry_vllm.sh)
+# Here, once:   WITH_VERL=1 VLLM_ONLY=1 scripts/gpu/carry_vllm.sh .whl/verl 56  (4 parts of <= 56 MB: with the ~8 MB
+#               checkout, under the 64 MiB a call carries; the TRL wheels must stay out; the embedded row also needs
+#               the GGUF: see carry_vllm.sh)
 # There, one call a part, back to back (a warm machine keeps /tmp ~30 s between calls), from the checkout's root:
 #   bash scripts/gpu/bench_verl_calls.sh unpack 1          # carry .whl/verl/part1
 #   ...
-#   bash scripts/gpu/bench_verl_calls.sh unpack 5 && bash scripts/gpu/bench_verl_calls.sh row q05
+#   bash scripts/gpu/bench_verl_calls.sh unpack 4 && bash scripts/gpu/bench_verl_calls.sh row q05
 # A call may run 600 s: a row whose two sides do not fit runs one side a call (`row q7-1k --sides verl --timeout 560`,
 # then `row q7-1k --sides ours --timeout 560`): the bench folder /tmp/bench-ROW keeps the first call's run, and the
-# second call's report shows both. verl's first attempt (2026-12-03) had not left vLLM's server start after 265 s.
+# second call's report shows both. verl's first attempt (2026-12-03) had not left vLLM's server start after 265 s
+# (silent: verl sets VLLM_LOGGING_LEVEL=WARN unless the shell sets it); run it with DIAG_AFTER="200 350 480".
 # Rows (each one `npu-rl bench verl` invocation; figures and logs under $OUT):
 #   embedded  the embedded task (SmolLM2-135M, arithmetic) as a first-time user runs it, cold then warm
 #   q05       Qwen2.5-0.5B shape, 16 prompts x 4, 128 + 256 tokens (the TRL table's row)

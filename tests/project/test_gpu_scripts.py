@@ -35,8 +35,21 @@ def test_slim_wheel_drops_the_unused_kernels_and_rewrites_record(tmp_path):
     assert kept == expected | {"vllm-0.22.0.dist-info/RECORD"} and set(record) == expected
 
 
+def test_slim_wheel_drops_only_rays_java_workers(tmp_path):
+    names = ["ray/jars/ray_dist.jar", "ray/_raylet.so", "ray/core/src/ray/raylet/raylet", "ray/__init__.py"]
+    src, dst = tmp_path / "ray.whl", tmp_path / "out.whl"
+    with zipfile.ZipFile(src, "w") as z:
+        for name in names:
+            z.writestr(name, b"x" * 10)
+        z.writestr("ray-2.60.0.dist-info/RECORD", "\n".join(f"{n},sha256=a,10" for n in names) + "\n")
+    _slim_module().slim(str(src), str(dst))
+    with zipfile.ZipFile(dst) as z:
+        assert set(z.namelist()) == set(names[1:]) | {"ray-2.60.0.dist-info/RECORD"}
+        assert "ray/jars/ray_dist.jar" not in z.read("ray-2.60.0.dist-info/RECORD").decode()
+
+
 def test_wheel_lists_pin_one_version_of_each_package():
-    for name in ("vllm_wheels.txt", "bench_wheels.txt"):
+    for name in ("vllm_wheels.txt", "bench_wheels.txt", "verl_wheels.txt"):
         with open(os.path.join(ROOT, "scripts", "gpu", name)) as fh:
             pins = [line.strip() for line in fh if line.strip() and not line.startswith("#")]
         assert all(p.count("==") == 1 for p in pins), name
