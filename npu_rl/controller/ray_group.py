@@ -153,13 +153,16 @@ class WorkerHost:
             port = sock.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def setup(self, master_addr: str, master_port: int, roles: dict[str, WorkerSpec], env: dict[str, str]) -> None:
+    def setup(self, master_addr: str, master_port: int, roles: dict[str, WorkerSpec], env: dict[str, str],
+              seed: int | None = None) -> None:
         os.environ.update({k: str(v) for k, v in env.items()})
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),
                           LOCAL_WORLD_SIZE=str(self.local_world_size), MASTER_ADDR=master_addr,
                           MASTER_PORT=str(master_port))
         backend = get_backend(self.device)
         init_distributed(backend, device_index=self._claim_device(backend))
+        if seed is not None:  # as the local controller's processes are seeded before their workers are built
+            backend.manual_seed(seed)
         self.workers = {role: spec.build() for role, spec in roles.items()}
 
     def _claim_device(self, backend) -> int | None:
@@ -193,10 +196,13 @@ class RayWorkerGroup(WorkerGroup):
     """``roles`` on every bundle of ``pool``: rank ``r`` is bundle ``r`` (nodes in IP order). ``env`` is extra
     environment set in the actors once they run; ``process_env`` is environment the actor processes must *start*
     with (Ray's runtime environment), e.g. ``TASK_QUEUE_ENABLE``, read by torch_npu at import
-    (``npu_rl.device.npu_env.worker_process_env``). ``ray.init`` must have been called."""
+    (``npu_rl.device.npu_env.worker_process_env``). ``seed`` seeds every actor's Python, NumPy, torch and device
+    generators before its workers are built (``trainer.seed``, as the local controller seeds its processes).
+    ``ray.init`` must have been called."""
 
     def __init__(self, pool: ResourcePool, roles: dict[str, WorkerSpec], *, env: dict[str, str] | None = None,
-                 device: str | None = None, name: str = "npu_rl", process_env: dict[str, str] | None = None):
+                 device: str | None = None, name: str = "npu_rl", process_env: dict[str, str] | None = None,
+                 seed: int | None = None):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -221,7 +227,7 @@ class RayWorkerGroup(WorkerGroup):
                     len(self._hosts), self.world_size, local_rank, count, device, pool.resource))
         try:
             master_addr, master_port = ray.get(self._hosts[0].master_address.remote())
-            ray.get([h.setup.remote(master_addr, master_port, self.roles, dict(env or {})) for h in self._hosts])
+            ray.get([h.setup.remote(master_addr, master_port, self.roles, dict(env or {}), seed) for h in self._hosts])
         except Exception:
             self.shutdown()  # a worker failed to start: don't leave the others holding devices
             raise

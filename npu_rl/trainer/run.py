@@ -56,7 +56,8 @@ def build_worker_group(config: PPOConfig, run_settings: RunSettings):
     pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
     rollout = config.actor_rollout_ref.rollout
     sleep_mode = rollout.name == "vllm" and bool(rollout.free_cache_engine)
-    group = RayWorkerGroup(pool, roles, process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode))
+    group = RayWorkerGroup(pool, roles, process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode),
+                           seed=config.trainer.seed)
     group.owned_pool = pool  # released with the group (a later run in this process needs the devices again)
     return group
 

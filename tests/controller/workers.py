@@ -19,6 +19,7 @@ class EchoWorker:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.sp_size = sp_size
         self.calls = 0
+        self.first_draw = torch.rand(1).item()  # what the process's generator gave at build time
 
     def dispatch_layout(self) -> DispatchLayout:
         return DispatchLayout(self.rank // self.sp_size, self.world_size // self.sp_size, self.rank % self.sp_size == 0)
@@ -30,6 +31,10 @@ class EchoWorker:
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
         return {"pid": os.getpid(), "env": {k: os.environ.get(k) for k in keys},
                 "dist": dist.is_initialized() and (dist.get_rank(), dist.get_world_size(), dist.get_backend())}
+
+    @register(Dispatch.ALL)
+    def drawn_at_build(self) -> float:
+        return self.first_draw
 
     @register(Dispatch.ALL)
     def all_reduce(self, value: float) -> float:

@@ -41,6 +41,17 @@ def test_ranks_env_and_process_group(echo_group):
     assert echo_group.echo.all_reduce(1.0) == [3.0, 3.0]  # 1*1 + 1*2 through gloo
 
 
+def test_actors_are_seeded_before_their_workers_are_built(ray_session):
+    pool = ResourcePool([2], resource=None, name="seeded")
+    group = RayWorkerGroup(pool, {"echo": WorkerSpec(EchoWorker)}, seed=7)
+    try:
+        expected = torch.Generator().manual_seed(7)
+        assert group.echo.drawn_at_build() == [torch.rand(1, generator=expected).item()] * 2
+    finally:
+        group.shutdown()
+        pool.remove()
+
+
 def test_colocated_roles_share_the_actor(echo_group):
     assert echo_group.counter.pid() == [i["pid"] for i in echo_group.echo.whoami()]
     assert echo_group.counter.add(1) == [11, 11]
