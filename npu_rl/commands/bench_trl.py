@@ -21,7 +21,11 @@ The same recipe on both sides:
 - held-out accuracy before the first step and after the last on the embedded task: every row of
   ``builtin://arith/test`` (25 problems), greedy, ``--response-length`` new tokens, scored by the trainer's ``arith``
   rule; TRL with Hugging Face ``generate`` on its model, ours with its own validation (``--engine``). Shape models
-  (random weights, random prompts) have no held-out set.
+  (random weights, random prompts) have no held-out set;
+- the rollout engine: ``--engine vllm`` (default) runs ours with vLLM and TRL with its vLLM colocate mode
+  (``use_vllm=True, vllm_mode="colocate"``: the engine in the trainer's process, sleeping while it trains, as ours
+  does with ``free_cache_engine``), both with ``--gpu-memory-utilization``; ``--engine hf`` runs both with
+  Hugging Face ``generate``; ``--trl-engine`` sets TRL's apart.
 
 Each side runs in its own interpreter, ours exactly as a user runs it (``python -m npu_rl.cli train ...``), TRL's in
 ``npu_rl.commands.bench_trl_side``. The model folder and the prompt files are prepared by this process before any
@@ -81,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
                    help="compile caches here (kept) instead of a fresh folder per invocation (removed at the end)")
     p.add_argument("--ignore-eos", action="store_true", help="every response runs to --response-length")
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"), help="our rollout engine")
+    p.add_argument("--trl-engine", default=None, choices=("vllm", "hf"),
+                   help="TRL's: vllm is its colocate mode (the engine in its process, sleeping while it trains), hf "
+                        "its generate (default: the same as --engine)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                   help="the vLLM engines' share of device memory, both sides")
     p.add_argument("--sides", default="trl,ours")
     p.add_argument("--keep", action="store_true", help="keep the work folder (run folders, prompt files)")
     p.add_argument("--out", default=None, help="write every run's results and the ratios as JSON here")
@@ -167,6 +176,7 @@ def our_overrides(args, files: dict[str, str], run_dir: str) -> list[str]:
            f"{actor}.optim.lr={args.lr}", f"{actor}.optim.lr_warmup_steps=0", f"{actor}.ppo_mini_batch_size={args.prompts}",
            f"{actor}.ppo_epochs=1", f"{actor}.use_kl_loss=False", "algorithm.use_kl_in_reward=False",
            "actor_rollout_ref.rollout.temperature=1.0", f"actor_rollout_ref.rollout.name={args.engine}",
+           f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
            f"{actor}.fsdp_config.model_dtype={model_dtype}",
            f"{actor}.fsdp_config.mixed_precision.param_dtype={param_dtype}",
            f"actor_rollout_ref.rollout.dtype={rollout_dtype}",
@@ -223,10 +233,14 @@ def trl_settings(args) -> dict:
     """What TRL's side needs, as plain values (its GRPOConfig is built from them in bench_trl_side)."""
     micro, accumulation = micro_batching(args)
     load_dtype, bf16 = PRECISIONS[args.precision]["trl"]
+    use_vllm = (args.trl_engine or args.engine) == "vllm"
     return {"prompts": args.prompts, "n": args.n, "response_length": args.response_length, "steps": args.steps,
             "lr": args.lr, "load_dtype": load_dtype, "bf16": bf16, "micro_batch": micro,
             "gradient_accumulation_steps": accumulation, "ignore_eos": args.ignore_eos,
-            "heldout": has_heldout(args)}
+            "heldout": has_heldout(args), "use_vllm": use_vllm,
+            "gpu_memory_utilization": args.gpu_memory_utilization, "sleep": True,
+            # ours sizes its engine from the data's lengths; TRL's default is the model's whole context
+            "max_model_length": args.prompt_length + 32 + args.response_length if not has_heldout(args) else None}
 
 
 def run_side(side: str, args, files: dict[str, str], folder: str, caches: str) -> dict:

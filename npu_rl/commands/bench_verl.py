@@ -19,6 +19,13 @@ Each side runs in its own interpreter, one after the other; wall time is the sid
 (vLLM's, Inductor's, Triton's) in the bench's folder, empty for the first run: with ``--repeat 2`` the first run is
 cold and the second warm, and the report shows them apart. Steady step: the median step after the first.
 
+``--sides verl,ours,trl`` adds TRL's ``GRPOTrainer`` as a third side on the same job (npu_rl/commands/bench_trl_side.py:
+the same model folder, rows, sizes, learning rate and micro-batches, fp32 master weights with bf16 compute, vLLM in
+its colocate mode with sleep mode and the same memory share, no KL term, one update per batch, no checkpoint; TRL
+skips the old-log-prob pass on-policy and logs no phases). verl 0.9.1's model patch fails where TRL 1.16 can be
+imported, so on a machine with verl, TRL is installed apart (``pip install --target DIR trl==1.16.0``) and named by
+``--trl-site DIR``: only the TRL side's interpreter sees it.
+
 The bench folder (``--dir``) keeps every finished run in ``results.jsonl``: a later invocation of the same job (the
 same keys) on the same folder reports the earlier runs beside its own, and its runs count on from them (warm). So the
 two sides of a row too long for one device call can run one call each (``--sides verl``, then ``--sides ours``).
@@ -46,7 +53,7 @@ from npu_rl.data.io import read_rows, write_parquet
 from npu_rl.models.loader import resolve_model_path
 from npu_rl.models.synthetic import save_random_model
 
-SIDES = ("verl", "ours")
+SIDES = ("verl", "ours", "trl")
 # the phases in the report: (label, verl's metric, ours); both write verl's timing_s/<phase> names except the sync
 PHASES = (("gen", "timing_s/gen", "timing_s/gen"),
           ("reward", "timing_s/reward", "timing_s/reward"),
@@ -83,7 +90,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="both sides: packed (use_remove_padding, verl's flash-attn 2 path) or padded (SDPA); auto: "
                         "packed where the flash_attn package is installed, else padded (verl needs it to pack)")
     p.add_argument("--val-rows", type=int, default=200, help="held-out rows of the embedded task (0: none)")
-    p.add_argument("--sides", default="verl,ours")
+    p.add_argument("--sides", default="verl,ours",
+                   help="any of verl, ours, trl (TRL's GRPOTrainer with its vLLM colocate mode, the same job)")
+    p.add_argument("--trl-engine", default="vllm", choices=("vllm", "hf"),
+                   help="TRL's rollout: vllm (its colocate mode, as the other sides use vLLM) or hf (generate)")
+    p.add_argument("--trl-site", default=None,
+                   help="a folder with TRL installed apart (pip install --target), put on the TRL side's path only: "
+                        "verl 0.9.1's model patch fails where TRL 1.16 is importable")
     p.add_argument("--repeat", type=int, default=1, help="runs of each side; the first is cold (empty caches)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds a side may run")
     p.add_argument("--dir", default=None, help="the bench's folder (default: a new temporary one)")
@@ -121,6 +134,9 @@ def prepare(args, folder: str) -> list[str]:
                                 os.path.join(folder, "val.parquet"))
         max_prompt = args.prompt_length
     train = write_parquet(rows, os.path.join(folder, "train.parquet"))
+    _write_trl_rows(rows, os.path.join(folder, "train.jsonl"))
+    if val:
+        _write_trl_rows(read_rows(val), os.path.join(folder, "heldout.jsonl"))
     reward = os.path.join(folder, "reward.py")
     with open(reward, "w", encoding="utf-8") as fh:
         fh.write(REWARD_FILE)
@@ -157,6 +173,29 @@ def prepare(args, folder: str) -> list[str]:
     return overrides + list(args.overrides)
 
 
+def _write_trl_rows(rows: list[dict], path: str) -> None:
+    """The job's rows as TRL's side reads them (chat messages + the answer its reward scores)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps({"prompt": [dict(m) for m in row["prompt"]],
+                                 "answer": str(row["reward_model"]["ground_truth"])}) + "\n")
+
+
+def trl_settings(args, max_prompt: int) -> dict:
+    """TRL's side of the job (npu_rl/commands/bench_trl_side.py builds its GRPOConfig from these): the same sizes,
+    learning rate and micro-batches; fp32 master weights with bf16 compute (both other sides' default: the model
+    loaded in fp32, ``bf16=True``); vLLM colocate with sleep mode and the same memory share; no KL term, one update
+    per batch."""
+    batch = args.prompts * args.n
+    return {"prompts": args.prompts, "n": args.n, "response_length": args.response_length, "steps": args.steps,
+            "lr": args.lr, "load_dtype": "float32", "bf16": True, "micro_batch": args.micro_batch,
+            "gradient_accumulation_steps": batch // args.micro_batch, "ignore_eos": bool(args.ignore_eos),
+            "heldout": not args.model.startswith("shape:") and args.val_rows > 0,
+            "use_vllm": args.trl_engine == "vllm",
+            "gpu_memory_utilization": args.gpu_memory_utilization, "sleep": True,
+            "max_model_length": max_prompt + args.response_length}
+
+
 def padding_overrides(padding: str) -> list[str]:
     """Both sides' attention recipe. verl packs (``use_remove_padding``) only through the flash-attn 2 package (its
     model config asks for ``flash_attention_2``); without it, both sides run padded batches with SDPA."""
@@ -168,12 +207,25 @@ def padding_overrides(padding: str) -> list[str]:
             "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
 
 
-def side_command(side: str, overrides: list[str], run_dir: str) -> tuple[list[str], dict[str, str]]:
-    """The command line and extra environment of one side's run, its metrics written under ``run_dir``."""
+def side_command(side: str, overrides: list[str], run_dir: str, trl: dict | None = None
+                 ) -> tuple[list[str], dict[str, str]]:
+    """The command line and extra environment of one side's run, its metrics written under ``run_dir``; ``trl``:
+    the TRL side's ``settings`` (:func:`trl_settings`) and ``site`` (a folder put on its path only, or None)."""
     caches = os.path.join(os.path.dirname(run_dir), f"caches-{side}")  # one per side, kept across its runs
     env = {variable: os.path.join(caches, name) for variable, name in CACHE_VARIABLES.items()}
     env["PYTHONUNBUFFERED"] = "1"
     name = os.path.basename(run_dir)
+    if side == "trl":
+        if trl is None:
+            raise ValueError("the trl side needs its settings (trl_settings)")
+        folder = os.path.dirname(run_dir)
+        model = next(o.split("=", 1)[1] for o in overrides if o.startswith("actor_rollout_ref.model.path="))
+        files = {"model": model, "train": os.path.join(folder, "train.jsonl"),
+                 "heldout": os.path.join(folder, "heldout.jsonl")}
+        if trl.get("site"):
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (trl["site"], os.environ.get("PYTHONPATH")) if p)
+        return ([sys.executable, "-m", "npu_rl.commands.bench_trl_side", "--files", json.dumps(files),
+                 "--folder", run_dir, "--settings", json.dumps(trl["settings"])], env)
     if side == "verl":
         env["VERL_FILE_LOGGER_PATH"] = os.path.join(run_dir, "metrics.jsonl")
         return ([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "trainer.logger=[console,file]",
@@ -235,9 +287,28 @@ def summarize(side: str, records: list[dict], wall_s: float) -> dict:
     return out
 
 
-def run_side(side: str, overrides: list[str], folder: str, run: int, timeout: float) -> dict:
+def summarize_trl(result: dict, wall_s: float) -> dict:
+    """TRL's side in the report's terms, from its ``result.json`` (npu_rl/commands/bench_trl_side.py): step times
+    from its callbacks, tokens/s from its token counts (prompt + completion, no padding, as verl's
+    ``perf/throughput``), the peak of torch's allocator (vLLM's pool in sleep mode is outside it), held-out
+    accuracy. TRL logs no phases."""
+    steps, tokens = result["step_times_s"], result.get("tokens_per_step", [])
+    later = list(range(1, len(steps))) or list(range(len(steps)))
+    out = {"side": "trl", "wall_s": wall_s, "num_steps": len(steps),
+           "first_step_s": steps[0] if steps else float("nan"),
+           "steady_step_s": _median([steps[i] for i in later]),
+           "tokens_per_s_per_gpu": _median([tokens[i] / steps[i] for i in later if i < len(tokens) and steps[i]]),
+           "peak_memory_gb": result.get("peak_memory_gb", float("nan")) or float("nan"), "phases_s": {}}
+    if "heldout_after" in result:
+        out["held_out_before"] = {"acc/mean@1": result["heldout_before"]} if "heldout_before" in result else None
+        out["held_out_after"] = {"acc/mean@1": result["heldout_after"]}
+    return out
+
+
+def run_side(side: str, overrides: list[str], folder: str, run: int, timeout: float, trl: dict | None = None
+             ) -> dict:
     run_dir = os.path.join(folder, f"{side}-run{run}")
-    command, env = side_command(side, overrides, run_dir)
+    command, env = side_command(side, overrides, run_dir, trl)
     os.makedirs(run_dir, exist_ok=True)
     log = os.path.join(folder, f"{side}-run{run}.log")
     start = time.perf_counter()
@@ -253,7 +324,12 @@ def run_side(side: str, overrides: list[str], folder: str, run: int, timeout: fl
             tail = fh.read()[-2500:]
         raise RuntimeError(f"the {side} side's run {run} failed (exit {code}) after {wall:.0f} s; its log: {log}\n"
                            f"{tail}")
-    result = summarize(side, read_metrics(side, run_dir), wall)
+    if side == "trl":
+        with open(os.path.join(run_dir, "result.json"), encoding="utf-8") as fh:
+            result = summarize_trl(json.load(fh), wall)
+        result["engine"] = "vllm" if trl["settings"]["use_vllm"] else "hf"  # the report names TRL's rollout
+    else:
+        result = summarize(side, read_metrics(side, run_dir), wall)
     result["run"], result["warm"], result["log"] = run, run > 1, log
     return result
 
@@ -304,19 +380,24 @@ def render(results: list[dict], args) -> str:
              "| update_actor | weight sync | held-out before -> after |", "|" + "---|" * 12]
     for r in results:
         p = r["phases_s"]
-        lines.append(f"| {r['side']} | {'warm' if r['warm'] else 'cold'} | {f(r['wall_s'], 1)} | "
+        side = f"{r['side']} ({r['engine']})" if "engine" in r else r["side"]
+        lines.append(f"| {side} | {'warm' if r['warm'] else 'cold'} | {f(r['wall_s'], 1)} | "
                      f"{f(r['first_step_s'])} | {f(r['steady_step_s'])} | {f(r['tokens_per_s_per_gpu'], 0)} | "
                      f"{f(r['peak_memory_gb'], 1)} | {f(p.get('gen'))} | {f(p.get('old_log_prob'))} | "
                      f"{f(p.get('update_actor'))} | {f(p.get('weight_sync'))} | "
                      f"{held(r, 'held_out_before')} -> {held(r, 'held_out_after')} |")
+    def ratio(a, b):
+        return "-" if not (a == a and b == b and b) else f"{a / b:.2f}x"
+
     for warm in (False, True):
         pair = {r["side"]: r for r in results if r["warm"] == warm}
-        if set(SIDES) <= set(pair):
-            o, v = pair["ours"], pair["verl"]
-            lines.append(f"ours / verl ({'warm' if warm else 'cold'}): wall {o['wall_s'] / v['wall_s']:.2f}x, steady "
-                         f"step {o['steady_step_s'] / v['steady_step_s']:.2f}x, tokens/s/GPU "
-                         f"{o['tokens_per_s_per_gpu'] / v['tokens_per_s_per_gpu']:.2f}x, peak memory "
-                         f"{o['peak_memory_gb'] / v['peak_memory_gb']:.2f}x")
+        for other in ("verl", "trl"):
+            if "ours" in pair and other in pair:
+                o, v = pair["ours"], pair[other]
+                lines.append(f"ours / {other} ({'warm' if warm else 'cold'}): wall {ratio(o['wall_s'], v['wall_s'])}, "
+                             f"steady step {ratio(o['steady_step_s'], v['steady_step_s'])}, tokens/s/GPU "
+                             f"{ratio(o['tokens_per_s_per_gpu'], v['tokens_per_s_per_gpu'])}, peak memory "
+                             f"{ratio(o['peak_memory_gb'], v['peak_memory_gb'])}")
     return "\n".join(lines)
 
 
@@ -325,7 +406,17 @@ def main(argv: list[str] | None = None) -> int:
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     unknown = [s for s in sides if s not in SIDES]
     if unknown or not sides:
-        print(f"npu-rl bench verl: --sides takes {' and '.join(SIDES)}, got {args.sides!r}", file=sys.stderr)
+        print(f"npu-rl bench verl: --sides takes {', '.join(SIDES)}, got {args.sides!r}", file=sys.stderr)
+        return 2
+    if "trl" in sides and (args.prompts * args.n) % args.micro_batch:
+        print(f"npu-rl bench verl: --micro-batch {args.micro_batch} must divide --prompts x --n = "
+              f"{args.prompts * args.n} (TRL's gradient accumulation)", file=sys.stderr)
+        return 2
+    if "trl" in sides and not (os.path.isdir(os.path.join(args.trl_site or "", "trl")) if args.trl_site
+                               else importlib.util.find_spec("trl") is not None):
+        print(f"npu-rl bench verl: TRL is not installed{' in --trl-site ' + args.trl_site if args.trl_site else ''} "
+              "(pip install trl==1.16.0; apart from verl: pip install --target DIR, then --trl-site DIR)",
+              file=sys.stderr)
         return 2
     if "verl" in sides and importlib.util.find_spec("verl") is None:
         print("npu-rl bench verl: verl is not installed (pip install verl; on the H200: WITH_VERL=1 "
@@ -340,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"npu-rl bench verl: {exc}", file=sys.stderr)
         return 2
+    max_prompt = int(next(o.split("=", 1)[1] for o in overrides if o.startswith("data.max_prompt_length=")))
+    trl = {"settings": trl_settings(args, max_prompt), "site": args.trl_site}
     results, failures = earlier_runs(folder, overrides), []
     if results:
         print(f"bench verl: {len(results)} earlier run(s) of this job in {folder} join the report", flush=True)
@@ -347,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         for side in sides:
             run = 1 + sum(r["side"] == side for r in results)  # a side's first run in this folder is its cold one
             try:
-                results.append(run_side(side, overrides, folder, run, args.timeout))
+                results.append(run_side(side, overrides, folder, run, args.timeout, trl))
             except (RuntimeError, FileNotFoundError, ValueError) as exc:  # the other side still runs
                 print(f"npu-rl bench verl: {exc}", file=sys.stderr, flush=True)
                 failures.append({"side": side, "run": run, "error": str(exc)[:4000]})

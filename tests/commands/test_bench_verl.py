@@ -6,6 +6,7 @@ import os
 import pytest
 
 from npu_rl.commands import bench_verl
+from npu_rl.commands.bench_trl_side import grpo_config_kwargs
 from npu_rl.config.loader import load_config
 from npu_rl.trainer.main_ppo import translate_overrides
 from npu_rl.trainer.preflight import check
@@ -115,9 +116,14 @@ def test_render_ratio_pairs_cold_with_cold():
     assert "(warm)" not in text
 
 
-def test_missing_verl_and_bad_sides_exit_2(monkeypatch, capsys):
-    assert bench_verl.main(["--sides", "trl"]) == 2
-    assert "--sides takes verl and ours" in capsys.readouterr().err
+def test_missing_verl_and_bad_sides_exit_2(monkeypatch, capsys, tmp_path):
+    assert bench_verl.main(["--sides", "tlr"]) == 2
+    assert "--sides takes verl, ours, trl" in capsys.readouterr().err
+    assert bench_verl.main(["--sides", "trl", "--trl-site", str(tmp_path)]) == 2  # no trl/ package in that folder
+    assert f"TRL is not installed in --trl-site {tmp_path}" in capsys.readouterr().err
+    (tmp_path / "trl").mkdir()
+    assert bench_verl.main(["--sides", "trl", "--trl-site", str(tmp_path), "--prompts", "3", "--n", "3"]) == 2
+    assert "--micro-batch 8 must divide --prompts x --n = 9" in capsys.readouterr().err
     monkeypatch.setattr(bench_verl.importlib.util, "find_spec", lambda name: None)
     assert bench_verl.main([]) == 2
     assert "verl is not installed" in capsys.readouterr().err
@@ -127,7 +133,7 @@ def test_a_folder_keeps_runs_of_the_same_job_across_invocations(tmp_path, monkey
     """The sides of a long row run in separate invocations (device calls); the report joins them, runs count on."""
     calls = []
 
-    def fake_run(side, overrides, folder, run, timeout):
+    def fake_run(side, overrides, folder, run, timeout, trl=None):
         calls.append((side, run))
         return {"side": side, "run": run, "warm": run > 1, "wall_s": 10.0 * run, "first_step_s": 1.0,
                 "steady_step_s": 1.0, "tokens_per_s_per_gpu": 100.0, "peak_memory_gb": 1.0, "phases_s": {},
@@ -150,3 +156,43 @@ def test_a_folder_keeps_runs_of_the_same_job_across_invocations(tmp_path, monkey
     assert bench_verl.main([*job, "--sides", "ours"]) == 2
     assert "results.jsonl:4: not a JSON line" in capsys.readouterr().err
     assert len(calls) == 3
+
+
+def test_the_trl_side_runs_the_same_job(tmp_path):
+    """TRL's side: the same model folder, rows (as chat messages + answer), sizes, learning rate, micro-batches and
+    vLLM memory share; its colocate mode with sleep; only its interpreter sees --trl-site."""
+    args = _args("--model", "shape:tiny", "--prompts", "2", "--n", "4", "--steps", "1", "--prompt-length", "4",
+                 "--response-length", "16", "--micro-batch", "4", "--ignore-eos", "--gpu-memory-utilization", "0.3",
+                 "--lr", "3e-6")
+    overrides = bench_verl.prepare(args, str(tmp_path))
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    parquet = bench_verl.read_rows(str(tmp_path / "train.parquet"))
+    assert [r["prompt"] for r in rows] == [[dict(m) for m in r["prompt"]] for r in parquet] and len(rows) == 2
+    settings = bench_verl.trl_settings(args, max_prompt=36)
+    kwargs = grpo_config_kwargs(settings, "/o", on_accelerator=True)
+    assert kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"] == 8  # 2 prompts x 4
+    assert kwargs["num_generations"] == 4 and kwargs["learning_rate"] == 3e-6 and kwargs["max_steps"] == 1
+    assert kwargs["use_vllm"] and kwargs["vllm_mode"] == "colocate" and kwargs["vllm_gpu_memory_utilization"] == 0.3
+    assert kwargs["vllm_max_model_length"] == 36 + 16 and kwargs["generation_kwargs"] == {"ignore_eos": True}
+    command, env = bench_verl.side_command("trl", overrides, str(tmp_path / "trl-run1"),
+                                           {"settings": settings, "site": "/opt/trl"})
+    assert command[1:3] == ["-m", "npu_rl.commands.bench_trl_side"]
+    files = json.loads(command[command.index("--files") + 1])
+    assert files["model"] == str(tmp_path / "model") and files["train"] == str(tmp_path / "train.jsonl")
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == "/opt/trl"
+    assert "PYTHONPATH" not in bench_verl.side_command("verl", overrides, str(tmp_path / "verl-run1"))[1]
+
+
+def test_trl_figures_in_the_reports_terms():
+    result = {"step_times_s": [4.0, 2.0, 1.0], "tokens_per_step": [400.0, 400.0, 300.0], "peak_memory_gb": 12.0,
+              "heldout_before": 0.5, "heldout_after": 0.75}
+    out = bench_verl.summarize_trl(result, wall_s=30.0)
+    assert out["first_step_s"] == 4.0 and out["steady_step_s"] == 1.5  # the median after the first
+    assert out["tokens_per_s_per_gpu"] == 250.0  # median of 400 / 2 and 300 / 1
+    assert out["held_out_before"] == {"acc/mean@1": 0.5} and out["held_out_after"] == {"acc/mean@1": 0.75}
+    base = {"first_step_s": 1.0, "phases_s": {}, "num_steps": 2, "warm": False}
+    text = bench_verl.render([{**base, "side": "ours", "wall_s": 15.0, "steady_step_s": 0.75,
+                               "tokens_per_s_per_gpu": 500.0, "peak_memory_gb": 6.0}, {**out, "warm": False}],
+                             _args())
+    assert "ours / trl (cold): wall 0.50x, steady step 0.50x, tokens/s/GPU 2.00x, peak memory 0.50x" in text
+    assert "0.500 -> 0.750" in text
