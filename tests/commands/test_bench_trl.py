@@ -87,7 +87,7 @@ TRL_116_VLLM_FIELDS = {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "
 
 def test_trl_runs_its_vllm_colocate_mode_when_ours_runs_vllm():
     args = _args("--model", "shape:qwen2.5-0.5b", "--prompt-length", "64", "--response-length", "128",
-                 "--ignore-eos", "--gpu-memory-utilization", "0.4")
+                 "--ignore-eos", "--gpu-memory-utilization", "0.4", "--trl-engine", "vllm")
     kwargs = grpo_config_kwargs(bench_trl.trl_settings(args), "/o", on_accelerator=True)
     training_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     assert set(kwargs) - training_fields == (TRL_116_GRPO_FIELDS | TRL_116_VLLM_FIELDS) - {"learning_rate"}
@@ -96,6 +96,9 @@ def test_trl_runs_its_vllm_colocate_mode_when_ours_runs_vllm():
     assert kwargs["generation_kwargs"] == {"ignore_eos": True}  # vLLM's SamplingParams name
     assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.4" in bench_trl.our_overrides(args, FILES, "/r")
     assert "use_vllm" not in grpo_config_kwargs(bench_trl.trl_settings(_args("--trl-engine", "hf")), "/o", True)
+    # the default follows --engine on an accelerator, and is generate on a CPU
+    accelerator = bench_trl.get_backend().is_accelerator
+    assert bench_trl.trl_settings(_args())["use_vllm"] is accelerator
     assert "use_vllm" not in grpo_config_kwargs(bench_trl.trl_settings(_args("--engine", "hf")), "/o", True)
 
 
