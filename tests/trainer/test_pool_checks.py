@@ -66,6 +66,10 @@ def test_what_cannot_be_placed(tiny_model_dir, tmp_path):
                                    "reward_model.enable_resource_pool=True", "reward_model.nnodes=1",
                                    "reward_model.n_gpus_per_node=2"))
     assert any("a vLLM judge runs on one device" in p for p in pool_problems(judge))
+    prime = load_config(_overrides(tiny_model_dir, tmp_path, "reward_model.enable=True",
+                                   "reward_model.reward_manager=prime", "reward_model.enable_resource_pool=True",
+                                   "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1"))
+    assert any("PRIME's implicit PRM trains every step on the trainer's devices" in p for p in pool_problems(prime))
 
 
 def test_pools_beside_the_trainer_on_one_node_must_fit_its_devices(tiny_model_dir, tmp_path):

@@ -31,6 +31,10 @@ def pool_problems(config: PPOConfig) -> list[str]:
                         f"multiple of actor_rollout_ref.ref.ulysses_sequence_parallel_size={sp}, which the teacher's "
                         "forward uses: change the pool or the sequence-parallel size")
     rm = config.reward_model
+    if rm.enable and rm.enable_resource_pool and rm.reward_manager == "prime":
+        problems.append("reward_model.enable_resource_pool=True with reward_model.reward_manager=prime: PRIME's "
+                        "implicit PRM trains every step on the trainer's devices; set "
+                        "reward_model.enable_resource_pool=False")
     if "reward_model" in pools and rm.rollout.name == "vllm" and pools["reward_model"].world_size > 1:
         problems.append(f"reward_model.rollout.name=vllm on its own pool of {pools['reward_model'].world_size} "
                         f"devices ({_pool_keys(pools['reward_model'])}): a vLLM judge runs on one device; set "
