@@ -8,7 +8,8 @@ One step::
        --> actor forward (no grad) --> old logprobs, entropy  (bypass mode: the rollout's logprobs instead)
        --> rollout correction: IS weights, rejection, rollout_corr/* metrics (algorithm.rollout_correction)
        --> reference forward --> ref logprobs             (when a KL term is on)
-       --> teacher forward --> teacher logprobs           (on-policy distillation: distillation.enabled)
+       --> teacher forward --> teacher logprobs           (on-policy distillation: distillation.enabled; several
+                                                          teachers: each row its own, by distillation.teacher_key)
        --> implicit PRM: update on the outcomes, then token scores   (PRIME: reward_model.reward_manager=prime)
        --> critic forward --> values                      (PPO / GAE)
        --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
