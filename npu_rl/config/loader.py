@@ -166,12 +166,13 @@ def normalise_overrides(overrides: list[str], config_path: str | None = None) ->
 def _in_named_entry(key: str) -> bool:
     """Whether ``key`` lies inside an entry of a dict of config dataclasses (``distillation.teacher_models.<name>.*``)."""
     node: Any = PPOConfig
-    for part in key.split("."):
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
         if not dataclasses.is_dataclass(node):
             return False
         node = _fields(node).get(part)
         if named_entries(node) is not None:
-            return key.count(".") > 0
+            return depth + 1 < len(parts)  # an entry or a key inside one (not the whole dict)
     return False
 
 
