@@ -18,6 +18,16 @@ def unwrap_optional(tp: Any) -> Any:
     return tp
 
 
+def named_entries(tp: Any) -> Any:
+    """The entry class of a ``dict[str, <config dataclass>]`` field (named entries of one schema, e.g.
+    ``distillation.teacher_models.<name>``), else None."""
+    if typing.get_origin(tp) is dict:
+        args = typing.get_args(tp)
+        if len(args) == 2 and dataclasses.is_dataclass(args[1]):
+            return args[1]
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def schema_fields(cls: type) -> dict[str, Any]:
     """``{field name: type}`` of a config dataclass, Optional unwrapped."""

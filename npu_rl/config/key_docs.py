@@ -19,6 +19,7 @@ import typing
 
 from npu_rl.config import schema
 from npu_rl.config.async_schema import async_notes
+from npu_rl.config.introspect import named_entries
 
 NO_EFFECT = "no effect in npu-rl (kept for verl scripts): "
 
@@ -55,6 +56,9 @@ def no_effect_keys(cls=None, prefix: str = "") -> dict[str, str]:
         tp = hints.get(f.name, f.type)
         if dataclasses.is_dataclass(tp):
             out |= no_effect_keys(tp, f"{prefix}{f.name}.")
+        elif named_entries(tp) is not None and f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            for name in f.default_factory():  # type: ignore[misc]  (the entries every config has)
+                out |= no_effect_keys(named_entries(tp), f"{prefix}{f.name}.{name}.")
         elif docs.get(f.name, "").startswith(NO_EFFECT):
             out[f"{prefix}{f.name}"] = docs[f.name][len(NO_EFFECT):]
     return out
@@ -106,6 +110,10 @@ def walk(cls=None, prefix: str = "") -> list[tuple[str, str, str, str]]:
         tp = hints.get(f.name, f.type)
         if dataclasses.is_dataclass(tp):
             rows += walk(tp, key + ".")
+            continue
+        if named_entries(tp) is not None:  # a dict of named entries: the entry's keys under <name>
+            rows.append((key, "dict of entries", ", ".join(f.default_factory()), docs.get(f.name, "")))
+            rows += walk(named_entries(tp), key + ".<name>.")
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from npu_rl.config.errors import ConfigError
-from npu_rl.config.introspect import schema_fields as _fields
+from npu_rl.config.introspect import named_entries, schema_fields as _fields
 from npu_rl.config.schema import PPOConfig
 from npu_rl.utils.redact import ENV_KEYS_ATTRIBUTE, env_interpolated_keys, mark_env_keys, mask_env_values, redact_mapping
 
@@ -74,20 +74,26 @@ def suggest_key(key: str) -> str | None:
 
 
 def check_key(key: str) -> bool:
-    """Whether ``key`` names something in the schema. Returns True if it exists as a typed field, False if it
-    lies inside a free-form dict (e.g. ``model.override_config.attention_dropout``). Raises ConfigError if unknown."""
+    """Whether ``key`` names something in the schema. Returns True if it exists as a typed field (an entry of a dict
+    of config dataclasses, ``distillation.teacher_models.<name>.model_path``, included), False if it lies inside a
+    free-form dict (e.g. ``model.override_config.attention_dropout``). Raises ConfigError if unknown."""
     node: Any = PPOConfig
     parts = key.split(".")
-    for i, part in enumerate(parts):
+    i = 0
+    while i < len(parts):
         if not dataclasses.is_dataclass(node):
             return False  # inside a dict / Any: free-form
         fields = _fields(node)
-        if part not in fields:
+        if parts[i] not in fields:
             hint = suggest_key(key)
             where = ".".join(parts[:i]) or "the top level"
-            msg = f"unknown config key {key!r} ({part!r} is not a key of {where})"
+            msg = f"unknown config key {key!r} ({parts[i]!r} is not a key of {where})"
             raise ConfigError(msg + (f"; did you mean {hint!r}?" if hint else ""))
-        node = fields[part]
+        node = fields[parts[i]]
+        entry = named_entries(node)
+        if entry is not None and i + 1 < len(parts):  # the next part is an entry's name: any name
+            node, i = entry, i + 1
+        i += 1
     return True
 
 
@@ -157,6 +163,59 @@ def normalise_overrides(overrides: list[str], config_path: str | None = None) ->
     return out
 
 
+def _in_named_entry(key: str) -> bool:
+    """Whether ``key`` lies inside an entry of a dict of config dataclasses (``distillation.teacher_models.<name>.*``)."""
+    node: Any = PPOConfig
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if not dataclasses.is_dataclass(node):
+            return False
+        node = _fields(node).get(part)
+        if named_entries(node) is not None:
+            return depth + 1 < len(parts)  # an entry or a key inside one (not the whole dict)
+    return False
+
+
+def _entry_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(the overrides for Hydra, ``key=value`` lines setting keys of named entries). Hydra's ``+a.<new name>.b=v``
+    builds the new entry as a plain dict, which a dict typed by a dataclass refuses; OmegaConf's merge builds it as
+    that dataclass, so those are merged after composing."""
+    hydra, entries = [], []
+    for text in overrides:
+        key, sep, _ = text.lstrip("+").partition("=")
+        if sep and not text.startswith("~") and _in_named_entry(key):
+            entries.append(text.lstrip("+"))
+        else:
+            hydra.append(text)
+    return hydra, entries
+
+
+def _merge_entries(cfg: DictConfig, entries: list[str]) -> DictConfig:
+    """``cfg`` with the named entries' keys set; a new entry is built as its dataclass (unknown keys inside it are
+    still refused)."""
+    from omegaconf import open_dict
+
+    update = OmegaConf.from_dotlist(entries)
+    for key in dict.fromkeys(line.partition("=")[0] for line in entries):  # in the order written
+        parent = key.split(".")
+        for end in range(1, len(parent)):
+            node = OmegaConf.select(cfg, ".".join(parent[:end]))
+            if isinstance(node, DictConfig) and named_entries(_type_at(".".join(parent[:end]))) is not None:
+                with open_dict(node):
+                    name = parent[end]
+                    if name not in node:
+                        node[name] = OmegaConf.structured(named_entries(_type_at(".".join(parent[:end]))))
+                break
+    return OmegaConf.merge(cfg, update)
+
+
+def _type_at(key: str) -> Any:
+    node: Any = PPOConfig
+    for part in key.split("."):
+        node = _fields(node)[part]
+    return node
+
+
 def _register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
@@ -182,8 +241,10 @@ def compose(overrides: list[str] | None = None, config_name: str = "ppo_trainer"
     _register_schema()
     GlobalHydra.instance().clear()
     try:
+        hydra_overrides, entries = _entry_overrides(overrides)
         with initialize_config_dir(config_dir=folder, version_base=None):
-            return hydra_compose(config_name=config_name, overrides=overrides)
+            cfg = hydra_compose(config_name=config_name, overrides=hydra_overrides)
+        return _merge_entries(cfg, entries) if entries else cfg
     except Exception as exc:
         raise ConfigError(_explain(exc)) from exc
     finally:

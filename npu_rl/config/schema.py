@@ -612,6 +612,15 @@ class CriticConfig:
 # --------------------------------------------------------------------------------------------------------- reward
 
 
+def pool_size_rules(key: str, nnodes: int, n_gpus_per_node: int, own_pool: bool) -> list[tuple[bool, str]]:
+    """A role's own resource pool (``<key>.nnodes`` x ``<key>.n_gpus_per_node`` devices): both counts >= 1 when the
+    role runs there, and never negative."""
+    return [(nnodes >= 0, f"{key}.nnodes={nnodes} must be >= 0"),
+            (not own_pool or (nnodes >= 1 and n_gpus_per_node >= 1),
+             f"{key}: its own resource pool needs {key}.nnodes >= 1 and {key}.n_gpus_per_node >= 1 (got nnodes="
+             f"{nnodes}, n_gpus_per_node={n_gpus_per_node})")]
+
+
 @dataclass
 class PrimeOptimConfig(OptimConfig):
     """PRIME's PRM optimizer: verl's prime_trainer.yaml defaults (no weight decay) and its gradient clip."""
@@ -761,6 +770,17 @@ class RewardModelConfig:
     """PRIME: batch_norm (divide the token scores by the batch's largest |return|) | none"""
     mini_batch_size: Optional[int] = None
     """PRIME: samples (not prompts) per optimizer step of the PRM (None: the step's samples in one step)"""
+    enable_resource_pool: bool = False
+    """run the reward model (a classifier or a judge) on its own devices, nnodes x n_gpus_per_node of them, as its own
+    worker group (one process per device, Ray); False: on the trainer's devices"""
+    n_gpus_per_node: int = 8
+    """enable_resource_pool: the reward model's devices per node"""
+    nnodes: int = 0
+    """enable_resource_pool: the reward model's nodes (>= 1 when enable_resource_pool=True)"""
+
+    def check(self, key: str) -> list[str]:
+        return broken(*pool_size_rules(key, self.nnodes, self.n_gpus_per_node,
+                                       own_pool=self.enable and self.enable_resource_pool))
 
 
 @dataclass
@@ -994,9 +1014,13 @@ class DistillationLossConfig:
 
 @dataclass
 class DistillationTeacherConfig:
-    """The frozen teacher: its log-probs on the student's sampled tokens are computed in the step by a forward-only
-    engine on the trainer's devices, like the reference's (npu_rl/workers/teacher.py)."""
+    """A frozen teacher: its log-probs on the student's sampled tokens are computed in the step by a forward-only
+    engine (npu_rl/workers/teacher.py), beside the actor like the reference's or on the teacher pool
+    (distillation.nnodes)."""
 
+    key: Optional[str] = None
+    """several teachers: the value of the row's distillation.teacher_key field (e.g. its data_source) whose rows this
+    teacher scores; one teacher scores every row and needs none"""
     model_path: Optional[str] = None
     """the teacher's model folder (or Hub id / built-in name, as actor_rollout_ref.model.path), any size; its
     vocabulary must cover the student's tokenizer (the student's token ids are scored as they are)"""
@@ -1004,26 +1028,67 @@ class DistillationTeacherConfig:
     """npu-rl: the teacher's own dtype (model_dtype, mixed_precision.param_dtype) and param_offload"""
 
 
-@dataclass
-class DistillationTeachersConfig:
-    """verl's ``distillation.teacher_models``: one teacher, under verl's default name (several teachers routed by
-    ``teacher_key`` are not implemented)."""
-
-    teacher_model: DistillationTeacherConfig = field(default_factory=DistillationTeacherConfig)
+DEFAULT_TEACHER = "teacher_model"  # verl's name of the single teacher's entry
 
 
 @dataclass
 class DistillationConfig:
-    """verl's ``distillation.*``: on-policy distillation from a frozen teacher (docs/algorithms.md)."""
+    """verl's ``distillation.*``: on-policy distillation from one frozen teacher, or several routed by a field of each
+    row (multi-teacher on-policy distillation, MOPD; docs/algorithms.md)."""
 
     enabled: bool = False
     """the actor's loss adds (or becomes) the reverse KL to the teacher on the student's own samples"""
-    teacher_models: DistillationTeachersConfig = field(default_factory=DistillationTeachersConfig)
+    n_gpus_per_node: int = 8
+    """the teacher pool's devices per node (read when nnodes >= 1)"""
+    nnodes: int = 0
+    """the teacher pool's nodes: >= 1 runs the teachers on their own nnodes x n_gpus_per_node devices (their own
+    worker group, one process per device, each teacher's weights sharded over all of them with FSDP2), as verl does;
+    npu-rl: 0 (the default) runs them on the trainer's devices beside the actor, like the reference"""
+    teacher_models: dict[str, DistillationTeacherConfig] = field(
+        default_factory=lambda: {DEFAULT_TEACHER: DistillationTeacherConfig()})
+    """the teachers by entry name: teacher_model alone (every row goes to it), or several entries added with
+    +distillation.teacher_models.<name>.{key,model_path,...} (then, as in verl, the teacher_model entry is dropped:
+    setting its model_path beside others is refused)"""
+    teacher_key: str = "data_source"
+    """several teachers: the row field whose value picks the row's teacher (a teacher's key)"""
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
 
+    def teacher_entries(self) -> dict[str, DistillationTeacherConfig]:
+        """``{entry name: teacher}`` of the teachers in use (verl's rule): teacher_model alone, or every other
+        entry when others are named."""
+        if set(self.teacher_models) == {DEFAULT_TEACHER}:
+            return dict(self.teacher_models)
+        return {name: t for name, t in self.teacher_models.items() if name != DEFAULT_TEACHER}
+
+    def teachers(self) -> dict[str, DistillationTeacherConfig]:
+        """``{routing key: teacher}``: the one teacher under key ``default`` (it scores every row), or each teacher
+        under its ``key``."""
+        entries = self.teacher_entries()
+        if set(entries) == {DEFAULT_TEACHER}:
+            return {"default": entries[DEFAULT_TEACHER]}
+        return {str(t.key): t for t in entries.values()}
+
     def check(self, key: str) -> list[str]:
-        return broken((not self.enabled or bool(self.teacher_models.teacher_model.model_path),
-                       f"{key}.enabled=True needs {key}.teacher_models.teacher_model.model_path=<teacher folder>"))
+        pools = pool_size_rules(key, self.nnodes, self.n_gpus_per_node, own_pool=self.enabled and self.nnodes != 0)
+        if not self.enabled:
+            return broken(*pools)
+        models = f"{key}.teacher_models"
+        if set(self.teacher_models) == {DEFAULT_TEACHER}:
+            return broken((bool(self.teacher_models[DEFAULT_TEACHER].model_path),
+                           f"{key}.enabled=True needs {models}.{DEFAULT_TEACHER}.model_path=<teacher folder>"), *pools)
+        named = {n: t for n, t in self.teacher_models.items() if n != DEFAULT_TEACHER}
+        keys = [t.key for t in named.values()]
+        return broken(
+            (not self.teacher_models.get(DEFAULT_TEACHER, DistillationTeacherConfig()).model_path,
+             f"{models}.{DEFAULT_TEACHER}.model_path is set beside other teachers ({', '.join(named)}): verl drops "
+             f"the {DEFAULT_TEACHER} entry silently when others are named; give that teacher a name of its own "
+             f"(+{models}.<name>.key / .model_path)"),
+            *((bool(t.model_path), f"{models}.{n}.model_path=<teacher folder> is missing") for n, t in named.items()),
+            *((t.key is not None and str(t.key) != "", f"{models}.{n}.key is missing: with several teachers each "
+               f"names the {key}.teacher_key={self.teacher_key} value of the rows it scores") for n, t in named.items()),
+            (len(set(keys)) == len(keys), f"{models}: two teachers share a key ({keys}); each key picks one teacher"),
+            (bool(self.teacher_key), f"{key}.teacher_key must name a row field (e.g. data_source)"),
+            *pools)
 
 
 # ------------------------------------------------------------------------------------------------------------ root

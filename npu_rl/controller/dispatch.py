@@ -46,16 +46,20 @@ class Dispatch(enum.Enum):
 class DispatchSpec:
     mode: Dispatch
     blocking: bool = True
+    pad_rows: bool = False
 
 
-def register(mode: Dispatch = Dispatch.ALL, *, blocking: bool = True) -> Callable:
+def register(mode: Dispatch = Dispatch.ALL, *, blocking: bool = True, pad_rows: bool = False) -> Callable:
     """Decorator for worker methods: ``@register(Dispatch.DP_SPLIT)``. ``blocking=False`` makes the group method
-    return a :class:`~npu_rl.controller.worker_group.Pending` (call ``.get()``) so the driver can overlap roles."""
+    return a :class:`~npu_rl.controller.worker_group.Pending` (call ``.get()``) so the driver can overlap roles.
+    ``pad_rows=True`` (DP_SPLIT): a batch whose rows do not divide over the ranks is padded (:func:`pad_rows`) and
+    the copies dropped from the output; for forwards whose rows are independent (a frozen teacher's or reward
+    model's), which any row count (a teacher's share of the rows, a pool of any size) must reach."""
     if not isinstance(mode, Dispatch):
         raise TypeError(f"register() takes a Dispatch mode, got {mode!r}; known: {[m.name for m in Dispatch]}")
 
     def decorate(fn: Callable) -> Callable:
-        setattr(fn, _ATTR, DispatchSpec(mode, blocking))
+        setattr(fn, _ATTR, DispatchSpec(mode, blocking, pad_rows))
         return fn
 
     return decorate
@@ -108,6 +112,40 @@ def split_inputs(mode: Dispatch, world_size: int, layouts: Sequence[DispatchLayo
         rank_kwargs = {k: v if split_kwargs[k] is None else split_kwargs[k][lay.dp_rank] for k, v in kwargs.items()}
         per_rank.append((rank_args, rank_kwargs))
     return per_rank
+
+
+def pad_rows(args: tuple, kwargs: dict, dp_size: int) -> tuple[tuple, dict, int | None]:
+    """The :class:`Batch` arguments grown to a multiple of ``dp_size`` rows by repeating their last row, and the
+    row count before (None when nothing needed it). For frozen roles only (a teacher's or a reward model's forward:
+    each row's output depends on that row alone, so the copies are dropped by :func:`trim_rows` unread); a training
+    step would count the copies."""
+    sizes = {len(v) for v in (*args, *kwargs.values()) if isinstance(v, Batch)}
+    if not sizes or all(n % dp_size == 0 for n in sizes):
+        return args, kwargs, None
+    if len(sizes) > 1:
+        raise ValueError(f"batches of different lengths {sorted(sizes)} in one call cannot be padded alike")
+    rows = sizes.pop()
+    if rows == 0:
+        return args, kwargs, None
+    index = list(range(rows)) + [rows - 1] * (-rows % dp_size)
+
+    def grow(value: Any) -> Any:
+        return value.index(index) if isinstance(value, Batch) else value
+
+    return tuple(grow(a) for a in args), {k: grow(v) for k, v in kwargs.items()}, rows
+
+
+def trim_rows(output: Any, rows: int | None) -> Any:
+    """The first ``rows`` rows of a DP_SPLIT call's gathered output (what :func:`pad_rows` added, dropped)."""
+    if rows is None or output is None:
+        return output
+    if isinstance(output, Batch):
+        return output.index(slice(0, rows))
+    if isinstance(output, torch.Tensor):
+        return output[:rows]
+    if isinstance(output, WorkerOutput):
+        return WorkerOutput(trim_rows(output.batch, rows), output.metrics)
+    raise TypeError(f"cannot drop padded rows from a {type(output).__name__}")
 
 
 def _concat(outputs: list) -> Any:

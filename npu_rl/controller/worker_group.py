@@ -30,8 +30,10 @@ from npu_rl.controller.dispatch import (
     DispatchSpec,
     collect_outputs,
     dispatch_spec,
+    pad_rows,
     registered_methods,
     split_inputs,
+    trim_rows,
 )
 
 CONTROLLERS = ("auto", "local", "ray")  # trainer.controller
@@ -131,9 +133,12 @@ class WorkerGroup:
 
     def _call(self, role: str, method: str, spec: DispatchSpec, args: tuple, kwargs: dict) -> Any:
         layouts = self.layouts(role) if spec.mode is Dispatch.DP_SPLIT else None
+        rows = None
+        if layouts is not None and spec.pad_rows:
+            args, kwargs, rows = pad_rows(args, kwargs, layouts[0].dp_size)
         per_rank = split_inputs(spec.mode, self.world_size, layouts, args, kwargs, f"{role}.{method}")
         resolve = self._run(role, method, per_rank)
-        pending = Pending(lambda: collect_outputs(spec.mode, layouts, resolve()))
+        pending = Pending(lambda: trim_rows(collect_outputs(spec.mode, layouts, resolve()), rows))
         return pending.get() if spec.blocking else pending
 
     # ------------------------------------------------------------------ backend hooks

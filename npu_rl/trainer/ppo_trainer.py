@@ -8,7 +8,8 @@ One step::
        --> actor forward (no grad) --> old logprobs, entropy  (bypass mode: the rollout's logprobs instead)
        --> rollout correction: IS weights, rejection, rollout_corr/* metrics (algorithm.rollout_correction)
        --> reference forward --> ref logprobs             (when a KL term is on)
-       --> teacher forward --> teacher logprobs           (on-policy distillation: distillation.enabled)
+       --> teacher forward --> teacher logprobs           (on-policy distillation: distillation.enabled; several
+                                                          teachers: each row its own, by distillation.teacher_key)
        --> implicit PRM: update on the outcomes, then token scores   (PRIME: reward_model.reward_manager=prime)
        --> critic forward --> values                      (PPO / GAE)
        --> KL in reward (optional; fixed | adaptive controller) --> token-level rewards
@@ -93,7 +94,7 @@ class Roles:
     ref: Any = None
     critic: Any = None
     reward_model: Any = None  # a model-based reward replaces the rule score (reward_model.enable)
-    teacher: Any = None  # on-policy distillation's frozen teacher (distillation.enabled)
+    teacher: Any = None  # on-policy distillation's frozen teachers, behind a TeacherRouter (distillation.enabled)
     judge: Any = None  # a generative reward model (reward_model.enable with a causal LM): scores replace the rule's
     prm: Any = None  # PRIME's implicit process reward model (trained every step; reward_model.reward_manager=prime)
     num_devices: int = 1
@@ -319,9 +320,11 @@ class PPOTrainer:
         if self.run_settings.use_ref:
             with timer("ref"):
                 batch = batch.union(self.roles.ref.compute_ref_logprobs(batch))
-        if self.roles.teacher is not None:
+        if self.roles.teacher is not None:  # a TeacherRouter (npu_rl/trainer/teachers.py): one teacher or several
             with timer("teacher"):
-                batch = batch.union(self.roles.teacher.compute_teacher_logprobs(batch))
+                taught, teacher_metrics = self.roles.teacher.compute_teacher_logprobs(batch)
+            batch = batch.union(taught)
+            metrics |= teacher_metrics
         if self.run_settings.prime is not None:
             batch, prm_metrics = self._implicit_prm(batch, timer)
             metrics |= prm_metrics

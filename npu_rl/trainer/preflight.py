@@ -45,6 +45,7 @@ from npu_rl.trainer.checks.judge import judge_problems, uses_judge
 from npu_rl.trainer.checks.prime import prime_config_problems, prime_notes, prime_spec
 from npu_rl.trainer.checks.moe import router_replay_problems
 from npu_rl.trainer.checks.names import estimator_resolves, name_problems
+from npu_rl.trainer.checks.pools import pool_problems
 from npu_rl.trainer.rollout_correction import correction_spec
 from npu_rl.utils.paths import check_name_component, check_output_dir
 from npu_rl.utils.redact import MASK, is_secret_name
@@ -142,6 +143,7 @@ def check(config: PPOConfig, run_settings: RunSettings | None = None, check_path
     problems += router_replay_problems(config, check_paths)
     problems += distillation_config_problems(config)
     problems += judge_problems(config)
+    problems += pool_problems(config)
     problems += prime_config_problems(config)
     if check_paths:
         problems += file_problems(config, run_settings.use_critic)

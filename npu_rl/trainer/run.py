@@ -31,7 +31,8 @@ from npu_rl.trainer.ppo_trainer import PPOTrainer, Roles, total_training_steps
 from npu_rl.trainer.preflight import check, run_settings_for, prepare_run_folder
 from npu_rl.trainer.sampling import PromptStream
 from npu_rl.utils.redact import install_log_redaction
-from npu_rl.workers.roles import worker_specs
+from npu_rl.trainer.teachers import TeacherRouter
+from npu_rl.workers.roles import own_pools, teacher_roles, worker_specs
 
 logger = logging.getLogger(__name__)
 
@@ -40,19 +41,22 @@ def use_ray(config: PPOConfig) -> bool:
     return controller_uses_ray(config.trainer.controller, world_size(config))
 
 
-def build_worker_group(config: PPOConfig, run_settings: RunSettings):
-    """Every role colocated on the same devices (hybrid engine): one group, one process per device."""
-    roles = worker_specs(config, run_settings)
-    if not use_ray(config):
-        return LocalWorkerGroup(roles)
+def _start_ray(config: PPOConfig) -> None:
     import ray
-
 
     if not ray.is_initialized():
         init = config.ray_kwargs.ray_init
-        kwargs = {k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})}
-        ray.init(**kwargs)
+        ray.init(**{k: v for k, v in dataclasses.asdict(init).items() if v not in (None, {})})
 
+
+def build_worker_group(config: PPOConfig, run_settings: RunSettings):
+    """The roles on the trainer's devices (hybrid engine: one group, one process per device); the roles that run on
+    devices of their own (:func:`own_pools`) are left to :func:`build_pool_groups`."""
+    pooled = own_pools(config)
+    roles = {name: spec for name, spec in worker_specs(config, run_settings).items() if name not in pooled}
+    if not use_ray(config):
+        return LocalWorkerGroup(roles)
+    _start_ray(config)
     pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
     rollout = config.actor_rollout_ref.rollout
     sleep_mode = rollout.name == "vllm" and bool(rollout.free_cache_engine)
@@ -60,6 +64,42 @@ def build_worker_group(config: PPOConfig, run_settings: RunSettings):
                            seed=config.trainer.seed)
     group.owned_pool = pool  # released with the group (a later run in this process needs the devices again)
     return group
+
+
+def build_pool_groups(config: PPOConfig, run_settings: RunSettings) -> dict:
+    """``{role: group}`` for the frozen roles on devices of their own (verl's teacher_pool / reward_pool): each its
+    own Ray worker group on its own placement groups (one process per device, a process group of its own, so FSDP2
+    shards the model over the pool's ranks only; on CPU, processes holding CPUs). Always Ray, whatever
+    trainer.controller says about the trainer's own group."""
+    specs = worker_specs(config, run_settings)
+    by_pool: dict = {}  # the roles of one pool share its group (several teachers: each sharded over all of it)
+    for name, pool in own_pools(config).items():
+        if name in specs:
+            by_pool.setdefault(pool, {})[name] = specs[name]
+    groups = {}
+    if by_pool:
+        _start_ray(config)
+    try:
+        for spec, roles in by_pool.items():
+            pool = ResourcePool([spec.n_gpus_per_node] * spec.nnodes, name=f"npu_rl_{spec.key}_pool")
+            judge = config.reward_model.rollout
+            sleep_mode = "judge" in roles and judge.name == "vllm" and bool(judge.free_cache_engine)
+            group = RayWorkerGroup(pool, roles, name=f"npu_rl_{spec.key}",
+                                   process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode))
+            group.owned_pool = pool
+            groups |= {name: group for name in roles}
+    except Exception:
+        close_groups(set(groups.values()))
+        raise
+    return groups
+
+
+def close_groups(groups) -> None:
+    """Stop each group's workers and give its devices back."""
+    for group in groups:
+        group.shutdown()
+        if getattr(group, "owned_pool", None) is not None:
+            group.owned_pool.remove()
 
 
 def write_ray_timeline(config: PPOConfig) -> str | None:
@@ -171,29 +211,37 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
 
     group = build_worker_group(config, run_settings)
+    try:
+        pool_groups = build_pool_groups(config, run_settings)  # a teacher or reward model on devices of its own
+    except Exception:
+        close_groups([group])
+        raise
+    handles = {**{name: getattr(group, name) for name in group.role_names()},
+               **{name: getattr(g, name) for name, g in pool_groups.items()}}
+    teachers = teacher_roles(config)
     total_steps = total_training_steps(config, prompts.batches_per_epoch)
     group.actor_rollout.init_model(total_steps)
     roles = Roles(actor_rollout=group.actor_rollout, num_devices=world_size(config))
-    if "ref" in group.role_names():
+    if "ref" in handles:
         group.ref.init_model()
         roles.ref = group.ref
     elif run_settings.ref_in_actor:
         roles.ref = group.actor_rollout
-    if "critic" in group.role_names():
-        group.critic.init_model(total_steps)
-        roles.critic = group.critic
-    if "teacher" in group.role_names():
-        group.teacher.init_model()
-        roles.teacher = group.teacher
-    if "judge" in group.role_names():
-        group.judge.init_model()
-        roles.judge = group.judge
-    if "reward_model" in group.role_names():
-        group.reward_model.init_model()
-        roles.reward_model = group.reward_model
-    if "prm" in group.role_names():
-        group.prm.init_model(total_steps)
-        roles.prm = group.prm
+    if "critic" in handles:
+        handles["critic"].init_model(total_steps)
+        roles.critic = handles["critic"]
+    for name in ("judge", "reward_model"):  # frozen: on the trainer's devices or on their own pool
+        if name in handles:
+            handles[name].init_model()
+            setattr(roles, name, handles[name])
+    for name in teachers:
+        handles[name].init_model()
+    if teachers:  # one teacher takes every row; several: each row goes to the teacher its routing field names
+        roles.teacher = TeacherRouter({key: handles[name] for name, key in teachers.items()},
+                                      config.distillation.teacher_key)
+    if "prm" in handles:
+        handles["prm"].init_model(total_steps)
+        roles.prm = handles["prm"]
 
     run_dir = run_dir_for(config)
 
@@ -221,9 +269,7 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
             print(f"npu-rl: rollout pool closed ({', '.join(f'{k}={v:g}' for k, v in closing.items())})",
                   file=sys.stderr)
         tracker.close()
-        group.shutdown()
-        if getattr(group, "owned_pool", None) is not None:
-            group.owned_pool.remove()
+        close_groups([group, *set(pool_groups.values())])
     checkpoint = latest_checkpoint(config)
     _summary(trainer, tracker.jsonl_path, time.perf_counter() - start, checkpoint)
     write_ray_timeline(config)

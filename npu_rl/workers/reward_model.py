@@ -104,12 +104,21 @@ class RewardModelWorker:
         model, device = self.engine.compute_model, self.engine.device
         enc = self._encode(mb)
         mask = enc["attention_mask"].to(device)
-        out = model.base_model(input_ids=enc["input_ids"].to(device), attention_mask=mask, use_cache=False)
-        last = mask.shape[1] - 1 - mask.flip(-1).float().argmax(-1)  # [b]
-        hidden = out.last_hidden_state[torch.arange(len(last), device=device), last]  # [b, H]
-        return _score_head(model)(hidden).squeeze(-1).float()
+        # Sharded over several ranks (FSDP2), the root's own parameters (embeddings, final norm, the head) are
+        # gathered by the root's forward hook, which calling the trunk and the head apart skips: gather them here.
+        sharded = hasattr(model, "unshard") and hasattr(model, "reshard")
+        if sharded:
+            model.unshard()
+        try:
+            out = model.base_model(input_ids=enc["input_ids"].to(device), attention_mask=mask, use_cache=False)
+            last = mask.shape[1] - 1 - mask.flip(-1).float().argmax(-1)  # [b]
+            hidden = out.last_hidden_state[torch.arange(len(last), device=device), last]  # [b, H]
+            return _score_head(model)(hidden).squeeze(-1).float()
+        finally:
+            if sharded:
+                model.reshard()
 
-    @register(Dispatch.DP_SPLIT)
+    @register(Dispatch.DP_SPLIT, pad_rows=True)
     def compute_rm_scores(self, batch: Batch) -> Batch:
         """``token_level_scores`` [B, R]: the reward model's score on each row's last valid response token."""
         seq_scores = self.engine.infer(batch, lambda mb: {"rm_scores": self._scores(mb)})["rm_scores"]  # [B]

@@ -1,9 +1,10 @@
 """The on-policy distillation teacher (``distillation.*``): a frozen causal LM scoring the student's sampled tokens.
 
 It is the reference's machinery (:class:`~npu_rl.workers.reference.ReferenceWorker`: a forward-only engine,
-sharded like the reference over the trainer's devices, micro-batched with ``actor_rollout_ref.ref``'s log-prob
-settings) on another model folder, with its own FSDP settings (dtype, offload:
-``distillation.teacher_models.teacher_model.fsdp_config``). Its log-probs are taken at temperature 1, as verl's
+sharded with FSDP2 over the ranks of its group (the trainer's devices, or the teacher pool's with
+``distillation.nnodes >= 1``), micro-batched with ``actor_rollout_ref.ref``'s log-prob settings) on another model
+folder, with its own FSDP settings (dtype, offload: ``distillation.teacher_models.<name>.fsdp_config``). Several
+teachers are several of these workers; npu_rl/trainer/teachers.py routes the rows. Its log-probs are taken at temperature 1, as verl's
 teacher server computes them (``prompt_logprobs`` at temperature 1.0 whatever the rollout's). The student's token
 ids are scored as they are, so the teacher shares the student's tokenizer (checked at validation:
 npu_rl/trainer/checks/distillation.py). With ``loss_mode=forward_kl_topk`` the same forward also gives the teacher's
@@ -44,7 +45,7 @@ class TeacherWorker(ReferenceWorker):
     def temperature(self) -> float:
         return TEACHER_TEMPERATURE
 
-    @register(Dispatch.DP_SPLIT)
+    @register(Dispatch.DP_SPLIT, pad_rows=True)
     def compute_teacher_logprobs(self, batch: Batch) -> Batch:
         """``teacher_logprobs`` [B, R]: the teacher's log-probs of the student's response tokens; with the top-k loss
         also ``teacher_topk_logprobs`` and ``teacher_topk_ids`` [B, R, K]."""

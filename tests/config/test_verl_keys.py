@@ -55,20 +55,27 @@ def test_generated_tree_counts():
 
 def test_table_entries_are_not_our_keys():
     """A table entry for a key the schema has would never be consulted (classify checks the schema first), except a
-    refused row on one of our subtrees: it covers the children the schema lacks (``distillation.teacher_models``:
-    ``teacher_model`` is ours, any other teacher's name is refused)."""
+    refused row on one of our subtrees: it covers the children the schema lacks."""
     for key, entry in verl_keys.table().items():
         if entry.kind != "alias" and verl_keys.implemented(key):
             assert entry.kind == "refused" and key in SUBTREE_ROWS, key
 
 
-SUBTREE_ROWS = {"distillation.teacher_models"}
+SUBTREE_ROWS: set[str] = set()
 
 
-def test_a_second_teacher_is_refused_and_the_first_is_ours():
-    assert verl_keys.classify("distillation.teacher_models.teacher_model.model_path").kind == "implemented"
-    status = verl_keys.classify("distillation.teacher_models.gsm8k.model_path")
-    assert status.kind == "refused" and "several teachers" in status.why
+def test_any_teacher_name_reads_as_teacher_model():
+    """verl's multi-teacher keys: ``+distillation.teacher_models.<name>.*`` under any name is classified as the
+    ``teacher_model`` entry's key, its alias target renamed back."""
+    for name in ("teacher_model", "gsm8k"):
+        for leaf in ("model_path", "key", "fsdp_config.param_offload"):
+            assert verl_keys.classify(f"distillation.teacher_models.{name}.{leaf}").kind == "implemented"
+        status = verl_keys.classify(f"distillation.teacher_models.{name}.inference.dtype")
+        assert status.kind == "alias" and status.target == f"distillation.teacher_models.{name}.fsdp_config.model_dtype"
+        assert verl_keys.classify(f"distillation.teacher_models.{name}.num_replicas").kind == "no_effect"
+        assert verl_keys.classify(f"distillation.teacher_models.{name}.inference.name").kind == "no_effect"
+    assert verl_keys.classify("distillation.teacher_key").kind == "implemented"
+    assert verl_keys.classify("distillation.teacher_models.gsm8k.no_such_key").kind == "unknown"
 
 
 def test_aliases_land_on_our_keys():
@@ -257,6 +264,7 @@ MUST_PASS = {"docs_gsm8k_example_ppo", "docs_quickstart_ppo_gsm8k", "recipe_dapo
              "ascend_extras_gspo_trainer_run_qwen3_32b_fsdp", "grpo_trainer_run_qwen2_5_32b_fsdp",
              "tuning_lora_run_qwen3_8b_fsdp", "tuning_lora_run_qwen3_8b_merge_fsdp",
              "on_policy_distillation_trainer_run_qwen3_8b_fsdp", "on_policy_distillation_trainer_run_qwen3_5_4b_fsdp",
+             "on_policy_distillation_trainer_run_qwen3_8b_mopd_fsdp",  # two teachers (MOPD) on the teacher pool
              # verl-recipe's DAPO scripts (reward.reward_kwargs / reward_model.reward_kwargs) and others on main_ppo
              *(f"recipe_dapo_{n}" for n in (
                  "run_dapo_early_qwen2.5_32b", "run_dapo_qwen2.5_32b", "run_dapo_qwen2.5_32b_fsdp2_20k_npu",
@@ -301,6 +309,9 @@ def supply_paths(overrides: list[str], files: dict[str, str]) -> list[str]:
         key = text.lstrip("+").split("=", 1)[0]
         if key.endswith("custom_reward_function.name"):
             text = f"{key}=compute_score"  # the function of the local reward file
+        if key.startswith("distillation.teacher_models.") and key.endswith(".model_path"):  # any teacher's name
+            out.append(f"{text.split('=', 1)[0]}={files['distillation.teacher_models.teacher_model.model_path']}")
+            continue
         out.append(f"{key}={files[key]}" if key in PATH_KEYS else text)
     return out
 

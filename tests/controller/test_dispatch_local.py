@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from npu_rl.controller import Dispatch, DispatchLayout, LocalWorkerGroup, Pending, WorkerSpec, register
-from npu_rl.controller.dispatch import collect_outputs, split_inputs
+from npu_rl.controller.dispatch import collect_outputs, pad_rows, split_inputs, trim_rows
+from npu_rl.controller.worker_group import WorkerGroup
 from npu_rl.protocol import Batch
 from tests.controller.workers import CounterWorker, EchoWorker
 
@@ -76,3 +77,53 @@ def test_rank0_and_all_modes():
     assert collect_outputs(Dispatch.RANK0, None, ["a", None, None]) == "a"
     assert split_inputs(Dispatch.ALL, 2, None, (1,), {"k": 2}) == [((1,), {"k": 2})] * 2
     assert collect_outputs(Dispatch.ALL, None, [1, 2]) == [1, 2]
+
+
+class _InProcessRanks(WorkerGroup):
+    """``world_size`` workers in this process, each told its rank: the split / gather path of a Ray group, without
+    Ray."""
+
+    def __init__(self, roles, world_size: int):
+        super().__init__(roles)
+        self.world_size = world_size
+        self.workers = []
+        for rank in range(world_size):
+            worker = next(iter(roles.values())).build()
+            worker.rank, worker.world_size = rank, world_size
+            self.workers.append(worker)
+
+    def _run(self, role, method, per_rank):
+        outs = [None if inputs is None else getattr(w, method)(*inputs[0], **inputs[1])
+                for w, inputs in zip(self.workers, per_rank)]
+        return lambda: outs
+
+    def _query_layouts(self, role):
+        return [w.dispatch_layout() for w in self.workers]
+
+
+def test_a_method_that_pads_rows_takes_any_batch_and_returns_the_rows_it_was_given():
+    # 5 rows over 2 ranks: rows 0..4 plus a copy of row 4 -> rank 0 scales [0, 1, 2], rank 1 [3, 4, 4]; the copy is
+    # dropped from what comes back
+    group = _InProcessRanks({"echo": WorkerSpec(EchoWorker)}, world_size=2)
+    out = group.echo.scale_any_rows(_batch(5), factor=10.0)
+    assert out["y"].tolist() == [0, 10, 20, 30, 40]
+    assert out["rank"].tolist() == [0, 0, 0, 1, 1]
+    assert list(out["tag"]) == ["r0", "r0", "r0", "r1", "r1"]
+    assert [w.calls for w in group.workers] == [1, 1]
+    assert group.echo.scale_any_rows(_batch(4))["rank"].tolist() == [0, 0, 1, 1]  # a multiple: nothing added
+    # a method that trains on its rows (no pad_rows) still refuses a batch its ranks cannot share evenly
+    with pytest.raises(ValueError, match="5 rows cannot be split evenly over 2"):
+        group.echo.scale(_batch(5))
+
+
+def test_pad_rows_and_trim_rows():
+    batch = _batch(3)
+    args, kwargs, rows = pad_rows((batch, 7), {"other": _batch(3)}, 4)
+    assert rows == 3 and args[0]["x"].tolist() == [0, 1, 2, 2] and args[1] == 7
+    assert list(kwargs["other"]["name"]) == ["s0", "s1", "s2", "s2"]
+    assert pad_rows((batch,), {}, 3)[2] is None  # already a multiple
+    with pytest.raises(ValueError, match="different lengths"):
+        pad_rows((batch, _batch(2)), {}, 2)
+    assert trim_rows(torch.arange(4), 3).tolist() == [0, 1, 2]
+    assert trim_rows(Batch({"x": torch.arange(4)}), 3)["x"].tolist() == [0, 1, 2]
+    assert trim_rows(torch.arange(4), None).tolist() == [0, 1, 2, 3]

@@ -51,6 +51,11 @@ class EchoWorker:
         return Batch({"y": batch["x"] * factor, "rank": torch.full((n,), self.rank)},
                      {"tag": [f"r{self.rank}"] * n})
 
+    @register(Dispatch.DP_SPLIT, pad_rows=True)
+    def scale_any_rows(self, batch: Batch, factor: float = 2.0) -> Batch:
+        """``scale`` for any row count: rows that do not divide over the ranks are padded, the copies dropped."""
+        return self.scale(batch, factor)
+
     @register(Dispatch.DP_SPLIT)
     def count(self, batch: Batch) -> dict:
         return {"rank": self.rank, "rows": len(batch), "first": int(batch["x"][0])}

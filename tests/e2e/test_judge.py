@@ -24,7 +24,7 @@ def _judgements(out: str, step: int) -> list[dict]:
 
 
 def _train(overrides: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO_ROOT}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO_ROOT, "RAY_AUTH_MODE": "disabled"}
     return subprocess.run([sys.executable, "-m", "npu_rl.cli", "train", *overrides], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -56,6 +56,26 @@ def test_grpo_scored_by_a_judge_checkpoints_and_resumes(tiny_model_dir, tmp_path
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stderr and "global_step_2" in second.stderr
     assert sorted(step_rows(out)) == [1, 2, 3] and len(_judgements(out, 3)) == ROWS
+
+
+def test_grpo_scored_by_a_judge_on_its_own_pool(tiny_model_dir, tmp_path):
+    """reward_model.enable_resource_pool (verl's reward pool): the judge is a Ray worker group of its own (one process
+    here) while the trainer stays in this process; every sample of the step is judged there and scored."""
+    from tests.helpers import save_tiny_model_dir
+
+    judge = save_tiny_model_dir(str(tmp_path / "judge"), seed=3)
+    out = str(tmp_path / "run")
+    done = _train(base_overrides(tiny_model_dir, out) + [
+        "preset=grpo", "reward_model.enable=True", f"reward_model.model.path={judge}", "reward_model.rollout.name=hf",
+        "reward_model.rollout.dtype=fp32", "reward_model.rollout.response_length=24",
+        "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1",
+        "reward.reward_model.n_gpus_per_node=1", "ray_kwargs.ray_init.num_cpus=2",
+        "reward_model.judge.fallback_score=0.5", "trainer.val_before_train=False", "trainer.test_freq=0",
+        "trainer.total_training_steps=1"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    judged = _judgements(out, 1)
+    assert len(judged) == ROWS and all("[Response]\n" in j["prompt"] for j in judged)
+    assert abs(step_rows(out)[1]["critic/score/mean"] - sum(j["score"] for j in judged) / ROWS) < 1e-6
 
 
 JUDGE_FN = '''\

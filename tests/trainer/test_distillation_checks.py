@@ -42,7 +42,7 @@ def test_the_plan_carries_verls_settings(tiny_model_dir, tmp_path):
     assert settings.distillation == DistillationSpec(
         loss_mode="k1", use_task_rewards=True, distillation_loss_coef=1.0, loss_max_clamp=10.0,
         use_policy_gradient=True, clip_ratio_low=0.2, clip_ratio_high=0.3)
-    assert config.distillation.teacher_models.teacher_model.fsdp_config.model_dtype == "bfloat16"  # verl's alias
+    assert config.distillation.teacher_models["teacher_model"].fsdp_config.model_dtype == "bfloat16"  # verl's alias
     spec = worker_specs(config, settings)["teacher"]
     model_cfg, ref_cfg = spec.args[0], spec.args[1]
     assert model_cfg.path == tiny_model_dir and model_cfg.lora_rank == 0
@@ -81,10 +81,54 @@ def test_a_missing_teacher_folder_is_named(tiny_model_dir, tmp_path):
         _config(tiny_model_dir, tmp_path, *_distil(str(tmp_path / "nowhere")))
 
 
-def test_a_second_teacher_is_refused(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError, match=r"distillation.teacher_models.gsm8k.model_path=.*several teachers"):
-        _config(tiny_model_dir, tmp_path, *_distil(tiny_model_dir),
-                f"+distillation.teacher_models.gsm8k.model_path={tiny_model_dir}")
+def _mopd(model_dir, *extra):
+    """verl's examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh, on the tiny model."""
+    return ["distillation.enabled=True", "distillation.teacher_key=data_source",
+            "+distillation.teacher_models.gsm8k.key=openai/gsm8k", f"+distillation.teacher_models.gsm8k.model_path={model_dir}",
+            "+distillation.teacher_models.gsm8k.num_replicas=1", "+distillation.teacher_models.gsm8k.inference.name=vllm",
+            "+distillation.teacher_models.gsm8k.inference.tensor_model_parallel_size=2",
+            "+distillation.teacher_models.geo3k.key=hiyouga/geometry3k",
+            f"+distillation.teacher_models.geo3k.model_path={model_dir}",
+            "+distillation.teacher_models.geo3k.inference.dtype=float32", *extra]
+
+
+def test_several_teachers_as_verl_writes_them(tiny_model_dir, tmp_path):
+    from npu_rl.workers.roles import own_pools, teacher_roles, worker_specs
+
+    config = _config(tiny_model_dir, tmp_path, *_mopd(tiny_model_dir))
+    d = config.distillation
+    assert sorted(d.teacher_models) == ["geo3k", "gsm8k", "teacher_model"]  # the default entry stays, unused
+    assert sorted(d.teachers()) == ["hiyouga/geometry3k", "openai/gsm8k"]
+    assert d.teachers()["hiyouga/geometry3k"].fsdp_config.model_dtype == "float32"  # verl's inference.dtype
+    roles = teacher_roles(config)
+    assert roles == {"teacher[openai/gsm8k]": "openai/gsm8k", "teacher[hiyouga/geometry3k]": "hiyouga/geometry3k"}
+    specs = worker_specs(config, run_settings_for(config))
+    assert all(role in specs for role in roles) and "teacher" not in specs
+    assert own_pools(config) == {}  # distillation.nnodes=0: beside the actor
+    pooled = _config(tiny_model_dir, tmp_path, *_mopd(tiny_model_dir, "distillation.nnodes=1",
+                                                      "distillation.n_gpus_per_node=2"))
+    pools = own_pools(pooled)
+    assert set(pools) == set(roles) and len(set(pools.values())) == 1  # one teacher pool, both teachers on it
+    one = _config(tiny_model_dir, tmp_path, *_distil(tiny_model_dir))
+    assert teacher_roles(one) == {"teacher": "default"}
+
+
+def test_what_several_teachers_refuse(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match=r"distillation.teacher_models.teacher_model.model_path is set beside other "
+                                          r"teachers \(gsm8k, geo3k\)"):
+        _config(tiny_model_dir, tmp_path, *_mopd(tiny_model_dir,
+                f"distillation.teacher_models.teacher_model.model_path={tiny_model_dir}"))
+    with pytest.raises(ConfigError, match=r"distillation.teacher_models.extra.key is missing"):
+        _config(tiny_model_dir, tmp_path, *_mopd(tiny_model_dir,
+                f"+distillation.teacher_models.extra.model_path={tiny_model_dir}"))
+    with pytest.raises(ConfigError, match=r"two teachers share a key"):
+        _config(tiny_model_dir, tmp_path, *_mopd(tiny_model_dir, "+distillation.teacher_models.extra.key=openai/gsm8k",
+                f"+distillation.teacher_models.extra.model_path={tiny_model_dir}"))
+    with pytest.raises(ConfigError, match=r"distillation.teacher_models.geo3k.model_path: .*nowhere"):
+        _config(tiny_model_dir, tmp_path, *_mopd(tiny_model_dir,
+                f"+distillation.teacher_models.geo3k.model_path={tmp_path / 'nowhere'}"))
+    with pytest.raises(ConfigError, match=r"'inferense' is not a key of|inferense"):
+        _config(tiny_model_dir, tmp_path, *_mopd(tiny_model_dir, "+distillation.teacher_models.geo3k.inferense.x=1"))
 
 
 def _edit(folder, name, **changes):

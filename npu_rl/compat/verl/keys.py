@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from npu_rl.config.introspect import schema_fields
+from npu_rl.config.introspect import named_entries, schema_fields
 from npu_rl.config.schema import PPOConfig
 
 KINDS = ("implemented", "alias", "no_effect", "refused", "unknown")
@@ -166,18 +166,44 @@ def lookup(key: str, entries: dict[str, Any]) -> str | None:
 def implemented(key: str) -> bool:
     """Whether the schema has ``key`` (a typed field, or an entry inside one of its free-form dicts)."""
     node: Any = PPOConfig
-    for part in key.split("."):
+    parts = key.split(".")
+    i = 0
+    while i < len(parts):
         if not dataclasses.is_dataclass(node):
             return True  # inside a free-form dict
         fields = schema_fields(node)
-        if part not in fields:
+        if parts[i] not in fields:
             return False
-        node = fields[part]
+        node = fields[parts[i]]
+        if named_entries(node) is not None and i + 1 < len(parts):  # skip the entry's name (any name)
+            node, i = named_entries(node), i + 1
+        i += 1
     return True
+
+
+# Dicts of named entries whose table rows are written for one entry name: a key under any other name is classified
+# as that entry's (distillation.teacher_models.gsm8k.inference.name as ...teacher_model.inference.name)
+NAMED_ENTRY_ROWS = {"distillation.teacher_models": "teacher_model"}
+
+
+def _as_row_entry(key: str) -> tuple[str, str, str] | None:
+    """(the key under the rows' entry name, that name, the key's own entry name), or None."""
+    for prefix, row_name in NAMED_ENTRY_ROWS.items():
+        if key.startswith(prefix + "."):
+            name, _, rest = key[len(prefix) + 1:].partition(".")
+            if rest and name != row_name:
+                return f"{prefix}.{row_name}.{rest}", f"{prefix}.{row_name}.", f"{prefix}.{name}."
+    return None
 
 
 def classify(key: str, _depth: int = 0) -> KeyStatus:
     """The status of ``key`` (no ``+``/``~`` prefix). Aliases are followed to what they land on."""
+    renamed = _as_row_entry(key)
+    if renamed is not None:
+        row_key, row_prefix, own_prefix = renamed
+        status = classify(row_key, _depth)
+        target = status.target.replace(row_prefix, own_prefix, 1) if status.target else status.target
+        return dataclasses.replace(status, key=key, target=target)
     leaf = key.rpartition(".")[2]
     if leaf in by_leaf():
         return KeyStatus("no_effect", key, why=by_leaf()[leaf].why)

@@ -7,6 +7,7 @@ import os
 
 from npu_rl.config.schema import PPOConfig
 from npu_rl.device import select_backend
+from npu_rl.trainer.checks.pools import pool_device_problems
 from npu_rl.trainer.profiling import check_profiler_config
 
 
@@ -23,4 +24,6 @@ def device_problems(config: PPOConfig) -> list[str]:
             problems.append(f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node} but only {have} {backend.name} "
                             f"device(s) are visible ({backend.visible_devices_env}="
                             f"{os.environ.get(backend.visible_devices_env)})")
+    if backend.is_accelerator:
+        problems += pool_device_problems(config, backend.name, backend.device_count(), backend.visible_devices_env)
     return problems

@@ -15,7 +15,6 @@ from npu_rl.models.loader import check_model_path, is_builtin, local_model_folde
 from npu_rl.trainer.checks.names import Problems
 
 LOSS_KEY = "distillation.distillation_loss"
-TEACHER_KEY = "distillation.teacher_models.teacher_model.model_path"
 
 
 def distillation_spec(config: PPOConfig) -> DistillationSpec | None:
@@ -71,22 +70,27 @@ def _vocab(folder: str) -> tuple[int | None, dict | None]:
 
 
 def teacher_file_problems(config: PPOConfig) -> list[str]:
-    """The teacher's folder resolves, holds a text model with weights, and reads the student's token ids as the same
-    tokens: its vocabulary is not smaller than the student's, and where both folders hold a tokenizer.json their
-    vocabularies are the same (the teacher scores the student's token ids as they are)."""
-    if not config.distillation.enabled or not config.distillation.teacher_models.teacher_model.model_path:
+    """Each teacher's folder resolves, holds a text model with weights, and reads the student's token ids as the
+    same tokens: its vocabulary is not smaller than the student's, and where both folders hold a tokenizer.json
+    their vocabularies are the same (the teacher scores the student's token ids as they are)."""
+    if not config.distillation.enabled:
         return []
-    path = str(config.distillation.teacher_models.teacher_model.model_path)
+    return [problem for name, teacher in config.distillation.teacher_entries().items() if teacher.model_path
+            for problem in _teacher_folder_problems(config, f"distillation.teacher_models.{name}.model_path",
+                                                    str(teacher.model_path))]
+
+
+def _teacher_folder_problems(config: PPOConfig, key: str, path: str) -> list[str]:
     found = Problems()
-    found.attempt(lambda: check_model_path(path), f"{TEACHER_KEY}: ")
+    found.attempt(lambda: check_model_path(path), f"{key}: ")
     if found:
         return list(found)
     folder = None if is_builtin(path) else local_model_folder(path)
     if folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
         return []  # built-in (converted on first use) or a Hub id fetched at load
-    problems = [f"{TEACHER_KEY}: {p}" for p in model_path_problems(folder, False)]
+    problems = [f"{key}: {p}" for p in model_path_problems(folder, False)]
     if is_vision_language(folder):  # a Qwen-VL student may train, but no teacher gets the images
-        problems.append(f"{TEACHER_KEY}: {folder} is a vision-language model (the teacher's forward takes no "
+        problems.append(f"{key}: {folder} is a vision-language model (the teacher's forward takes no "
                         "images); npu-rl distils text-only models: use a text teacher")
     student_path = str(config.actor_rollout_ref.model.path)
     student = None if is_builtin(student_path) else local_model_folder(student_path)
@@ -94,12 +98,12 @@ def teacher_file_problems(config: PPOConfig) -> list[str]:
         return problems
     (t_size, t_vocab), (s_size, s_vocab) = _vocab(folder), _vocab(student)
     if t_size is not None and s_size is not None and int(t_size) < int(s_size):
-        problems.append(f"{TEACHER_KEY}: the teacher's vocabulary ({t_size} ids, {folder}/config.json) is smaller "
+        problems.append(f"{key}: the teacher's vocabulary ({t_size} ids, {folder}/config.json) is smaller "
                         f"than the student's ({s_size}, actor_rollout_ref.model.path): the student's token ids could "
                         "fall outside it. The teacher must share the student's tokenizer (a model of the same family)")
     elif t_vocab is not None and s_vocab is not None and t_vocab != s_vocab:
         differ = sorted(set(t_vocab.items()) ^ set(s_vocab.items()), key=str)[:3]
-        problems.append(f"{TEACHER_KEY}: the teacher's tokenizer.json maps tokens to other ids than the student's "
+        problems.append(f"{key}: the teacher's tokenizer.json maps tokens to other ids than the student's "
                         f"(e.g. {differ}): it would score other tokens than the student sampled. Use a teacher of "
                         "the student's family (the same tokenizer)")
     return problems

@@ -47,10 +47,11 @@ def judge_problems(config: PPOConfig) -> list[str]:
     if rm.rollout.name not in JUDGE_ENGINES:
         problems.append(f"reward_model.rollout.name={rm.rollout.name}: a generative reward model runs on the hf or "
                         "the vllm engine here (SGLang is not supported); set reward_model.rollout.name=hf or vllm")
-    elif rm.rollout.name == "vllm" and world_size(config) > 1:
+    elif rm.rollout.name == "vllm" and world_size(config) > 1 and not rm.enable_resource_pool:
         problems.append(f"reward_model.rollout.name=vllm on {world_size(config)} devices: a vLLM judge runs in "
                         "one-device runs only (it would need every rank in its engine); use "
-                        "reward_model.rollout.name=hf (rank 0 judges)")
+                        "reward_model.rollout.name=hf (rank 0 judges), or give it one device of its own "
+                        "(reward_model.enable_resource_pool=True, nnodes=1, n_gpus_per_node=1)")
     if not 0 < float(rm.rollout.gpu_memory_utilization) <= 1:
         problems.append(f"reward_model.rollout.gpu_memory_utilization={rm.rollout.gpu_memory_utilization} must be "
                         "in (0, 1]")
