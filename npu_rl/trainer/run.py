@@ -85,7 +85,8 @@ def build_pool_groups(config: PPOConfig, run_settings: RunSettings) -> dict:
             judge = config.reward_model.rollout
             sleep_mode = "judge" in roles and judge.name == "vllm" and bool(judge.free_cache_engine)
             group = RayWorkerGroup(pool, roles, name=f"npu_rl_{spec.key}",
-                                   process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode))
+                                   process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode),
+                                   seed=config.trainer.seed)
             group.owned_pool = pool
             groups |= {name: group for name in roles}
     except Exception:
