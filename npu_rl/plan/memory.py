@@ -37,7 +37,7 @@ The peak of a trained role's update is the largest of four moments: forward/back
 states, saved activations, logits), end of backward (all gradients, both copies on one device), moving a later
 micro-batch's gradients into the master's (one device, two dtypes, gradients accumulated: ``grads_to_master`` casts
 every compute-copy gradient to the master dtype before its one fused add, so a third, master-dtype copy of all
-gradients exists for a moment), and the optimizer step (states on the device). Measured against:
+gradients exists for a moment), and the optimizer step (states on the device, the master's gradients only). Measured against:
 tests/plan/test_memory.py (H200 peaks of docs/benchmarks.md) and, term by term for an MoE layer, on a CPU with the
 profiler's allocation totals (docs/moe.md, "Memory of an MoE step").
 """
@@ -360,6 +360,15 @@ class RoleMemory:
             return trained * mb / s.shard
         return trained * (mb + (pb if s.model_dtype != s.param_dtype else 0))
 
+    def master_grads(self) -> float:
+        """The gradients at the optimizer step: the master's only (one device: ``grads_to_master`` has cleared the
+        compute copy's). Measured: the 4-layer MoE GRPO step's first step on the H200 peaked at 46.5 GiB, the moment
+        AdamW creates its states: fp32 + bf16 weights, fp32 gradients, the states and the reference, 46.4 GiB
+        planned this way (51.1 with the bf16 gradients counted)."""
+        if not self.trainable or self.s.param_offload:
+            return 0.0
+        return self._split()[1] * dtype_bytes(self.s.model_dtype) / self.s.shard
+
     def host(self) -> float:
         """Host bytes this role keeps on its rank (offloaded shards and states)."""
         s, (frozen, trained) = self.s, self._split()
@@ -436,7 +445,7 @@ class RoleMemory:
                                 "grads": self.grads(), "root grad buffers": self.root_grad_buffers()},
             "grads to master": {"weights": weights, "optimizer": states, "grads": self.grads(),
                                 "master-dtype gradient casts": self.master_grad_cast()},
-            "optimizer step": {"weights": weights, "grads": self.grads(),
+            "optimizer step": {"weights": weights, "grads": self.master_grads(),
                                "optimizer": self.optimizer(on_device_for_step=True)},
         }
 

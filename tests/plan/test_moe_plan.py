@@ -203,16 +203,19 @@ def _moe_step_plan(engine: str):
     row = next(r for r in ROWS if r.label.startswith("MoE") and (("vLLM" in r.label) == (engine == "vllm")))
     import tempfile
 
+    from npu_rl.plan.job import inputs_from_config
+
     with tempfile.TemporaryDirectory() as folder:
         config_json = _model_config(folder, row.model)
-        return plan_config(load_config(row.overrides + [f"actor_rollout_ref.model.path={folder}"], "ppo_trainer"),
-                           "h200", model_config=config_json), row
+        config = load_config(row.overrides + [f"actor_rollout_ref.model.path={folder}"], "ppo_trainer")
+        inputs = inputs_from_config(config, model_config=config_json)
+        return plan_config(config, "h200", model_config=config_json), row, inputs
 
 
 def test_grads_to_master_moment_of_the_moe_step():
     """One H200, fp32 master + bf16 compute copy, 8 micro-batches: grads_to_master's fp32 cast of every bf16
     gradient (4 bytes a parameter) is the update's peak, over the weights, AdamW and both gradient copies."""
-    plan, row = _moe_step_plan("hf")
+    plan, row, inputs = _moe_step_plan("hf")
     params = plan.phases[0].parts["actor"] / (4 + 2 + 2 * 4)  # resident: fp32 + bf16 weights, two fp32 states
     update = plan.phases[-1]
     assert update.name == "actor update (grads to master)"
@@ -221,6 +224,12 @@ def test_grads_to_master_moment_of_the_moe_step():
     assert update.bytes == pytest.approx(params * (6 + 8 + 6 + 4) + update.parts["reference"])
     assert plan.counted_asleep_bytes == 0 and plan.allocated_counter_gib == plan.peak.gib
     assert abs(plan.peak.gib / row.peak_gib - 1) <= 0.15
+    # the optimizer step holds the fp32 gradients only (grads_to_master cleared the bf16 ones): step 1 of the same
+    # run peaked at 46.5 GiB while AdamW created its states (docs/benchmarks.md)
+    step = RoleMemory(inputs.actor_shape, inputs.actor, trainable=True).update_moments()["optimizer step"]
+    assert step == {"weights": pytest.approx(params * 6), "grads": pytest.approx(params * 4),
+                    "optimizer": pytest.approx(params * 8)}
+    assert abs((sum(step.values()) + update.parts["reference"]) / GIB / 46.5 - 1) < 0.01
 
 
 def test_one_dtype_sharded_or_one_micro_batch_has_no_gradient_cast():
@@ -236,7 +245,7 @@ def test_one_dtype_sharded_or_one_micro_batch_has_no_gradient_cast():
 def test_a_sleeping_vllm_still_counts_in_the_allocated_counter():
     """vLLM's CuMemAllocator unmaps a sleeping engine's weights and KV cache but keeps their tensors: the update's
     device bytes stay the hf row's, and the allocated counter adds the engine's weights and KV cache."""
-    plan, row = _moe_step_plan("vllm")
+    plan, row, _ = _moe_step_plan("vllm")
     rollout = plan.phases[0].parts
     assert plan.counted_asleep_bytes == rollout["engine weights"] + rollout["KV cache"]
     update = plan.phases[-1]
