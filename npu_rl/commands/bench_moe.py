@@ -5,7 +5,8 @@ Implementations: ``eager`` (transformers' loop over the experts that received to
 matmul over the gathered weights of every (token, expert) pair), ``grouped_mm`` (tokens sorted by expert, one
 ``torch._grouped_mm`` per projection: transformers' default where torch can dispatch it), ``grouped_mm_compiled``
 (the same block under ``torch.compile``, which fuses the gating, weighting and permutation around the grouped
-matmuls). Each is timed over ``--iters`` runs after ``--warmup`` (median), on the block's own module (the router
+matmuls), ``experts_compiled`` (what ``use_torch_compile`` trains with: the experts compiled with symbolic token
+counts around npu-rl's grouped-matmul custom ops, the router eager; npu_rl/models/compiled_experts.py). Each is timed over ``--iters`` runs after ``--warmup`` (median), on the block's own module (the router
 ``gate`` and the ``experts``; DeepSeek-V3's shared experts too), with the loss ``sum(out * g)`` for a fixed random
 ``g``. An out-of-memory error is reported as OOM, not raised.
 
@@ -25,6 +26,7 @@ import time
 import torch
 
 from npu_rl.device import get_backend
+from npu_rl.models.compiled_experts import compile_experts
 
 # name -> (transformers model type, config fields of one MoE block)
 SHAPES = {
@@ -41,7 +43,8 @@ SHAPES = {
                                           num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
                                           routed_scaling_factor=2.5, norm_topk_prob=True)),
 }
-IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm", "grouped_mm_compiled")
+IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm", "grouped_mm_compiled", "experts_compiled")
+COMPILED_INSIDE = ("grouped_mm_compiled", "experts_compiled")  # both run transformers' grouped_mm layout
 
 
 def build_block(shape: str, implementation: str, dtype: torch.dtype,
@@ -53,7 +56,7 @@ def build_block(shape: str, implementation: str, dtype: torch.dtype,
 
     model_type, fields = SHAPES[shape]
     config = AutoConfig.for_model(model_type, num_hidden_layers=1, **fields)
-    config._experts_implementation = "grouped_mm" if implementation == "grouped_mm_compiled" else implementation
+    config._experts_implementation = "grouped_mm" if implementation in COMPILED_INSIDE else implementation
     torch.manual_seed(0)
     with torch.device(device):
         block = (DeepseekV3MoE if model_type == "deepseek_v3" else Qwen3MoeSparseMoeBlock)(config)
@@ -74,6 +77,8 @@ def run_one(shape: str, implementation: str, num_tokens: int, args, backend) -> 
     try:
         block, numbers = build_block(shape, implementation, args.dtype, device)
         step = torch.compile(block) if implementation == "grouped_mm_compiled" else block
+        if implementation == "experts_compiled":  # what use_torch_compile trains with: experts compiled, router eager
+            compile_experts(block)
         gen = torch.Generator(device="cpu").manual_seed(1)
         x = torch.randn(1, num_tokens, SHAPES[shape][1]["hidden_size"], generator=gen).to(device, args.dtype)
         g = torch.randn(x.shape, generator=gen).to(device, args.dtype)

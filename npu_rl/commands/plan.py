@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(result.table())
     print(result.verdict())
+    if result.counter_note():
+        print(result.counter_note())
     if result.time is not None:
         print(result.time.table())
         print(result.time.verdict())

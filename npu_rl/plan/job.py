@@ -31,6 +31,7 @@ from npu_rl.plan.memory import (
     DEVICES,
     device_spec,
     rollout_asleep,
+    rollout_counted_asleep,
     rollout_awake,
 )
 from npu_rl.plan.timing import StepTime, StepWork, step_time
@@ -146,10 +147,18 @@ class JobPlan:
     fixes: list[str] = field(default_factory=list)  # keys that would make it fit (empty when it fits)
     model_lines: list[str] = field(default_factory=list)  # parameters, experts, EP shards (moe_summary)
     time: StepTime | None = None  # seconds per phase (npu_rl/plan/timing.py); None for a device with no time model
+    counted_asleep_bytes: float = 0.0  # a sleeping vLLM's tensors torch still counts (memory.rollout_counted_asleep)
 
     @property
     def peak(self) -> Phase:
         return max(self.phases, key=lambda p: p.bytes)
+
+    @property
+    def allocated_counter_gib(self) -> float:
+        """The peak torch's allocated counter should report (``perf/max_memory_allocated_gb``): the phases' device
+        bytes, plus, in every phase but the rollout, the sleeping engine's unmapped tensors it still counts."""
+        return max(p.bytes + (self.counted_asleep_bytes if p.name != "rollout" else 0.0)
+                   for p in self.phases) / GIB
 
     @property
     def fits(self) -> bool:
@@ -172,6 +181,14 @@ class JobPlan:
         host = self.host_per_node_bytes / GIB
         return line + (f"; host {host:.0f} GiB per node" + ("" if self.host_fits else
                        f" (OVER the node's {self.device.host_memory_gib:.0f} GiB)"))
+
+    def counter_note(self) -> str:
+        """What ``perf/max_memory_allocated_gb`` should read, where it differs from the device peak ("" elsewhere)."""
+        if not self.counted_asleep_bytes:
+            return ""
+        return (f"allocated counter: perf/max_memory_allocated_gb should read ~{self.allocated_counter_gib:.1f} GiB "
+                f"(torch keeps counting the sleeping vLLM's {self.counted_asleep_bytes / GIB:.1f} GiB of weights and "
+                "KV cache, unmapped from the device)")
 
     def table(self) -> str:
         rows = [*self.model_lines, f"{'phase':34s} {'GiB':>8s}  biggest parts"]
@@ -245,7 +262,9 @@ def plan_inputs(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
                 "offloaded critic": critic.host() if critic else 0.0, "sleeping engine weights": engine_host}
     ranks = min(inputs.devices_per_node, inputs.world_size)
     host_parts = {k: v * ranks for k, v in per_rank.items()}
-    return JobPlan(device, inputs.world_size, inputs.devices_per_node, phases, sum(host_parts.values()), host_parts)
+    counted = rollout_counted_asleep(inputs.actor_shape, inputs.rollout, awake)
+    return JobPlan(device, inputs.world_size, inputs.devices_per_node, phases, sum(host_parts.values()), host_parts,
+                   counted_asleep_bytes=counted)
 
 
 def _worst(moments: dict[str, dict[str, float]]) -> tuple[str, dict[str, float]]:

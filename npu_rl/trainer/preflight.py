@@ -43,7 +43,7 @@ from npu_rl.trainer.checks.distillation import distillation_config_problems, dis
 from npu_rl.trainer.checks.files import file_problems
 from npu_rl.trainer.checks.judge import judge_problems, uses_judge
 from npu_rl.trainer.checks.prime import prime_config_problems, prime_notes, prime_spec
-from npu_rl.trainer.checks.moe import router_replay_problems
+from npu_rl.trainer.checks.moe import rollout_expert_parallel_problems, router_replay_problems
 from npu_rl.trainer.checks.names import estimator_resolves, name_problems
 from npu_rl.trainer.checks.pools import pool_problems
 from npu_rl.trainer.rollout_correction import correction_spec
@@ -141,6 +141,7 @@ def check(config: PPOConfig, run_settings: RunSettings | None = None, check_path
     problems += name_problems(config, run_settings.use_critic)
     problems += agent_config_problems(config, check_paths)
     problems += router_replay_problems(config, check_paths)
+    problems += rollout_expert_parallel_problems(config, check_device)
     problems += distillation_config_problems(config)
     problems += judge_problems(config)
     problems += pool_problems(config)

@@ -19,6 +19,7 @@ from npu_rl.device import get_backend
 from npu_rl.parallel.expert_parallel import check_expert_parallel
 from npu_rl.utils.dtypes import to_dtype
 from npu_rl.protocol import Batch
+from npu_rl.models.compiled_experts import compile_experts
 from npu_rl.models.loader import resolve_model_path
 from npu_rl.models.lora import has_lora_layers
 from npu_rl.parallel import apply_fsdp2_from_config, build_mesh, dist
@@ -105,16 +106,19 @@ def compile_elementwise_blocks(model: torch.nn.Module) -> int:
     decoder layer's MLP, so that their elementwise work (the fp32 upcast, variance, rsqrt and scale of RMSNorm; the
     SiLU-and-multiply of SwiGLU) runs as fused kernels around the matmuls, forward and backward. The profile of the
     update on the H200 (docs/benchmarks.md) put unfused elementwise work at 19-25% of its time. Attention stays
-    eager (the packed path carries a per-batch layout). Blocks holding LoRA layers are left alone. Returns how many
-    blocks were compiled."""
+    eager (the packed path carries a per-batch layout). Blocks holding LoRA layers are left alone. Mixture of
+    experts: the experts modules compile with symbolic token counts, one graph for every batch length
+    (:func:`npu_rl.models.compiled_experts.compile_experts`; the routers stay eager for replay), and the shared
+    experts' MLPs (``shared_experts`` / ``shared_expert``) as the dense MLPs. Returns how many blocks were
+    compiled."""
     count = 0
     for name, module in model.named_modules():
         kind = type(module).__name__
-        block = kind.endswith("RMSNorm") or (name.rpartition(".")[2] == "mlp" and kind.endswith("MLP"))
-        if block and not has_lora_layers(module):
+        mlp = name.rpartition(".")[2] in ("mlp", "shared_experts", "shared_expert") and kind.endswith("MLP")
+        if (kind.endswith("RMSNorm") or mlp) and not has_lora_layers(module):
             module.compile()
             count += 1
-    return count
+    return count + compile_experts(model)
 
 
 def sharded_load_folder(path: str) -> str | None:

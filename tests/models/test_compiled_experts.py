@@ -1,0 +1,55 @@
+"""Compiled MoE experts in training (``use_torch_compile``): the grouped matmul's custom ops equal a per-expert loop,
+which modules compile, and what is left eager says why. The compiled models against eager ones (and no recompile
+for another length) run in a fresh interpreter: tests/e2e/test_compiled_experts.py."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from npu_rl.models.compiled_experts import compile_experts, grouped_mm, grouped_mm_weight_grad
+from npu_rl.workers.model_runner import compile_elementwise_blocks
+from tests.models.moe_models import tiny_moe
+
+
+def test_grouped_mm_ops_equal_a_loop_over_experts_with_an_empty_expert():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 5, generator=g, requires_grad=True)
+    weight = torch.randn(3, 6, 5, generator=g).transpose(1, 2).requires_grad_()  # [E, K, N], not contiguous
+    offsets = torch.tensor([2, 2, 7], dtype=torch.int32)  # expert 1 gets no row
+    y = grouped_mm(x, weight, offsets)
+    expected = torch.cat([x[:2] @ weight[0], x[2:] @ weight[2]])
+    torch.testing.assert_close(y, expected)
+    grad = torch.randn(7, 6, generator=g)
+    y.backward(grad)
+    torch.testing.assert_close(x.grad, torch.cat([grad[:2] @ weight[0].T, grad[2:] @ weight[2].T]))
+    dw = torch.stack([x[:2].T @ grad[:2], torch.zeros(5, 6), x[2:].T @ grad[2:]]).detach()
+    torch.testing.assert_close(weight.grad, dw)
+    torch.testing.assert_close(grouped_mm_weight_grad(x.detach(), grad, offsets, 3), dw)
+
+
+def test_expert_parallel_and_other_implementations_stay_eager_with_a_reason(caplog):
+    model = tiny_moe("qwen3_moe")
+    model.config._experts_implementation = "eager"
+    with caplog.at_level(logging.INFO, logger="npu_rl.models.compiled_experts"):
+        assert compile_experts(model) == 0
+    assert "its experts implementation is 'eager'" in caplog.text
+    model = tiny_moe("qwen3_moe")
+    for module in model.modules():
+        if hasattr(module, "gate_up_proj"):
+            module._npu_rl_ep = object()  # what apply_expert_parallel leaves on a split module
+    with caplog.at_level(logging.INFO, logger="npu_rl.models.compiled_experts"):
+        assert compile_experts(model) == 0
+    assert "expert parallelism's all-to-all" in caplog.text
+
+
+def test_use_torch_compile_compiles_the_experts_and_the_shared_experts():
+    model = tiny_moe("deepseek_v3")
+    compiled = {name for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
+    assert not compiled
+    count = compile_elementwise_blocks(model)
+    compiled = {name for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
+    assert {"model.layers.1.mlp.experts", "model.layers.2.mlp.experts", "model.layers.1.mlp.shared_experts",
+            "model.layers.0.mlp"} <= compiled and count == len(compiled)
+    assert not any(name.endswith("gate") for name in compiled)  # routers stay eager (replay hooks them)
