@@ -513,6 +513,9 @@ class RolloutConfig:
     """no effect in npu-rl (kept for verl scripts): weights are always streamed one parameter at a time"""
     enable_expert_parallel: bool = False
     """vLLM expert parallelism for MoE models"""
+    limit_images: Optional[int] = None
+    """vllm, Qwen-VL actor: the most images one prompt may carry (vLLM's limit_mm_per_prompt.image); null: vLLM's
+    default"""
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """rows per pass when recomputing log-probs"""

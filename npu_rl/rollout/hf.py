@@ -58,7 +58,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from npu_rl.device import get_backend
 from npu_rl.models.moe import GenerationRouting
-from npu_rl.models.vision import MULTI_MODAL_KEY, encode_images, multi_modal_kwargs
+from npu_rl.models.vision import MULTI_MODAL_KEY, encode_images, multi_modal_kwargs, placeholder_token_ids
 from npu_rl.parallel.dist import world_size
 from npu_rl.parallel.unshard import PlainView, UnshardStats, is_sharded, unsharded
 from npu_rl.protocol import Batch
@@ -101,13 +101,8 @@ def _no_router_loss(module) -> dict:
     return {"output_router_logits": False} if getattr(config, "output_router_logits", False) else {}
 
 def vision_token_ids(module) -> list[int]:
-    """A Qwen-VL module's vision placeholder ids (image / video pads, vision start / end), banned from responses: a
-    sampled ``<|image_pad|>`` would make the training forward look for an image that is not there. [] for text."""
-    config = getattr(module, "config", None)
-    if getattr(config, "vision_config", None) is None:
-        return []
-    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
+    """A Qwen-VL module's vision placeholder ids, banned from responses (``placeholder_token_ids``). [] for text."""
+    return placeholder_token_ids(getattr(module, "config", None))
 
 
 def _image_token_id(module) -> int | None:
