@@ -34,9 +34,10 @@ Images (a Qwen-VL module, rows with ``multi_modal_inputs``; npu_rl.models.vision
 once (one vision-tower call over the batch's distinct prompts, ``encode_images``) and its ``n`` samples hand
 ``generate`` the same features (``mm_encoder_outputs``), with the rows' ``image_grid_thw`` and ``mm_token_type_ids``
 (1 on ``<|image_pad|>``) from which transformers computes the 3-D rotary ids of the prefill and their deltas for the
-decoded tokens; where the module cannot take features, the pixels go to ``generate`` repeated per sample. The vision placeholder tokens are never sampled (``vision_token_ids``): the recorded log-probs are
-of that distribution, renormalised without them (as top-k truncates), while the actor recomputes full-vocabulary
-ones. Decoding stays eager for such a module (compiled decoding of a Qwen-VL model is not verified).
+decoded tokens; where the module cannot take features, the pixels go to ``generate`` repeated per sample. The
+vision placeholder tokens are never sampled (``vision_token_ids``): the recorded log-probs are of that distribution,
+renormalised without them (as top-k truncates), while the actor recomputes full-vocabulary ones. Decoding stays
+eager for such a module (compiled decoding of a Qwen-VL model is not verified).
 
 Other transformers generation settings (e.g. ``repetition_penalty``) pass through ``rollout.engine_kwargs.hf``;
 the model folder's own ``generation_config.json`` sampling defaults are NOT applied (RL needs the configured

@@ -46,7 +46,8 @@ def test_a_qwen_vl_actor_is_accepted_where_built(tmp_path):
               "data.val_files=builtin://shapes/test?num_train=8&num_test=2&size=56"]
     _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=hf",
             "actor_rollout_ref.model.use_remove_padding=True")
-    _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.limit_images=2")
+    _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.limit_images=2")
     _config(folder, tmp_path, *shapes, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.lora_rank=8",
             "actor_rollout_ref.model.lora.merge=True")  # the merged weights go to vLLM
     with pytest.raises(ConfigError) as exc:
