@@ -11,6 +11,9 @@ its meta registrations skipped), or on a GPU host with vLLM.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,6 +31,7 @@ from npu_rl.models.synthetic import VL_KINDS, save_random_vl_model
 from npu_rl.models.vision import load_vision_inputs, multi_modal_kwargs
 from npu_rl.rollout import SamplingParams, build_rollout_engine, vllm_available
 from npu_rl.rollout.hf import HFRolloutEngine
+from tests.conftest import REPO_ROOT
 from tests.trainer.conftest import base_overrides, run_training, step_rows
 
 
@@ -152,3 +156,20 @@ def test_grpo_steps_with_vllm_rollouts(kind, tmp_path):
         assert row["prompt_length/mean"] > 20, row  # the image pads are in the prompts
         # measured here: max 1.7e-3 / 1.4e-3 (hf rollout: 1.3e-3); random image normalisation gave 8e-3 / 1.4e-2
         assert row["training/rollout_probs_diff_max"] < 3e-3, (step, row["training/rollout_probs_diff_max"])
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_tensor_parallel_ranks_get_their_own_rows_with_images(tmp_path):
+    """TP = 2 (vLLM's external_launcher, two processes on gloo): the ranks pass different prompts with images, the
+    TP group gathers the requests with their images, and each rank gets back its own rows, equal to the hf engine's,
+    before and after a weight sync."""
+    folder = save_random_vl_model(str(tmp_path / "vl"), seed=4, hidden_size=128, max_pixels=56 * 56)
+    other = save_random_vl_model(str(tmp_path / "other"), seed=5, hidden_size=128, max_pixels=56 * 56)
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0|1",
+               PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               os.path.join(REPO_ROOT, "tests", "rollout", "vl_tp_worker.py"), folder, other, str(tmp_path / "data")]
+    result = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert "rank 0: ok" in result.stdout and "rank 1: ok" in result.stdout
