@@ -1,6 +1,7 @@
 """A Qwen-VL actor's log-prob pass and update, with each prompt's images encoded once per pass (what the engine
-does) against the plain path (every row of every micro-batch runs the vision tower): wall time and vision-tower
-calls of each, on this machine's device, a tiny random model from npu_rl.models.synthetic.
+does) against the plain path (every row of every micro-batch runs the vision tower), and the hf rollout's generate
+with each prompt's images encoded once against every sample's: wall time and vision-tower calls (patches for the
+rollout) of each, on this machine's device, a tiny random model from npu_rl.models.synthetic.
 
     python scripts/bench_vl_encode.py [--kind qwen2_5_vl] [--prompts 4] [--n 8] [--micro 4] [--image 224]
 
@@ -24,21 +25,51 @@ from npu_rl.config.loader import load_config
 from npu_rl.data.builtin import resolve_builtin
 from npu_rl.data.dataset import PromptDataset
 from npu_rl.data.loader import PromptCollator
-from npu_rl.models.loader import load_tokenizer
+from npu_rl.models.loader import load_causal_lm, load_tokenizer
 from npu_rl.models.synthetic import save_random_vl_model
 from npu_rl.models.vision import load_vision_inputs, vision_tower
 from npu_rl.protocol import Batch
+from npu_rl.rollout import SamplingParams
+from npu_rl.rollout.hf import HFRolloutEngine
 from npu_rl.rollout.utils import assemble_rollout_batch
 from npu_rl.trainer.preflight import run_settings_for
 from npu_rl.workers.actor import ActorWorker
 from npu_rl.workers.model_runner import MicroBatching
 
 
-def _batch(folder: str, prompts: int, n: int, image: int, response: int) -> Batch:
+def _prompts(folder: str, prompts: int, image: int) -> Batch:
     vision, tokenizer = load_vision_inputs(folder), load_tokenizer(folder)
     data = PromptDataset(resolve_builtin(f"builtin://shapes/train?num_train={prompts}&num_test=1&size={image}"),
                          tokenizer, vision=vision, max_prompt_length=4096)
-    batch = PromptCollator(tokenizer.pad_token_id, vision)([data[i] for i in range(prompts)])
+    return PromptCollator(tokenizer.pad_token_id, vision)([data[i] for i in range(prompts)])
+
+
+def _rollout(folder: str, prompts: Batch, n: int, response: int, repeats: int) -> dict:
+    """The hf rollout's generate (n sampled rows a prompt, ``response`` tokens, no early stop), each prompt's images
+    encoded once against every sample's: the fastest of ``repeats`` rounds after a warm-up, and the patches the
+    vision tower took (a pre-hook)."""
+    engine = HFRolloutEngine(load_causal_lm(folder), load_tokenizer(folder).pad_token_id)
+    sampling = SamplingParams(n=n, temperature=1.0, max_new_tokens=response, stop_token_ids=[], return_logprobs=True)
+    patches: list[int] = []
+    vision_tower(engine.module).register_forward_pre_hook(lambda _, inputs: patches.append(inputs[0].shape[0]))
+    times: dict[bool, list[float]] = {True: [], False: []}
+    seen: dict[bool, list[int]] = {}
+    for round_ in range(repeats + 1):
+        for once in (True, False):
+            engine.encode_images_once = once
+            patches.clear()
+            start = time.perf_counter()
+            engine.generate(prompts, sampling)
+            if round_:
+                times[once].append(time.perf_counter() - start)
+            seen[once] = list(patches)
+    return {("once" if once else "per sample"): {"generate_s": round(min(times[once]), 4),
+                                                  "vision_patches": sum(seen[once])} for once in (True, False)}
+
+
+def _batch(folder: str, prompts: int, n: int, image: int, response: int) -> Batch:
+    batch = _prompts(folder, prompts, image)
+    tokenizer = load_tokenizer(folder)
     g = torch.Generator().manual_seed(0)
     responses = torch.randint(3, 100, (prompts * n, response), generator=g)
     out = assemble_rollout_batch(batch, responses, torch.ones_like(responses), n, tokenizer.pad_token_id)
@@ -96,13 +127,16 @@ def main() -> None:
             "logprobs_s": round(min(times[once]["logprobs"]), 4), "update_s": round(min(times[once]["update"]), 4),
             "vision_calls_logprobs": counts[once][0], "vision_calls_update": counts[once][1]} for once in (True, False)}
         torch.testing.assert_close(logprobs[True], logprobs[False], rtol=1e-5, atol=1e-6)
+        rollout = _rollout(folder, _prompts(folder, args.prompts, args.image), args.n, args.response, args.repeats)
         image_tokens = int((batch["input_ids"][0] == load_vision_inputs(folder).image_token_id).sum())
         print(json.dumps({"kind": args.kind, "rows": len(batch), "prompts": args.prompts, "n": args.n,
                           "micro": args.micro, "image_tokens_per_prompt": image_tokens,
                           "sequence": int(batch["input_ids"].shape[1]), "threads": torch.get_num_threads(),
                           **results,
                           "speedup_logprobs": round(results["per row"]["logprobs_s"] / results["once"]["logprobs_s"], 2),
-                          "speedup_update": round(results["per row"]["update_s"] / results["once"]["update_s"], 2)}))
+                          "speedup_update": round(results["per row"]["update_s"] / results["once"]["update_s"], 2),
+                          "rollout": rollout, "speedup_rollout": round(rollout["per sample"]["generate_s"]
+                                                                       / rollout["once"]["generate_s"], 2)}))
 
 
 if __name__ == "__main__":

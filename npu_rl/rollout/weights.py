@@ -87,6 +87,7 @@ def bucketed(
 
 
 TIED_EMBEDDING_SUFFIX = "model.embed_tokens.weight"
+VL_TIED_EMBEDDING_SUFFIX = "model.language_model.embed_tokens.weight"
 
 
 def with_tied_lm_head(named_tensors: Iterable[Named]) -> Iterator[Named]:
@@ -100,8 +101,11 @@ def with_tied_lm_head(named_tensors: Iterable[Named]) -> Iterator[Named]:
     """
     for name, tensor in named_tensors:
         yield name, tensor
-        if name.endswith(TIED_EMBEDDING_SUFFIX):
-            yield name[: -len(TIED_EMBEDDING_SUFFIX)] + "lm_head.weight", tensor
+        # a Qwen-VL model (transformers 5 names): model.language_model.embed_tokens.weight -> lm_head.weight
+        for suffix in (VL_TIED_EMBEDDING_SUFFIX, TIED_EMBEDDING_SUFFIX):
+            if name.endswith(suffix):
+                yield name[: -len(suffix)] + "lm_head.weight", tensor
+                break
 
 
 def flatten(buckets: Iterable[list[Named]]) -> Iterator[Named]:

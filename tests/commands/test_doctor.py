@@ -125,3 +125,14 @@ def test_matrix_nearest_and_newer_releases():
     assert any("using the row of 0.30.0rc1" in n for n in notes)
     problems, notes = matrix_problems({**NEW, "vllm-ascend": "0.31.0"}, "3.11.7", "9.2.0")
     assert problems == [] and any("newer than npu-rl's matrix" in n and "not checked" in n for n in notes)
+
+
+def test_a_cuda_torchvision_beside_a_cpu_torch_names_both_fixes():
+    problems = combination_problems({"torch": "2.13.0+cpu", "torchvision": "0.28.0", "torchaudio": "2.13.0"})
+    vision = next(p for p in problems if p.startswith("torchvision"))
+    assert "breaks `import vllm`; pip uninstall -y torchvision" in vision
+    assert "Qwen-VL actor on vLLM needs torchvision: install the +cpu build" in vision
+    audio = next(p for p in problems if p.startswith("torchaudio"))
+    assert audio.endswith("pip uninstall -y torchaudio")
+    assert not [p for p in combination_problems({"torch": "2.13.0+cpu", "torchvision": "0.28.0+cpu"})
+                if p.startswith("torchvision")]

@@ -65,3 +65,46 @@ def test_two_ranks_equal_one(dist_pool2, dist_pool1, tmp_path, remove_padding, e
     # name not found would be initialised fresh and differ here
     for name, value in one["full"].items():
         torch.testing.assert_close(two[0]["full"][name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def rollout_job(folder: str, out_dir: str) -> dict:
+    """The hf engine on the FSDP2 actor (full weights gathered once, a hook-free twin decodes): this rank's prompts,
+    greedy, with each prompt's images encoded once and with the pixels repeated per sample."""
+    from npu_rl.data.dataset import PromptDataset
+    from npu_rl.data.loader import PromptCollator
+    from npu_rl.data.builtin import resolve_builtin
+    from npu_rl.models.loader import load_tokenizer
+    from npu_rl.models.vision import load_vision_inputs
+    from npu_rl.parallel import dist
+    from npu_rl.rollout import SamplingParams
+    from npu_rl.rollout.hf import HFRolloutEngine
+
+    worker = _worker(folder, out_dir, False)
+    tokenizer, vision = load_tokenizer(folder), load_vision_inputs(folder)
+    data = PromptDataset(resolve_builtin("builtin://shapes/train?num_train=8&num_test=2&size=64"), tokenizer,
+                         vision=vision, max_prompt_length=128)
+    rank, world = dist.rank(), dist.world_size()
+    rows = [data[i] for i in range(4)][rank * 4 // world:(rank + 1) * 4 // world]
+    prompts = PromptCollator(tokenizer.pad_token_id, vision)(rows)
+    engine = HFRolloutEngine(worker.model, tokenizer.pad_token_id)
+    sampling = SamplingParams(n=2, temperature=0.0, max_new_tokens=5, stop_token_ids=[tokenizer.eos_token_id],
+                              return_logprobs=True)
+    out = {}
+    for once in (True, False):
+        engine.encode_images_once = once
+        batch = engine.generate(prompts, sampling).batch
+        out[once] = {"responses": batch["responses"], "logprobs": batch["rollout_logprobs"]}
+    return out
+
+
+def test_rollout_on_two_ranks_encodes_once(dist_pool2, dist_pool1, tmp_path):
+    folder = save_random_vl_model(str(tmp_path / "vl"), seed=2)
+    one = dist_pool1.run(rollout_job, folder, str(tmp_path / "one"))[0]
+    two = dist_pool2.run(rollout_job, folder, str(tmp_path / "two"))
+    for once in (True, False):
+        torch.testing.assert_close(torch.cat([two[0][once]["responses"], two[1][once]["responses"]]),
+                                   one[once]["responses"], rtol=0, atol=0)
+        torch.testing.assert_close(torch.cat([two[0][once]["logprobs"], two[1][once]["logprobs"]]),
+                                   one[once]["logprobs"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one[True]["responses"], one[False]["responses"], rtol=0, atol=0)
+    torch.testing.assert_close(one[True]["logprobs"], one[False]["logprobs"], rtol=1e-5, atol=1e-5)

@@ -198,3 +198,18 @@ def test_routing_capture_is_asked_for_and_laid_out_as_the_batch_pads():
         routed_experts_rows([a[:2], b], [2, 3], [3, 2], 4, 3)
     with pytest.raises(RuntimeError, match="no routed experts for completion 1"):
         routed_experts_rows([a, None], [2, 3], [3, 2], 4, 3)
+
+
+def test_images_need_the_tokenizer_and_limit_the_images_per_prompt():
+    """A Qwen-VL model on vLLM: its multi-modal processor refuses skip_tokenizer_init; verl's rollout.limit_images
+    becomes limit_mm_per_prompt.image, and no video is profiled. A text model ignores limit_images."""
+    text = build_llm_kwargs(config(limit_images=3), "/m", CPU)
+    assert text["skip_tokenizer_init"] is True and "limit_mm_per_prompt" not in text
+    images = build_llm_kwargs(config(limit_images=3), "/m", CPU, images=True)
+    assert images["skip_tokenizer_init"] is False and images["limit_mm_per_prompt"] == {"image": 3, "video": 0}
+    assert build_llm_kwargs(config(), "/m", CPU, images=True)["limit_mm_per_prompt"] == {"video": 0}
+    # vLLM's image normalisation buffers are no weights: a dummy start would leave them random
+    assert build_llm_kwargs(config(load_format="dummy"), "/m", CPU, images=True)["load_format"] == "auto"
+    assert build_llm_kwargs(config(load_format="dummy"), "/m", CPU)["load_format"] == "dummy"
+    user = config(engine_kwargs=EngineKwargsConfig(vllm={"limit_mm_per_prompt": {"image": 5}}))
+    assert build_llm_kwargs(user, "/m", CPU, images=True)["limit_mm_per_prompt"] == {"image": 5}  # theirs wins

@@ -81,3 +81,40 @@ def test_images_for_a_text_module_are_refused(tmp_path, tiny_model_dir):
     engine = HFRolloutEngine(load_causal_lm(tiny_model_dir), tokenizer.pad_token_id)
     with pytest.raises(ValueError, match="prompts carry images but the rollout module .* not a Qwen-VL model"):
         engine.generate(prompts, SamplingParams(n=1, max_new_tokens=2))
+
+
+class _TowerInputs:
+    """Records the patches each call of a vision tower receives (a forward pre-hook)."""
+
+    def __init__(self, tower):
+        self.patches: list[int] = []
+        tower.register_forward_pre_hook(lambda _, args, kwargs: self.patches.append(
+            (args[0] if args else kwargs["hidden_states"]).shape[0]), with_kwargs=True)
+
+
+@pytest.mark.parametrize("kind", VL_KINDS)
+@pytest.mark.parametrize("greedy", [True, False])
+def test_prefill_encodes_each_prompt_once(kind, greedy, tmp_path):
+    """Each prompt's images go through the vision tower once (not once per sample), and the tokens and log-probs equal
+    the path that hands ``generate`` the pixels repeated per sample (fp32; sampled with the same seed too)."""
+    folder = save_random_vl_model(str(tmp_path / kind), kind, seed=5)
+    prompts, tokenizer = _prompts(folder, tmp_path)
+    model = load_causal_lm(folder)
+    tower = _TowerInputs(model.model.visual)
+    n = 3
+    sampling = SamplingParams(n=n, temperature=0.0 if greedy else 1.0, max_new_tokens=6,
+                              stop_token_ids=[tokenizer.eos_token_id], return_logprobs=True)
+    engine = HFRolloutEngine(model, tokenizer.pad_token_id)
+    outs = {}
+    for once in (False, True):
+        engine.encode_images_once = once
+        torch.manual_seed(3)
+        outs[once] = engine.generate(prompts, sampling).batch
+    prompt_patches = sum(len(row["pixel_values"]) for row in prompts.non_tensors["multi_modal_inputs"] if row)
+    assert prompt_patches > 0
+    # per sample: one call over every sample's pixels; once: one call over each prompt's pixels
+    assert tower.patches == [n * prompt_patches, prompt_patches]
+    for key in ("responses", "response_mask", "position_ids"):
+        torch.testing.assert_close(outs[True][key], outs[False][key], rtol=0, atol=0)
+    torch.testing.assert_close(outs[True]["rollout_logprobs"], outs[False]["rollout_logprobs"], rtol=1e-5, atol=1e-5)
+    assert outs[True].non_tensors["multi_modal_inputs"][0] is outs[True].non_tensors["multi_modal_inputs"][n - 1]

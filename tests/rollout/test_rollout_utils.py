@@ -134,3 +134,6 @@ def test_tied_embedding_is_also_sent_as_the_lm_head():
     assert stream[1][1] is embed  # the same tensor, no copy
     nested = list(with_tied_lm_head(iter([("language_model.model.embed_tokens.weight", embed)])))
     assert nested[1][0] == "language_model.lm_head.weight"
+    # a Qwen-VL model's transformers-5 names: the head is the top-level lm_head (not "model.language_lm_head")
+    vl = list(with_tied_lm_head(iter([("model.language_model.embed_tokens.weight", embed)])))
+    assert [name for name, _ in vl] == ["model.language_model.embed_tokens.weight", "lm_head.weight"]

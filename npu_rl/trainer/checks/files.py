@@ -88,7 +88,8 @@ def _capability_problems(config, use_critic: bool) -> list[str]:
             sp_sizes={f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size":
                       int(getattr(arr, role).ulysses_sequence_parallel_size) for role in ("actor", "ref")},
             rollout_name=str(arr.rollout.name),
-            agent_loops=arr.rollout.mode == "async" or bool(arr.rollout.multi_turn.enable))
+            agent_loops=arr.rollout.mode == "async" or bool(arr.rollout.multi_turn.enable),
+            lora_adapter_in_vllm=int(arr.model.lora_rank) > 0 and not bool(arr.model.lora.merge))
     if bool(config.actor_rollout_ref.actor.freeze_vision_tower) and folder and not actor_is_vl:
         problems.append(f"actor_rollout_ref.actor.freeze_vision_tower=True, but the actor ({actor_path}) is a text "
                         "model with no vision tower: set it to False")
