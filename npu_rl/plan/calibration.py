@@ -15,12 +15,12 @@ import functools
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from npu_rl.config.loader import load_config
 from npu_rl.models.synthetic import SHAPES
-from npu_rl.plan.job import plan_config
-from npu_rl.plan.memory import GIB, ModelShape, RoleMemory, TrainSettings
+from npu_rl.plan.job import inputs_from_config, plan
+from npu_rl.plan.memory import GIB, ModelShape, RoleMemory, TrainSettings, device_spec
 from npu_rl.plan.timing import SPEEDS, train_phase
 
 LIMIT = 0.25  # the issue's goal: time within 25%
@@ -187,15 +187,19 @@ def predict(row: MeasuredRow) -> dict[str, float]:
                             8, tokens=row.update_settings["micro_tokens"],
                             response_tokens=row.update_settings["micro_response_tokens"],
                             context=row.update_settings["micro_tokens"] / 8 / 2, update=True)
-        role = RoleMemory(_shape(row.model), TrainSettings(**row.update_settings), trainable=True)
+        role = RoleMemory(_shape(row.model), TrainSettings(**row.update_settings, grad_cast_copy=True),
+                          trainable=True)  # measured with the code before 2026-12-03 (see predict's other branch)
         peak = max(sum(parts.values()) for parts in role.update_moments().values()) / GIB
         return {"update": phase.seconds, PEAK: peak}
     with tempfile.TemporaryDirectory() as folder:
         config_json = _model_config(folder, row.model)
         overrides = row.overrides + [f"actor_rollout_ref.model.path={folder}"]
-        result = plan_config(load_config(overrides, "ppo_trainer"), "h200", model_config=config_json,
-                             mean_prompt_length=row.mean_prompt_length,
-                             mean_response_length=row.mean_response_length)
+        inputs = inputs_from_config(load_config(overrides, "ppo_trainer"), model_config=config_json,
+                                    mean_prompt_length=row.mean_prompt_length,
+                                    mean_response_length=row.mean_response_length)
+        # every row was measured before 2026-12-03's grads_to_master change: plan the code that ran
+        inputs = replace(inputs, actor=replace(inputs.actor, grad_cast_copy=True))
+        result = plan(inputs, device_spec("h200"))
     time = result.time
     generation = time.phase("rollout: prefill") + time.phase("rollout: decode")
     out = {"gen": time.phase("rollout") if "sync" not in row.measured and row.scope == "step" else generation,

@@ -35,9 +35,10 @@ Bytes are counted the way this package lays tensors out (workers/model_runner.py
 
 The peak of a trained role's update is the largest of four moments: forward/backward start (weights, optimizer
 states, saved activations, logits), end of backward (all gradients, both copies on one device), moving a later
-micro-batch's gradients into the master's (one device, two dtypes, gradients accumulated: ``grads_to_master`` casts
-every compute-copy gradient to the master dtype before its one fused add, so a third, master-dtype copy of all
-gradients exists for a moment), and the optimizer step (states on the device, the master's gradients only). Measured against:
+micro-batch's gradients into the master's (one device, two dtypes, gradients accumulated: until 2026-12-03
+``grads_to_master`` cast every compute-copy gradient to the master dtype before its one fused add, so a third,
+master-dtype copy of all gradients existed for a moment; the add now reads them as they are, and
+``TrainSettings.grad_cast_copy`` plans the old code for the H200 rows measured with it), and the optimizer step (states on the device, the master's gradients only). Measured against:
 tests/plan/test_memory.py (H200 peaks of docs/benchmarks.md) and, term by term for an MoE layer, on a CPU with the
 profiler's allocation totals (docs/moe.md, "Memory of an MoE step").
 """
@@ -299,6 +300,9 @@ class TrainSettings:
     fused_kernels: bool = False
     entropy: bool = False
     lora_rank: int = 0
+    # the gradient accumulation of the code before 2026-12-03 (a master-dtype copy of every gradient at once):
+    # the calibration's H200 rows were measured with it (npu_rl/plan/calibration.py); today's code makes none
+    grad_cast_copy: bool = False
 
 
 @dataclass
@@ -388,14 +392,16 @@ class RoleMemory:
         return (self.shape.root_params + 2 * layer) * dtype_bytes(self.s.param_dtype)
 
     def master_grad_cast(self) -> float:
-        """One device with a master copy in another dtype, gradients accumulated over micro-batches: the transient
-        master-dtype copy of every compute-copy gradient that ``ModelRunner.grads_to_master`` builds for its one
-        fused add (from the second micro-batch on). Measured on a CPU (the actor's update of a one-layer
-        Qwen3-30B-A3B-shape model with 32 experts, 170.5M parameters, profiler allocation totals): 650 MiB above the
-        fp32 and bf16 gradients, 4 bytes a parameter. LoRA: the adapters' only; sharded (FSDP2) or one dtype: none."""
+        """``grad_cast_copy`` (the code before 2026-12-03): one device with a master copy in another dtype,
+        gradients accumulated over micro-batches: the transient master-dtype copy of every compute-copy gradient
+        that ``ModelRunner.grads_to_master`` built for its one fused add (from the second micro-batch on). Measured
+        on a CPU (the actor's update of a one-layer Qwen3-30B-A3B-shape model with 32 experts, 170.5M parameters,
+        profiler allocation totals): 650 MiB above the fp32 and bf16 gradients, 4 bytes a parameter. LoRA: the
+        adapters' only; sharded (FSDP2) or one dtype: none. Today's ``grads_to_master`` adds the compute copy's
+        gradients as they are (tests/workers: no allocation of that size), so this is 0 unless ``grad_cast_copy``."""
         s, (_, trained) = self.s, self._split()
-        if (not self.trainable or s.shard > 1 or s.param_offload or s.micro_batches_per_step < 2
-                or s.model_dtype == s.param_dtype):
+        if (not s.grad_cast_copy or not self.trainable or s.shard > 1 or s.param_offload
+                or s.micro_batches_per_step < 2 or s.model_dtype == s.param_dtype):
             return 0.0
         return trained * dtype_bytes(s.model_dtype)
 

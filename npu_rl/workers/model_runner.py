@@ -245,8 +245,10 @@ class ModelRunner:
         for master, compute in pairs:
             if master.grad is None:
                 master.grad = compute.grad.to(master.dtype)
-        if accumulate:  # one fused add over all tensors (bf16 -> fp32 cast per tensor)
-            torch._foreach_add_([m.grad for m, _ in accumulate], [c.grad.to(m.dtype) for m, c in accumulate])
+        if accumulate:  # the master-dtype gradients read the compute copy's as they are: no cast copy of all of
+            # them (4 bytes a parameter that a `c.grad.to(m.dtype)` list held at once; foreach's per-tensor route
+            # for mixed dtypes casts inside each add's kernel)
+            torch._foreach_add_([m.grad for m, _ in accumulate], [c.grad for _, c in accumulate])
         for _, compute in pairs:
             compute.grad = None
 

@@ -73,3 +73,29 @@ def test_the_compute_copy_is_the_deep_copy_cast_without_a_master_dtype_copy_firs
     with torch.no_grad():
         model.lm_head.weight.add_(1.0)  # the copy owns its storage
     torch.testing.assert_close(fast.lm_head.weight, reference.lm_head.weight, atol=0, rtol=0)
+
+
+def _peak_new_bytes(fn) -> int:
+    """The most bytes ``fn`` holds at once beyond what it started with, on the CPU: the running sum of the
+    profiler's allocations and frees (each op's own), in the order they happened."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    held = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        held += event.self_cpu_memory_usage
+        peak = max(peak, held)
+    return peak
+
+
+def test_accumulating_a_later_micro_batch_makes_no_master_dtype_copy_of_the_gradients():
+    """The second micro-batch's bf16 gradients are added into the fp32 ones as they are: no fp32 copy of all of
+    them at once (4 bytes a parameter on the device at the update's peak, npu_rl/plan/memory.py)."""
+    runner = ModelRunner(tiny_model(), _fsdp_config(), trainable=True)
+    params = sum(p.numel() for p in runner.model.parameters())
+    largest = max(p.numel() for p in runner.model.parameters())
+    for seed in (1, 2):
+        input_ids, mask = make_batch(seed=seed)
+        mean_nll(runner.compute_model, input_ids, mask).backward()
+        peak = _peak_new_bytes(runner.grads_to_master)
+    # at most one parameter's cast at a time (the old list of casts held params * 4 bytes)
+    assert peak <= largest * 4 < params * 4 / 2, (peak, largest * 4, params * 4)
