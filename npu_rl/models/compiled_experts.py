@@ -30,34 +30,17 @@ import types
 import torch
 from torch import nn
 
+from npu_rl.device.grouped_mm import torch_grouped_mm_runs
 from npu_rl.parallel.expert_parallel import is_experts_module
 
 log = logging.getLogger(__name__)
-
-
-def _aligned(t: torch.Tensor) -> bool:
-    """``torch._grouped_mm``'s layout rule: the data and every stride but the unit one on 16-byte boundaries."""
-    size = t.element_size()
-    return t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride() if s != 1)
-
-
-def _native(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``torch._grouped_mm`` runs these tensors eagerly: CPU (any float dtype, torch >= 2.9), CUDA bf16 on
-    sm80 and newer; aligned tensors only."""
-    if not hasattr(torch, "_grouped_mm") or not (_aligned(x) and _aligned(weight)):
-        return False
-    if x.device.type == "cpu":
-        return True
-    if x.device.type == "cuda":
-        return x.dtype == weight.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
-    return False
 
 
 @torch.library.custom_op("npu_rl::grouped_mm", mutates_args=())
 def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """``y [S, N]``: rows ``offsets[e-1]:offsets[e]`` of ``x [S, K]`` times ``weight[e]`` (``weight [E, K, N]``, any
     strides; ``offsets`` the cumulative row counts, int32 ``[E]``, ``offsets[-1] == S``: every row is routed)."""
-    if _native(x, weight):
+    if torch_grouped_mm_runs(x, weight):
         return torch._grouped_mm(x, weight, offs=offsets)
     out = x.new_zeros(x.shape[0], weight.shape[2])
     start = 0
@@ -77,7 +60,7 @@ def _grouped_mm_shape(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tens
 def grouped_mm_weight_grad(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor,
                            num_experts: int) -> torch.Tensor:
     """``dW [E, K, N]``: ``x[rows of e]^T @ grad[rows of e]`` (zero for an expert with no row)."""
-    if _native(x, grad) and x.shape[0]:
+    if torch_grouped_mm_runs(x, grad) and x.shape[0]:
         return torch._grouped_mm(x.t(), grad, offs=offsets)
     out = x.new_zeros(num_experts, x.shape[1], grad.shape[1])
     start = 0
