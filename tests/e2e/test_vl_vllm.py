@@ -21,16 +21,14 @@ from PIL import Image
 from torch.testing import assert_close
 
 from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
-from npu_rl.data.dataset import PromptDataset
 from npu_rl.data.images import image_bytes
-from npu_rl.data.io import write_parquet
-from npu_rl.data.loader import PromptCollator
 from npu_rl.models.forward import response_logprobs
-from npu_rl.models.loader import load_causal_lm, load_tokenizer
+from npu_rl.models.loader import load_causal_lm
 from npu_rl.models.synthetic import VL_KINDS, save_random_vl_model
-from npu_rl.models.vision import load_vision_inputs, multi_modal_kwargs
+from npu_rl.models.vision import multi_modal_kwargs
 from npu_rl.rollout import SamplingParams, build_rollout_engine, vllm_available
 from npu_rl.rollout.hf import HFRolloutEngine
+from tests.rollout.vl_rows import image_prompt_batch
 from tests.conftest import REPO_ROOT
 from tests.trainer.conftest import base_overrides, run_training, step_rows
 
@@ -56,20 +54,8 @@ pytestmark = [
 def _prompts(folder, tmp_path):
     """Three prompts: one image (50 x 40, resized up to the bound), none, two images (one larger than the folder's
     max_pixels, kept at its size by data.mm_processor_kwargs: vLLM's processor must not resize it again)."""
-    tokenizer = load_tokenizer(folder)
-    vision = load_vision_inputs(folder, {"max_pixels": 84 * 84})
     png = [image_bytes(Image.effect_noise(size, 60).convert("RGB")) for size in [(50, 40), (84, 84)]]
-    rows = [{"prompt": [{"role": "user", "content": "<image>How many?"}], "images": [{"bytes": png[0]}],
-             "data_source": "shapes", "reward_model": {"ground_truth": "1"}},
-            {"prompt": [{"role": "user", "content": "no picture"}], "images": [], "data_source": "shapes",
-             "reward_model": {"ground_truth": "1"}},
-            {"prompt": [{"role": "user", "content": "<image> and <image>?"}],
-             "images": [{"bytes": png[1]}, {"bytes": png[0]}], "data_source": "shapes",
-             "reward_model": {"ground_truth": "2"}}]
-    path = str(tmp_path / "rows.parquet")
-    write_parquet(rows, path)
-    data = PromptDataset(path, tokenizer, vision=vision, max_prompt_length=200)
-    return PromptCollator(tokenizer.pad_token_id, vision)([data[i] for i in range(len(data))]), tokenizer
+    return image_prompt_batch(folder, tmp_path, png, {"max_pixels": 84 * 84})
 
 
 def _config(**overrides) -> RolloutConfig:

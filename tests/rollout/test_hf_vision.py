@@ -6,35 +6,21 @@ import pytest
 import torch
 from PIL import Image
 
-from npu_rl.data.dataset import PromptDataset
 from npu_rl.data.images import image_bytes
-from npu_rl.data.io import write_parquet
-from npu_rl.data.loader import PromptCollator
 from npu_rl.models.forward import response_logprobs
-from npu_rl.models.loader import load_causal_lm, load_tokenizer
+from npu_rl.models.loader import load_causal_lm
 from npu_rl.models.lora import LoraSpec, apply_lora, lora_layers
 from npu_rl.models.synthetic import VL_KINDS, save_random_vl_model
-from npu_rl.models.vision import load_vision_inputs, multi_modal_kwargs
+from npu_rl.models.vision import multi_modal_kwargs
 from npu_rl.rollout import SamplingParams
 from npu_rl.rollout.hf import HFRolloutEngine, vision_token_ids
+from tests.rollout.vl_rows import image_prompt_batch
 
 
 def _prompts(folder, tmp_path):
-    tokenizer = load_tokenizer(folder)
-    vision = load_vision_inputs(folder)
     png = [image_bytes(Image.new("RGB", size, colour)) for size, colour in [((50, 40), (200, 0, 0)),
                                                                               ((64, 64), (0, 0, 200))]]
-    rows = [{"prompt": [{"role": "user", "content": "<image>How many?"}], "images": [{"bytes": png[0]}],
-             "data_source": "shapes", "reward_model": {"ground_truth": "1"}},
-            {"prompt": [{"role": "user", "content": "no picture"}], "images": [], "data_source": "shapes",
-             "reward_model": {"ground_truth": "1"}},
-            {"prompt": [{"role": "user", "content": "<image> and <image>?"}],
-             "images": [{"bytes": png[1]}, {"bytes": png[0]}], "data_source": "shapes",
-             "reward_model": {"ground_truth": "2"}}]
-    path = str(tmp_path / "rows.parquet")
-    write_parquet(rows, path)
-    data = PromptDataset(path, tokenizer, vision=vision, max_prompt_length=200)
-    return PromptCollator(tokenizer.pad_token_id, vision)([data[i] for i in range(len(data))]), tokenizer
+    return image_prompt_batch(folder, tmp_path, png)
 
 
 @pytest.mark.parametrize("kind", VL_KINDS)
