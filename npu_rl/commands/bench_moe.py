@@ -10,6 +10,10 @@ counts around npu-rl's grouped-matmul custom ops, the router eager; npu_rl/model
 ``gate`` and the ``experts``; DeepSeek-V3's shared experts too), with the loss ``sum(out * g)`` for a fixed random
 ``g``. An out-of-memory error is reported as OOM, not raised.
 
+``--profile N`` runs one more iteration of each row under ``torch.profiler`` and prints its N costliest device
+kernels (CPU ops on a CPU) with the share of device time in matrix-multiply kernels, so a row that misses the peak
+shows where its time goes.
+
 FLOPs counted: ``3 x 2 x tokens x (top_k x 3 x hidden x moe_intermediate + hidden x num_experts + shared)`` (forward
 and the two backward matmuls of every projection), against the device's dense bf16 peak (npu_rl/device/flops.py).
 
@@ -104,12 +108,56 @@ def run_one(shape: str, implementation: str, num_tokens: int, args, backend) -> 
                    tflops=round(flops / 1e12, 1),
                    peak_share=round(flops / backend.peak_flops(args.dtype), 3),
                    peak_mem_gib=round(backend.memory_stats_gb()["max_memory_allocated_gb"], 2))
+        if args.profile:
+            row["profile"] = profile_once(once, backend, args.profile)
     except torch.OutOfMemoryError:
         row["error"] = "OOM"
     finally:
         del block
         backend.empty_cache()
     return row
+
+
+MATMUL_KERNELS = ("gemm", "cutlass", "nvjet", "grouped", "xmma", "matmul", "aten::mm", "aten::bmm", "aten::addmm",
+                  "aten::_grouped_mm")
+
+
+def profile_once(once, backend, top: int) -> dict:
+    """One more ``once()`` under ``torch.profiler``: the ``top`` costliest kernels (on a CPU, the costliest ops by
+    self time) as ``[name, calls, ms]``, the total and the matrix-multiply kernels' share (:data:`MATMUL_KERNELS`
+    name parts)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_device = backend.device().type != "cpu"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    with profile(activities=activities) as prof:
+        once()
+        backend.synchronize()
+    totals: dict[str, list] = {}
+    for event in prof.key_averages():
+        if on_device:  # device kernels only: their self device time, no op counted twice
+            us = event.self_device_time_total if event.device_type != torch.autograd.DeviceType.CPU else 0
+        else:
+            us = event.self_cpu_time_total
+        if us > 0:
+            entry = totals.setdefault(event.key, [0, 0.0])
+            entry[0] += event.count
+            entry[1] += us / 1e3
+    total_ms = sum(ms for _, ms in totals.values())
+    matmul_ms = sum(ms for name, (_, ms) in totals.items() if any(k in name.lower() for k in MATMUL_KERNELS))
+    ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:top]
+    return {"counted": "device kernels" if on_device else "CPU ops (self time)", "total_ms": round(total_ms, 3), "matmul_ms": round(matmul_ms, 3),
+            "matmul_share": round(matmul_ms / total_ms, 3) if total_ms else 0.0,
+            "top": [[name[:120], calls, round(ms, 3)] for name, (calls, ms) in ranked]}
+
+
+def format_profile(row: dict) -> str:
+    p = row["profile"]
+    lines = [f"profile of {row['shape']} {row['implementation']} {row['tokens']} tokens: {p['total_ms']} ms in "
+             f"{p['counted']}, {p['matmul_ms']} ms ({p['matmul_share']:.0%}) in matrix multiplies", "| kernel | calls | ms |",
+             "|---|---|---|"]
+    lines += [f"| {name} | {calls} | {ms} |" for name, calls, ms in p["top"]]
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -133,6 +181,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile one more iteration of each row and print its N costliest kernels")
     parser.add_argument("--json", default=None, help="append the rows as JSON lines to this file")
     return parser
 
@@ -145,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"npu-rl bench moe: unknown {', '.join(unknown)}; known: {', '.join(known)}")
             return 2
-    if args.iters < 1 or args.warmup < 0:
-        print("npu-rl bench moe: --iters must be >= 1 and --warmup >= 0")
+    if args.iters < 1 or args.warmup < 0 or args.profile < 0:
+        print("npu-rl bench moe: --iters must be >= 1, --warmup and --profile >= 0")
         return 2
     backend = get_backend()
     print(f"device: {backend.name} {backend.device_name()}  torch {torch.__version__}", flush=True)
@@ -155,12 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         for num_tokens in (int(t) for t in args.tokens.split(",")):
             for implementation in args.implementations.split(","):
                 rows.append(run_one(shape, implementation, num_tokens, args, backend))
-                print(json.dumps(rows[-1]), flush=True)
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
     if args.json:
         with open(args.json, "a") as out:
             for row in rows:
                 out.write(json.dumps(row) + "\n")
     print(format_table(rows))
+    for row in rows:
+        if "profile" in row:
+            print(format_profile(row))
     return 0
 
 

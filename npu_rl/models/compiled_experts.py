@@ -13,7 +13,9 @@ and never their data-dependent expert counts, which live in the ``offsets`` tens
 ``torch._grouped_mm`` where it runs (CUDA bf16, CPU) and else one matmul per expert. Around them the compiled graph
 holds the routing bookkeeping (sort by expert, gather, counts by ``scatter_add`` into a fixed ``[E]``, the gate's
 activation and product, the routing weights, the unsort and the sum over ``k``), with the token count symbolic
-(``dynamic=True``), so a batch of another length reuses the graph.
+(``dynamic=True``), so a batch of another length reuses the graph. The two permutations (tokens to their
+expert-sorted slots, and back) are autograd functions whose backwards are gathers through the inverse permutation
+(:func:`gather_rows`, :func:`unsort_rows`), not the scatter-adds that indexing's backward makes.
 
 :func:`compile_experts` switches every experts module of transformers' experts interface that runs ``grouped_mm``
 (the default) to :func:`compiled_experts_forward` and compiles it in place (``nn.Module.compile``; names and state
@@ -99,6 +101,48 @@ def _linear(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, bia
     return out + bias if bias is not None else out
 
 
+class _GatherRows(torch.autograd.Function):
+    """``x[perm // k]`` (each of ``T`` tokens copied to its ``k`` sorted slots) whose backward is a gather and a sum
+    over ``k`` (``grad[inverse].view(T, k, H).sum(1)``) instead of the indexing backward's scatter-add into ``x``:
+    ``perm`` is a permutation of ``T x k`` slots, so slot ``t x k + i`` sits at ``inverse[t x k + i]``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.top_k = top_k
+        return x[perm // top_k]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad[inverse].view(-1, ctx.top_k, grad.shape[-1]).sum(dim=1), None, None, None
+
+
+class _Unsort(torch.autograd.Function):
+    """``y[inverse]`` (the sorted slots back in token order) whose backward is the gather ``grad[perm]`` instead of a
+    scatter-add: ``inverse`` is ``perm``'s inverse permutation."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(perm)
+        return y[inverse]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (perm,) = ctx.saved_tensors
+        return grad[perm], None, None
+
+
+def gather_rows(x: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``x [T, H]`` to its ``T x top_k`` expert-sorted rows ``x[perm // top_k]`` (:class:`_GatherRows`)."""
+    return _GatherRows.apply(x, perm, inverse, top_k)
+
+
+def unsort_rows(y: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """``y [T x k, H]`` in expert order back to slot order, ``y[inverse]`` (:class:`_Unsort`)."""
+    return _Unsort.apply(y, perm, inverse)
+
+
 def compiled_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                              top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' ``grouped_mm_experts_forward`` (same order of operations, so eager results are equal) with the
@@ -109,7 +153,9 @@ def compiled_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k
     sample_weights = top_k_weights.reshape(-1)
     expert_ids = top_k_index.reshape(-1)
     expert_ids_g, perm = torch.sort(expert_ids)
-    rows = hidden_states[perm // num_top_k]
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
+    rows = gather_rows(hidden_states, perm, inverse, num_top_k)
     weights_g = sample_weights[perm]
     counts = torch.zeros(self.num_experts, dtype=torch.int32, device=expert_ids.device).scatter_add_(
         0, expert_ids, torch.ones_like(expert_ids, dtype=torch.int32))
@@ -123,10 +169,7 @@ def compiled_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k
         projected = self.act_fn(_linear(rows, weight, offsets, bias, transposed))
     bias = self.down_proj_bias[expert_ids_g] if has_bias else None
     out = _linear(projected, self.down_proj, offsets, bias, transposed)
-    weighted = out * weights_g.unsqueeze(-1)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
-    weighted = weighted[inverse]
+    weighted = unsort_rows(out * weights_g.unsqueeze(-1), perm, inverse)
     return weighted.view(num_tokens, num_top_k, -1).sum(dim=1).to(hidden_states.dtype)
 
 

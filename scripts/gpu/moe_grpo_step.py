@@ -65,6 +65,9 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=1, help="rollout.tensor_model_parallel_size")
     parser.add_argument("--rollout-ep", type=int, default=1, help="rollout.expert_parallel_size (vLLM's "
                         "enable_expert_parallel; 1 or --tp)")
+    parser.add_argument("--tag", default="", help="added to the metrics file's name (runs that share --out)")
+    parser.add_argument("overrides", nargs="*", help="more key=value overrides, last (e.g. "
+                        "actor_rollout_ref.actor.use_torch_compile=True)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)  # our own scratch folder
@@ -94,9 +97,10 @@ def main() -> int:
         overrides += ["data.train_batch_size=4", "data.max_response_length=16", "actor_rollout_ref.rollout.n=2",
                       "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
                       "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"]
+    overrides += list(args.overrides)
     code = train_main(overrides, default_config="ppo_trainer")
     for path in glob.glob(os.path.join(args.work, "run", "logs", "*", "metrics.jsonl")):
-        shutil.copy(path, os.path.join(args.out, f"moe_metrics_{args.engine}_{args.replay}.jsonl"))
+        shutil.copy(path, os.path.join(args.out, f"moe_metrics_{args.engine}_{args.replay}{args.tag}.jsonl"))
     print(f"== train exit {code}", flush=True)
     sys.stdout.flush()
     plan_code = plan_main(overrides + ["--model-config", os.path.join(model_dir, "config.json")])

@@ -118,6 +118,10 @@ def main() -> int:
     text, vision = (TINY_TEXT, TINY_VISION) if args.tiny else (QWEN2_5_VL_7B_TEXT, QWEN2_5_VL_7B_VISION)
     model_dir = save_model(os.path.join(args.work, "model"), args.layers, text, vision, args.image)
     overrides = overrides_for(args, model_dir) + list(args.overrides)
+    # what the plan needs to be re-run elsewhere from what comes back: the model's config.json and the overrides
+    shutil.copy(os.path.join(model_dir, "config.json"), os.path.join(args.out, f"vl_config_{args.engine}.json"))
+    with open(os.path.join(args.out, f"vl_overrides_{args.engine}.json"), "w") as f:
+        json.dump(overrides, f, indent=1)
     code = train_main(overrides, default_config="ppo_trainer")
     prompt_lengths = []
     for path in glob.glob(os.path.join(args.work, "run", "logs", "*", "metrics.jsonl")):

@@ -8,7 +8,8 @@ import logging
 
 import torch
 
-from npu_rl.models.compiled_experts import compile_experts, grouped_mm, grouped_mm_weight_grad
+from npu_rl.models.compiled_experts import (compile_experts, gather_rows, grouped_mm, grouped_mm_weight_grad,
+                                           unsort_rows)
 from npu_rl.workers.model_runner import compile_elementwise_blocks
 from tests.models.moe_models import tiny_moe
 
@@ -27,6 +28,27 @@ def test_grouped_mm_ops_equal_a_loop_over_experts_with_an_empty_expert():
     dw = torch.stack([x[:2].T @ grad[:2], torch.zeros(5, 6), x[2:].T @ grad[2:]]).detach()
     torch.testing.assert_close(weight.grad, dw)
     torch.testing.assert_close(grouped_mm_weight_grad(x.detach(), grad, offsets, 3), dw)
+
+
+def test_gather_and_unsort_equal_plain_indexing_in_values_and_gradients():
+    """The permutation's gather-only backwards against autograd through plain indexing (fp64, exact sums)."""
+    g = torch.Generator().manual_seed(0)
+    tokens, top_k, hidden = 5, 3, 4
+    expert_ids = torch.randint(0, 4, (tokens * top_k,), generator=g)
+    _, perm = torch.sort(expert_ids, stable=True)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel())
+    x = torch.randn(tokens, hidden, generator=g, dtype=torch.float64, requires_grad=True)
+    x_plain = x.detach().clone().requires_grad_()
+    rows, rows_plain = gather_rows(x, perm, inverse, top_k), x_plain[perm // top_k]
+    assert torch.equal(rows, rows_plain)
+    scale = torch.randn(rows.shape, generator=g, dtype=torch.float64)
+    out, out_plain = unsort_rows(rows * scale, perm, inverse), (rows_plain * scale)[inverse]
+    assert torch.equal(out, out_plain)
+    weight = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (out.view(tokens, top_k, hidden).sum(1) ** 2 * weight[::top_k]).sum().backward()
+    (out_plain.view(tokens, top_k, hidden).sum(1) ** 2 * weight[::top_k]).sum().backward()
+    torch.testing.assert_close(x.grad, x_plain.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_expert_parallel_and_other_implementations_stay_eager_with_a_reason(caplog):
