@@ -206,10 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             for implementation in args.implementations.split(","):
                 rows.append(run_one(shape, implementation, num_tokens, args, backend))
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
-    if args.json:
-        with open(args.json, "a") as out:
-            for row in rows:
-                out.write(json.dumps(row) + "\n")
+                if args.json:  # row by row: a run cut short keeps what it measured
+                    with open(args.json, "a") as out:
+                        out.write(json.dumps(rows[-1]) + "\n")
     print(format_table(rows))
     for row in rows:
         if "profile" in row:
