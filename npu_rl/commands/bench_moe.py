@@ -81,8 +81,8 @@ def run_one(shape: str, implementation: str, num_tokens: int, args, backend) -> 
     try:
         block, numbers = build_block(shape, implementation, args.dtype, device)
         step = torch.compile(block) if implementation == "grouped_mm_compiled" else block
-        if implementation == "experts_compiled":  # what use_torch_compile trains with: experts compiled, router eager
-            compile_experts(block)
+        if implementation == "experts_compiled" and not compile_experts(block):  # experts compiled, router eager
+            raise RuntimeError("compile_experts found no experts module of transformers' experts interface")
         gen = torch.Generator(device="cpu").manual_seed(1)
         x = torch.randn(1, num_tokens, SHAPES[shape][1]["hidden_size"], generator=gen).to(device, args.dtype)
         g = torch.randn(x.shape, generator=gen).to(device, args.dtype)
@@ -112,6 +112,8 @@ def run_one(shape: str, implementation: str, num_tokens: int, args, backend) -> 
             row["profile"] = profile_once(once, backend, args.profile)
     except torch.OutOfMemoryError:
         row["error"] = "OOM"
+    except RuntimeError as exc:  # said in the row, the other rows still run
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
     finally:
         del block
         backend.empty_cache()

@@ -73,8 +73,10 @@ def check_expert_parallel(config: Any, ep_size: int, key: str = KEY) -> None:
 
 
 def is_experts_module(module: nn.Module) -> bool:
-    """An experts module of transformers' experts interface (3-D expert tensors, dispatching forward)."""
-    return hasattr(module, "_is_expert_parallel") and hasattr(module, "num_experts") and any(
+    """An experts module of transformers' experts interface (3-D expert tensors, dispatching forward): the
+    ``@use_experts_implementation`` decorator sets ``is_concatenated`` on every release that has it (5.17 has no
+    ``_is_expert_parallel``, which 5.19 added)."""
+    return hasattr(module, "is_concatenated") and hasattr(module, "num_experts") and any(
         isinstance(getattr(module, name, None), nn.Parameter) for name in EXPERT_TENSORS)
 
 

@@ -75,3 +75,13 @@ def test_use_torch_compile_compiles_the_experts_and_the_shared_experts():
     assert {"model.layers.1.mlp.experts", "model.layers.2.mlp.experts", "model.layers.1.mlp.shared_experts",
             "model.layers.0.mlp"} <= compiled and count == len(compiled)
     assert not any(name.endswith("gate") for name in compiled)  # routers stay eager (replay hooks them)
+
+
+def test_experts_modules_of_transformers_5_17_without_its_expert_parallel_flag_are_found():
+    """transformers 5.17 (the H200's) sets no ``_is_expert_parallel`` on experts modules: they must still compile
+    (on the H200 they were silently left eager until this was fixed)."""
+    model = tiny_moe("qwen3_moe")
+    for module in model.modules():
+        if hasattr(module, "_is_expert_parallel"):
+            del module._is_expert_parallel
+    assert compile_experts(model) == model.config.num_hidden_layers
