@@ -42,7 +42,7 @@ def is_builtin(path: str) -> bool:
     return path.lower() in BUILTIN_MODELS
 
 
-def _gguf_source(name: str) -> tuple[str, str]:
+def gguf_source(name: str) -> tuple[str, str]:
     package, filename = BUILTIN_MODELS[name.lower()]
     spec = importlib.util.find_spec(package)  # never import it: its __init__ needs packages we don't install
     if spec is None or not spec.submodule_search_locations:
@@ -128,7 +128,7 @@ def _convert_gguf_locked(name: str, out_dir: str) -> None:
 def _convert_gguf_parsed(name: str, out_dir: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    folder, filename = _gguf_source(name)
+    folder, filename = gguf_source(name)
     logger.info("converting %s from %s (once; cached in %s)", filename, folder, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
     # ChatML's end of turn, as the published tokenizer has it: transformers 5.17's GGUF conversion reports

@@ -17,7 +17,7 @@ from typing import Callable
 from npu_rl.config.derived import derive_run_settings
 from npu_rl.core import estimator_needs
 from npu_rl.device import get_backend
-from npu_rl.models.loader import cache_dir, is_builtin, local_model_folder
+from npu_rl.models.loader import cache_dir, gguf_source, is_builtin, local_model_folder
 from npu_rl.models.check import moe_layer_indices
 from npu_rl.plan.memory import (
     GIB,
@@ -124,10 +124,14 @@ def model_shape(path: str, model_config: str | None = None, key: str = "actor_ro
 
     if is_builtin(path):
         folder = os.path.join(cache_dir(), "models", path.lower())
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise FileNotFoundError(f"{path}: the embedded model is converted on first use (npu-rl train once), "
-                                    "or give --model-config FILE")
-        return shape_from_config_json(folder)
+        if os.path.isfile(os.path.join(folder, "config.json")):
+            return shape_from_config_json(folder)
+        # not converted yet (the first `npu-rl train` does that): its config from the GGUF header, nothing written
+        from transformers import AutoConfig
+
+        gguf_folder, filename = gguf_source(path)
+        return shape_from_config(AutoConfig.from_pretrained(gguf_folder, gguf_file=filename).to_dict(),
+                                 os.path.join(gguf_folder, filename))
     folder = local_model_folder(path)  # a folder, or a Hub / ModelScope id's cached snapshot
     if folder is None:
         raise FileNotFoundError(f"{key}={path!r} is not a folder or a cached model on this machine; give its "

@@ -12,7 +12,7 @@ from npu_rl.models import loader
 
 def test_parsing_once_writes_the_same_folder(tmp_path):
     try:
-        loader._gguf_source("smollm2-135m-instruct")
+        loader.gguf_source("smollm2-135m-instruct")
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     once, before = str(tmp_path / "once"), str(tmp_path / "before")
