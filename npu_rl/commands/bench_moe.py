@@ -6,9 +6,12 @@ matmul over the gathered weights of every (token, expert) pair), ``grouped_mm`` 
 ``torch._grouped_mm`` per projection: transformers' default where torch can dispatch it), ``grouped_mm_compiled``
 (the same block under ``torch.compile``, which fuses the gating, weighting and permutation around the grouped
 matmuls), ``experts_compiled`` (what ``use_torch_compile`` trains with: the experts compiled with symbolic token
-counts around npu-rl's grouped-matmul custom ops, the router eager; npu_rl/models/compiled_experts.py). Each is timed over ``--iters`` runs after ``--warmup`` (median), on the block's own module (the router
-``gate`` and the ``experts``; DeepSeek-V3's shared experts too), with the loss ``sum(out * g)`` for a fixed random
-``g``. An out-of-memory error is reported as OOM, not raised.
+counts around npu-rl's grouped-matmul custom ops, the router eager; npu_rl/models/compiled_experts.py).
+
+Each is timed over ``--iters`` runs after ``--warmup`` (median), on the block's own module (the router ``gate`` and
+the ``experts``; DeepSeek-V3's shared experts too), with the loss ``sum(out * g)`` for a fixed random ``g``, the
+weights' gradients set to none before each run (one micro-batch after an optimizer step; they grew by accumulation
+from run to run before). An out-of-memory error is reported as OOM, not raised.
 
 ``--profile N`` runs one more iteration of each row under ``torch.profiler`` and prints its N costliest device
 kernels (CPU ops on a CPU) with the share of device time in matrix-multiply kernels, so a row that misses the peak
@@ -87,7 +90,8 @@ def run_one(shape: str, implementation: str, num_tokens: int, args, backend) -> 
         x = torch.randn(1, num_tokens, SHAPES[shape][1]["hidden_size"], generator=gen).to(device, args.dtype)
         g = torch.randn(x.shape, generator=gen).to(device, args.dtype)
 
-        def once() -> None:
+        def once() -> None:  # one micro-batch: the weights' gradients start from none, as an optimizer step leaves them
+            block.zero_grad(set_to_none=True)
             inputs = x.detach().requires_grad_()
             out = step(inputs)
             (out.float() * g.float()).sum().backward()
@@ -148,16 +152,16 @@ def profile_once(once, backend, top: int) -> dict:
     total_ms = sum(ms for _, ms in totals.values())
     matmul_ms = sum(ms for name, (_, ms) in totals.items() if any(k in name.lower() for k in MATMUL_KERNELS))
     ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:top]
-    return {"counted": "device kernels" if on_device else "CPU ops (self time)", "total_ms": round(total_ms, 3), "matmul_ms": round(matmul_ms, 3),
-            "matmul_share": round(matmul_ms / total_ms, 3) if total_ms else 0.0,
+    return {"counted": "device kernels" if on_device else "CPU ops (self time)", "total_ms": round(total_ms, 3),
+            "matmul_ms": round(matmul_ms, 3), "matmul_share": round(matmul_ms / total_ms, 3) if total_ms else 0.0,
             "top": [[name[:120], calls, round(ms, 3)] for name, (calls, ms) in ranked]}
 
 
 def format_profile(row: dict) -> str:
     p = row["profile"]
     lines = [f"profile of {row['shape']} {row['implementation']} {row['tokens']} tokens: {p['total_ms']} ms in "
-             f"{p['counted']}, {p['matmul_ms']} ms ({p['matmul_share']:.0%}) in matrix multiplies", "| kernel | calls | ms |",
-             "|---|---|---|"]
+             f"{p['counted']}, {p['matmul_ms']} ms ({p['matmul_share']:.0%}) in matrix multiplies",
+             "| kernel | calls | ms |", "|---|---|---|"]
     lines += [f"| {name} | {calls} | {ms} |" for name, calls, ms in p["top"]]
     return "\n".join(lines)
 

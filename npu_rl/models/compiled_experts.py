@@ -87,7 +87,15 @@ def _backward(ctx, grad: torch.Tensor):
     x, weight, offsets = ctx.saved_tensors
     grad = grad.contiguous()
     grad_x = grouped_mm(grad, weight.transpose(1, 2), offsets) if ctx.needs_input_grad[0] else None
-    grad_w = grouped_mm_weight_grad(x, grad, offsets, weight.shape[0]) if ctx.needs_input_grad[1] else None
+    grad_w = None
+    if ctx.needs_input_grad[1]:
+        if weight.dim() == 3 and weight.transpose(1, 2).is_contiguous() and not weight.is_contiguous():
+            # a transposed view of an [E, N, K] parameter (transformers' layout): its gradient computed as
+            # ``grad^T @ x`` lands in the parameter's own layout, so accumulating it is a plain add, not a strided
+            # copy of the whole expert tensor (measured on the H200: a quarter of the layer's backward)
+            grad_w = grouped_mm_weight_grad(grad, x, offsets, weight.shape[0]).transpose(1, 2)
+        else:
+            grad_w = grouped_mm_weight_grad(x, grad, offsets, weight.shape[0])
     return grad_x, grad_w, None
 
 

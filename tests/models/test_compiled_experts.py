@@ -30,6 +30,27 @@ def test_grouped_mm_ops_equal_a_loop_over_experts_with_an_empty_expert():
     torch.testing.assert_close(grouped_mm_weight_grad(x.detach(), grad, offsets, 3), dw)
 
 
+def test_a_transposed_parameters_weight_gradient_comes_in_the_parameters_layout():
+    """transformers stores ``[E, out, in]`` and multiplies by its transpose: the op's gradient for that transposed
+    view is itself a transposed view of an ``[E, out, in]`` tensor (so AccumulateGrad adds it to the parameter's
+    gradient without a strided copy of the whole expert tensor) and equals a per-expert loop's; a contiguous
+    ``[E, in, out]`` weight (``is_transposed``) gets the same sums, contiguous."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 4, generator=g)
+    grad = torch.randn(9, 3, generator=g)
+    offsets = torch.tensor([0, 5, 9], dtype=torch.int32)  # expert 0 gets no row
+    expected = torch.stack([torch.zeros(4, 3), x[:5].T @ grad[:5], x[5:].T @ grad[5:]])
+    out_in = torch.nn.Parameter(torch.randn(3, 3, 4, generator=g))  # [E, N, K]
+    view = out_in.transpose(1, 2)
+    (view_grad,) = torch.autograd.grad(grouped_mm(x, view, offsets), view, grad)
+    assert view_grad.transpose(1, 2).is_contiguous() and not view_grad.is_contiguous()
+    torch.testing.assert_close(view_grad, expected)
+    in_out = torch.nn.Parameter(torch.randn(3, 4, 3, generator=g))  # [E, K, N]
+    (in_out_grad,) = torch.autograd.grad(grouped_mm(x, in_out, offsets), in_out, grad)
+    assert in_out_grad.is_contiguous()
+    torch.testing.assert_close(in_out_grad, expected)
+
+
 def test_gather_and_unsort_equal_plain_indexing_in_values_and_gradients():
     """The permutation's gather-only backwards against autograd through plain indexing (fp64, exact sums)."""
     g = torch.Generator().manual_seed(0)
