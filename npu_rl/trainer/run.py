@@ -121,7 +121,8 @@ def stop_on_exit(stack: contextlib.ExitStack, close, *args) -> None:
         except Exception:
             if exc is None:
                 raise
-            logger.exception("while stopping after %s: %s failed", type(exc).__name__, getattr(close, "__name__", close))
+            logger.exception("while stopping after %s: %s failed", type(exc).__name__,
+                             getattr(close, "__name__", close))
         return False
 
     stack.push(exit_)

@@ -69,9 +69,8 @@ class FakeTrainer:
 
 @pytest.fixture
 def config(tmp_path, tiny_model_dir):
-    return load_config(base_overrides(tiny_model_dir, str(tmp_path / "out")) + ["preset=grpo", "trainer.val_before_train=False",
-                                                                                "trainer.test_freq=0"],
-                       "ppo_trainer")
+    overrides = ["preset=grpo", "trainer.val_before_train=False", "trainer.test_freq=0"]
+    return load_config(base_overrides(tiny_model_dir, str(tmp_path / "out")) + overrides, "ppo_trainer")
 
 
 def _fake_run(monkeypatch, log: list, fail: str | None, *, pool_starts: bool = True) -> None:
