@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+from npu_rl.config.engine_schema import EngineKwargsConfig
+from npu_rl.config.schema import RolloutConfig
 from npu_rl.device.vllm_env import prepare_vllm_environment, vllm_device_capabilities
 from npu_rl.rollout import build_rollout_engine
 from npu_rl.rollout.hf import HFRolloutEngine
