@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import torch
 
-from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+from npu_rl.config.engine_schema import FSDPConfig, MixedPrecisionConfig
 from npu_rl.device import get_backend
 from npu_rl.models.forward import LogprobOptions, response_logprobs
 from npu_rl.models.lora import LoraSpec, adapter_disabled, apply_lora

@@ -34,7 +34,8 @@ import torch
 
 from npu_rl.protocol import Batch
 from npu_rl.rollout.base import SamplingParams
-from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+from npu_rl.config.engine_schema import EngineKwargsConfig
+from npu_rl.config.schema import RolloutConfig
 from npu_rl.device import get_backend
 from npu_rl.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
 from npu_rl.models.synthetic import save_random_model

@@ -30,6 +30,15 @@ def broken(*rules: tuple[bool, str]) -> list[str]:
     return [message for ok, message in rules if not ok]
 
 
+def pool_size_rules(key: str, nnodes: int, n_gpus_per_node: int, own_pool: bool) -> list[tuple[bool, str]]:
+    """A role's own resource pool (``<key>.nnodes`` x ``<key>.n_gpus_per_node`` devices): both counts >= 1 when the
+    role runs there, and never negative."""
+    return [(nnodes >= 0, f"{key}.nnodes={nnodes} must be >= 0"),
+            (not own_pool or (nnodes >= 1 and n_gpus_per_node >= 1),
+             f"{key}: its own resource pool needs {key}.nnodes >= 1 and {key}.n_gpus_per_node >= 1 (got nnodes="
+             f"{nnodes}, n_gpus_per_node={n_gpus_per_node})")]
+
+
 @functools.lru_cache(maxsize=None)
 def _float_fields(cls: type) -> tuple[tuple[str, bool], ...]:
     """(name, is a list) of the fields of ``cls`` typed float, Optional[float], list[float] or Optional[list[float]]."""

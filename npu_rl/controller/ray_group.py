@@ -198,11 +198,12 @@ class RayWorkerGroup(WorkerGroup):
     with (Ray's runtime environment), e.g. ``TASK_QUEUE_ENABLE``, read by torch_npu at import
     (``npu_rl.device.npu_env.worker_process_env``). ``seed`` seeds every actor's Python, NumPy, torch and device
     generators before its workers are built (``trainer.seed``, as the local controller seeds its processes).
-    ``ray.init`` must have been called."""
+    ``owns_pool``: the group gives the pool's devices back (removes its placement groups) when it shuts down, and
+    when its start fails; a later run in the same process needs them again. ``ray.init`` must have been called."""
 
     def __init__(self, pool: ResourcePool, roles: dict[str, WorkerSpec], *, env: dict[str, str] | None = None,
                  device: str | None = None, name: str = "npu_rl", process_env: dict[str, str] | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, owns_pool: bool = False):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -212,23 +213,23 @@ class RayWorkerGroup(WorkerGroup):
             raise RuntimeError("RayWorkerGroup needs a running Ray: call ray.init(**ray_kwargs.ray_init) first")
         device = device or get_backend().name
         self.world_size = pool.world_size
-        self.pool = pool
+        self.pool, self.owns_pool = pool, owns_pool
         host_cls = ray.remote(WorkerHost)
         self._hosts = []
-        for pg, count in zip(pool.placement_groups(), pool.processes_per_node):
-            for local_rank in range(count):
-                options = _actor_resources(pool)
-                if process_env:
-                    options["runtime_env"] = {"env_vars": dict(process_env)}
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=local_rank)
-                options["name"] = f"{name}_{pool.name}_rank{len(self._hosts)}_{os.getpid()}_{id(self):x}"
-                self._hosts.append(host_cls.options(**options).remote(
-                    len(self._hosts), self.world_size, local_rank, count, device, pool.resource))
         try:
+            for pg, count in zip(pool.placement_groups(), pool.processes_per_node):
+                for local_rank in range(count):
+                    options = _actor_resources(pool)
+                    if process_env:
+                        options["runtime_env"] = {"env_vars": dict(process_env)}
+                    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                        placement_group=pg, placement_group_bundle_index=local_rank)
+                    options["name"] = f"{name}_{pool.name}_rank{len(self._hosts)}_{os.getpid()}_{id(self):x}"
+                    self._hosts.append(host_cls.options(**options).remote(
+                        len(self._hosts), self.world_size, local_rank, count, device, pool.resource))
             master_addr, master_port = ray.get(self._hosts[0].master_address.remote())
             ray.get([h.setup.remote(master_addr, master_port, self.roles, dict(env or {}), seed) for h in self._hosts])
-        except Exception:
+        except BaseException:  # Ctrl-C during a long start too
             self.shutdown()  # a worker failed to start: don't leave the others holding devices
             raise
 
@@ -283,11 +284,17 @@ class RayWorkerGroup(WorkerGroup):
         return ray.get([h.layout.remote(role) for h in self._hosts])
 
     def shutdown(self) -> None:
+        """Kill every rank's actor (its process and the workers in it); with ``owns_pool``, then give the pool's
+        devices back. Safe to call twice."""
         import ray
 
-        for host in self._hosts:
-            ray.kill(host)
-        self._hosts = []
+        hosts, self._hosts = self._hosts, []
+        try:
+            for host in hosts:
+                ray.kill(host)
+        finally:
+            if self.owns_pool:
+                self.pool.remove()
 
 
 def _actor_resources(pool: ResourcePool) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from npu_rl.config.schema import RefFSDPConfig
+from npu_rl.config.engine_schema import RefFSDPConfig
 from npu_rl.device import get_backend
 from npu_rl.parallel.expert_parallel import apply_expert_parallel
 from npu_rl.parallel.mesh import ParallelMesh, build_mesh

@@ -108,10 +108,7 @@ class RolloutPool:
         return (pushed.unsqueeze(0) > versions.unsqueeze(1)).sum(dim=1)
 
     def shutdown(self) -> None:
-        self.group.shutdown()
-        owned = getattr(self.group, "owned_pool", None)
-        if owned is not None:
-            owned.remove()
+        self.group.shutdown()  # the group owns its devices: they are given back with it
 
 
 def staleness_metrics(lags: torch.Tensor, prefix: str = "async/staleness") -> dict[str, float]:
@@ -185,11 +182,13 @@ class OneStepOffRollouts:
 
     def close(self) -> dict[str, float]:
         dropped = 0
-        if self.pending is not None:  # let the pool finish the batch it is on (clean shutdown of its ranks)
-            dropped = len(self.pending[0])
-            self.pending[1].get()
-            self.pending = None
-        self.pool.shutdown()
+        try:
+            if self.pending is not None:  # let the pool finish the batch it is on (clean shutdown of its ranks)
+                dropped = len(self.pending[0])
+                pending, self.pending = self.pending[1], None
+                pending.get()
+        finally:  # a rank lost while generating still leaves the others to stop
+            self.pool.shutdown()
         return {"async/dropped_samples_at_exit": float(dropped)}
 
 
@@ -548,9 +547,8 @@ def build_rollouts(config, run_settings, group, prompts):
     pool_devices = ResourcePool([config.rollout.n_gpus_per_node] * config.rollout.nnodes, name="rollout")
     roles = {"rollout": WorkerSpec(RolloutPoolWorker, (arr.model, arr.rollout, run_settings))}
     backend = get_backend()
-    rollout_group = RayWorkerGroup(pool_devices, roles, name="npu_rl_rollout",
+    rollout_group = RayWorkerGroup(pool_devices, roles, name="npu_rl_rollout", owns_pool=True,
                                    process_env=worker_process_env(backend.name, sleep_mode=False))
-    rollout_group.owned_pool = pool_devices
     try:
         rollout_group.rollout.init_model()
         if hasattr(group, "rank0_address"):
@@ -565,8 +563,7 @@ def build_rollouts(config, run_settings, group, prompts):
         group.actor_rollout.join_weight_group(backend.dist_backend, host, port, world)
         joining.get()
     except BaseException:
-        rollout_group.shutdown()
-        pool_devices.remove()
+        rollout_group.shutdown()  # and its devices (the trainer's own groups are the caller's to stop)
         raise
     pool = RolloutPool(rollout_group, group.actor_rollout)
     logger.info("rollout pool: %d rank(s), weight group of %d over %s", pool_devices.world_size, world,

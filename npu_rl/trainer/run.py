@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -60,10 +61,8 @@ def build_worker_group(config: PPOConfig, run_settings: RunSettings):
     pool = ResourcePool.from_trainer_config(config.trainer.nnodes, config.trainer.n_gpus_per_node)
     rollout = config.actor_rollout_ref.rollout
     sleep_mode = rollout.name == "vllm" and bool(rollout.free_cache_engine)
-    group = RayWorkerGroup(pool, roles, process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode),
-                           seed=config.trainer.seed)
-    group.owned_pool = pool  # released with the group (a later run in this process needs the devices again)
-    return group
+    return RayWorkerGroup(pool, roles, process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode),
+                          seed=config.trainer.seed, owns_pool=True)
 
 
 def build_pool_groups(config: PPOConfig, run_settings: RunSettings) -> dict:
@@ -86,21 +85,47 @@ def build_pool_groups(config: PPOConfig, run_settings: RunSettings) -> dict:
             sleep_mode = "judge" in roles and judge.name == "vllm" and bool(judge.free_cache_engine)
             group = RayWorkerGroup(pool, roles, name=f"npu_rl_{spec.key}",
                                    process_env=worker_process_env(get_backend().name, sleep_mode=sleep_mode),
-                                   seed=config.trainer.seed)
-            group.owned_pool = pool
+                                   seed=config.trainer.seed, owns_pool=True)
             groups |= {name: group for name in roles}
-    except Exception:
-        close_groups(set(groups.values()))
+    except BaseException:
+        close_groups(distinct(groups.values()))
         raise
     return groups
 
 
+def distinct(groups) -> list:
+    """Each group once, in first-seen order (the roles of one pool share its group)."""
+    return list({id(group): group for group in groups}.values())
+
+
 def close_groups(groups) -> None:
-    """Stop each group's workers and give its devices back."""
+    """Stop each group's workers and give its devices back (a group that owns its pool); a group that fails to stop
+    does not keep the others running: the first such error is raised once every group was asked."""
+    errors = []
     for group in groups:
-        group.shutdown()
-        if getattr(group, "owned_pool", None) is not None:
-            group.owned_pool.remove()
+        try:
+            group.shutdown()
+        except Exception as exc:  # noqa: BLE001 - raised below, after the other groups
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def stop_on_exit(stack: contextlib.ExitStack, close, *args) -> None:
+    """``close(*args)`` when ``stack`` exits, whichever way. When an error is already on its way out, a failure to
+    close is logged rather than raised over it, so the run fails with the error that stopped it."""
+
+    def exit_(exc_type, exc, tb) -> bool:
+        try:
+            close(*args)
+        except Exception:
+            if exc is None:
+                raise
+            logger.exception("while stopping after %s: %s failed", type(exc).__name__,
+                             getattr(close, "__name__", close))
+        return False
+
+    stack.push(exit_)
 
 
 def write_ray_timeline(config: PPOConfig) -> str | None:
@@ -211,16 +236,51 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     reward_fn = build_reward_manager(config, tokenizer)
     val_reward_fn = build_reward_manager(config, tokenizer, validation=True) if needs_val else None
 
-    group = build_worker_group(config, run_settings)
-    try:
+    with contextlib.ExitStack() as started:  # what starts here stops on the way out: finished, failed or Ctrl-C
+        groups: list = []  # every worker group started, in start order; shut down by this stack
+        stop_on_exit(started, close_groups, groups)
+        groups.append(build_worker_group(config, run_settings))
+        group = groups[0]
         pool_groups = build_pool_groups(config, run_settings)  # a teacher or reward model on devices of its own
-    except Exception:
-        close_groups([group])
-        raise
+        groups.extend(distinct(pool_groups.values()))
+        total_steps = total_training_steps(config, prompts.batches_per_epoch)
+        roles = init_roles(config, run_settings, group, pool_groups, total_steps)
+
+        run_dir = run_dir_for(config)
+        save_run_record(run_dir, config, argv)
+        tracker = Tracker(as_list(config.trainer.logger), config.trainer.project_name,
+                          config.trainer.experiment_name, run_dir,
+                          recorded_config(config),  # secrets masked: trackers store what they are given
+                          console_keys=config.trainer.console_keys)
+        stop_on_exit(started, tracker.close)
+        print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
+              f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
+
+        rollouts = build_rollouts(config, run_settings, group, prompts)  # sync: the colocated engine; else a pool
+        stop_on_exit(started, _close_rollouts, rollouts)
+        trainer = PPOTrainer(config, run_settings, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker,
+                             backend, group.actor_rollout.model_config(), tokenizer, rollouts=rollouts)
+        start = time.perf_counter()
+        try:
+            code = trainer.fit()
+        except Exception as exc:
+            if type(exc).__name__ != "WorkerLostError":  # npu_rl.controller.ray_group's (not imported without Ray)
+                raise
+            _worker_lost(config, exc)
+            return 1
+    checkpoint = latest_checkpoint(config)
+    _summary(trainer, tracker.jsonl_path, time.perf_counter() - start, checkpoint)
+    write_ray_timeline(config)
+    if config.trainer.draw_curves:
+        _draw_curves(run_dir)
+    return RunResult(code, trainer.global_step, run_dir, tracker.jsonl_path, checkpoint)
+
+
+def init_roles(config: PPOConfig, run_settings: RunSettings, group, pool_groups: dict, total_steps: int) -> Roles:
+    """Load every role's model (``init_model``) in the started groups: the trainer's devices' and the pools'."""
     handles = {**{name: getattr(group, name) for name in group.role_names()},
                **{name: getattr(g, name) for name, g in pool_groups.items()}}
     teachers = teacher_roles(config)
-    total_steps = total_training_steps(config, prompts.batches_per_epoch)
     group.actor_rollout.init_model(total_steps)
     roles = Roles(actor_rollout=group.actor_rollout, num_devices=world_size(config))
     if "ref" in handles:
@@ -243,40 +303,14 @@ def train(config: PPOConfig, argv: list[str] | None = None, checked: bool = Fals
     if "prm" in handles:
         handles["prm"].init_model(total_steps)
         roles.prm = handles["prm"]
+    return roles
 
-    run_dir = run_dir_for(config)
 
-    save_run_record(run_dir, config, argv)
-    tracker = Tracker(as_list(config.trainer.logger), config.trainer.project_name, config.trainer.experiment_name,
-                      run_dir, recorded_config(config),  # secrets masked: trackers store what they are given
-                      console_keys=config.trainer.console_keys)
-    print(f"npu-rl: device {backend.name}, {world_size(config)} device(s); metrics -> {tracker.jsonl_path}; "
-          f"checkpoints -> {os.path.abspath(config.trainer.default_local_dir)}", file=sys.stderr)
-
-    rollouts = build_rollouts(config, run_settings, group, prompts)  # sync: the colocated engine; else a rollout pool
-    trainer = PPOTrainer(config, run_settings, roles, prompts, val_loader, reward_fn, val_reward_fn, tracker, backend,
-                         group.actor_rollout.model_config(), tokenizer, rollouts=rollouts)
-    start = time.perf_counter()
-    try:
-        code = trainer.fit()
-    except Exception as exc:
-        if type(exc).__name__ != "WorkerLostError":  # npu_rl.controller.ray_group's (not imported without Ray)
-            raise
-        _worker_lost(config, exc)
-        return 1
-    finally:
-        closing = rollouts.close()  # asynchronous modes: the rollouter stops after its in-flight batch
-        if closing:
-            print(f"npu-rl: rollout pool closed ({', '.join(f'{k}={v:g}' for k, v in closing.items())})",
-                  file=sys.stderr)
-        tracker.close()
-        close_groups([group, *set(pool_groups.values())])
-    checkpoint = latest_checkpoint(config)
-    _summary(trainer, tracker.jsonl_path, time.perf_counter() - start, checkpoint)
-    write_ray_timeline(config)
-    if config.trainer.draw_curves:
-        _draw_curves(run_dir)
-    return RunResult(code, trainer.global_step, run_dir, tracker.jsonl_path, checkpoint)
+def _close_rollouts(rollouts) -> None:
+    closing = rollouts.close()  # asynchronous modes: the rollouter stops after its in-flight batch
+    if closing:
+        print(f"npu-rl: rollout pool closed ({', '.join(f'{k}={v:g}' for k, v in closing.items())})",
+              file=sys.stderr)
 
 
 def _worker_lost(config: PPOConfig, exc: Exception) -> None:

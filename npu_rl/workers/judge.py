@@ -10,7 +10,8 @@ the run folder's record) is npu_rl/reward/judge.py.
 from __future__ import annotations
 
 from npu_rl.config.derived import RunSettings
-from npu_rl.config.schema import JudgeRolloutConfig, RewardModelConfig, RolloutConfig
+from npu_rl.config.reward_schema import JudgeRolloutConfig, RewardModelConfig
+from npu_rl.config.schema import RolloutConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.device import get_backend
 from npu_rl.models.loader import load_tokenizer, resolve_model_path

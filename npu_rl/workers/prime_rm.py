@@ -24,7 +24,8 @@ import dataclasses
 import torch
 
 from npu_rl.config.derived import RunSettings
-from npu_rl.config.schema import ActorRolloutRefConfig, RewardModelConfig
+from npu_rl.config.reward_schema import RewardModelConfig
+from npu_rl.config.schema import ActorRolloutRefConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.core.prime import (
     dpo_abs_accuracy,

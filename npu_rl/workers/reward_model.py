@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from npu_rl.config.derived import RunSettings
-from npu_rl.config.schema import RewardModelConfig
+from npu_rl.config.reward_schema import RewardModelConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.models.loader import load_tokenizer, resolve_model_path
 from npu_rl.utils.dtypes import to_dtype

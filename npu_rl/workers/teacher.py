@@ -18,7 +18,8 @@ import dataclasses
 
 import torch
 
-from npu_rl.config.schema import DistillationTeacherConfig, ModelConfig, RefConfig
+from npu_rl.config.distillation_schema import DistillationTeacherConfig
+from npu_rl.config.schema import ModelConfig, RefConfig
 from npu_rl.controller.dispatch import Dispatch, register
 from npu_rl.protocol import Batch
 from npu_rl.workers.actor import logprob_options

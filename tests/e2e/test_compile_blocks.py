@@ -63,7 +63,7 @@ def test_device_layer_decides(monkeypatch, name, expected):
 
 
 def test_runner_compiles_the_compute_copy_only_when_asked_and_allowed(monkeypatch):
-    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+    from npu_rl.config.engine_schema import FSDPConfig, MixedPrecisionConfig
     from npu_rl.device import reset_backend_for_tests
     from npu_rl.workers.model_runner import ModelRunner
 

@@ -35,6 +35,10 @@ def test_one_step_off_trains_with_one_version_lag(tiny_model_dir, tmp_path, rewa
         assert 0.0 <= rows[step]["async/overlap_ratio"] <= 1.0
         assert math.isfinite(rows[step]["actor/pg_loss"])
     assert "val-core/arith/acc/mean@1" in read_metrics(out)[-1] or "val-core/arith/acc/mean@1" in rows[3]
+    import ray
+
+    left = [info["name"] for info in ray.util.placement_group_table().values() if info["state"] != "REMOVED"]
+    assert not left, f"the rollout pool's devices were not given back: {left}"
 
 
 def test_one_step_off_runs_with_one_seed_end_with_the_same_weights(tiny_model_dir, tmp_path, reward_file):

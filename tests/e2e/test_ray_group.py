@@ -125,6 +125,27 @@ def test_failed_worker_start_releases_the_actors(ray_session):
         pool.remove()
 
 
+def _pool_states(prefix: str) -> set[str]:
+    return {info["state"] for info in ray.util.placement_group_table().values() if info["name"].startswith(prefix)}
+
+
+def test_a_group_that_owns_its_pool_gives_the_devices_back(ray_session):
+    """owns_pool (the trainer's groups): a failed start and a shutdown both remove the pool's placement groups, so
+    a later run in the same process can reserve the devices again."""
+    from tests.controller.workers import BrokenWorker
+
+    pool = ResourcePool([2], resource=None, name="owned_broken")
+    with pytest.raises(Exception, match="model folder not found"):
+        RayWorkerGroup(pool, {"broken": WorkerSpec(BrokenWorker)}, owns_pool=True)
+    assert _pool_states("owned_broken") == {"REMOVED"}
+    pool = ResourcePool([2], resource=None, name="owned_ok")
+    group = RayWorkerGroup(pool, {"counter": WorkerSpec(CounterWorker)}, owns_pool=True)
+    assert group.counter.add(1) == [1, 1] and _pool_states("owned_ok") == {"CREATED"}
+    group.shutdown()
+    group.shutdown()  # twice: nothing left to stop
+    assert _pool_states("owned_ok") == {"REMOVED"}
+
+
 def test_pool_that_cannot_be_placed_fails_clearly(ray_session):
     pool = ResourcePool([64], resource=None, name="too_big", ready_timeout_s=1.0)
     with pytest.raises(RuntimeError, match="could not reserve"):

@@ -20,7 +20,8 @@ import torch
 from PIL import Image
 from torch.testing import assert_close
 
-from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+from npu_rl.config.engine_schema import EngineKwargsConfig
+from npu_rl.config.schema import RolloutConfig
 from npu_rl.data.images import image_bytes
 from npu_rl.models.forward import response_logprobs
 from npu_rl.models.loader import load_causal_lm

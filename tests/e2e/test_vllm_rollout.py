@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+from npu_rl.config.engine_schema import EngineKwargsConfig
+from npu_rl.config.schema import RolloutConfig
 from npu_rl.models.loader import load_causal_lm, load_tokenizer
 from npu_rl.rollout import SamplingParams, build_rollout_engine, vllm_available
 from npu_rl.rollout.hf import HFRolloutEngine

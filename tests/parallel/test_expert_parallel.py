@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, DeepseekV3Config, Qwen2Config, Qw
 
 from npu_rl.config.errors import ConfigError
 from npu_rl.config.loader import load_config
-from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+from npu_rl.config.engine_schema import FSDPConfig, MixedPrecisionConfig
 from npu_rl.models.loader import load_causal_lm
 from npu_rl.parallel import (
     FSDPSettings,

@@ -120,7 +120,7 @@ def test_param_and_optimizer_offload_paths_match(dist_pool2, ref_tied):
 
 
 def test_apply_from_config_node(dist_pool2, ref_tied):
-    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+    from npu_rl.config.engine_schema import FSDPConfig, MixedPrecisionConfig
 
     cfg = FSDPConfig(fsdp_size=1, optimizer_offload=True, mixed_precision=MixedPrecisionConfig(param_dtype="fp32"))
     result = dist_pool2.run(fsdp_job, {}, from_config=cfg)[0]
@@ -136,7 +136,7 @@ def test_mixed_precision_bf16_compute_keeps_fp32_master(dist_pool2, ref_tied):
 
 
 def test_settings_from_config():
-    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig, RefFSDPConfig
+    from npu_rl.config.engine_schema import FSDPConfig, MixedPrecisionConfig, RefFSDPConfig
     from npu_rl.parallel import FSDPSettings
 
     cfg = FSDPConfig(param_offload=True, forward_prefetch=True)

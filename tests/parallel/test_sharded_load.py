@@ -28,7 +28,7 @@ pytestmark = pytest.mark.dist
 
 
 def _fsdp_config(param_dtype: str = "fp32"):
-    from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+    from npu_rl.config.engine_schema import FSDPConfig, MixedPrecisionConfig
 
     return FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype=param_dtype, reduce_dtype="fp32"))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig, OptimConfig
+from npu_rl.config.engine_schema import FSDPConfig, MixedPrecisionConfig, OptimConfig
 from npu_rl.plan.memory import ModelShape, RoleMemory, TrainSettings
 from npu_rl.workers.engine import build_optimizer
 from npu_rl.workers.model_runner import ModelRunner

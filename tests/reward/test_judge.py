@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from npu_rl.config.schema import JUDGE_SCORE_PATTERN, JUDGE_TEMPLATE
+from npu_rl.config.reward_schema import JUDGE_SCORE_PATTERN, JUDGE_TEMPLATE
 from npu_rl.data.dataset import object_array
 from npu_rl.protocol import Batch
 from npu_rl.reward.judge import (

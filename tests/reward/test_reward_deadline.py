@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from npu_rl.config.schema import RewardModelConfig
+from npu_rl.config.reward_schema import RewardModelConfig
 from npu_rl.reward import build_reward_manager
 from npu_rl.reward.managers import TimeoutScoringError
 from npu_rl.reward.score_fn import RewardFunctionError

