@@ -21,10 +21,12 @@ one block at a time is recomputed. Outside the blocks: the pixels (``2 C t p p``
 head_dim``, inside the checkpointed blocks when on), the merger (``12h`` / ``8h`` / ``8h``), each deepstack merger
 ``6h + 1``, index tensors (``INDEX_SAVED``: 4-52 bytes).
 
-A forward without gradient (log-probs, the reference, the rollout's prefill) holds one block's tensors at a time:
-taken as the larger of the attention's (the qkv output, fp32 q / k and their rotations: ``22h``) and the MLP's
-(``4h + 3 x 2i`` gated, ``4h + 2 x 2i`` plain), plus the hidden state (``2h``). This working set was reasoned from
-the modules, not measured.
+A forward without gradient (log-probs, the reference, the rollout's prefill) holds one block's tensors at a time;
+its peak per patch, measured with torch's profiler (``profile_memory=True``: every CPU allocation and free, the
+running total's peak; bf16, slopes between two picture sizes, widths and MLP widths varied): the larger of the
+attention's moment (the qkv output, fp32 q / k and their rotations: ``34h``; Qwen3-VL ``42h + 64``, which includes
+its position-grid interpolation) and the MLP's (``6h + 6i``; Qwen3-VL ``10h + 4i``),
+plus the rotary tables (``8 head_dim``) and a few bytes (``tests/plan/test_vision_plan.py`` keeps the check).
 """
 
 from __future__ import annotations
@@ -136,10 +138,11 @@ class VisionShape:
         return outside + 8 * self._head_dim + self.depth * self.block_saved_bytes()
 
     def working_bytes_per_patch(self) -> int:
-        """A forward without gradient: one block's tensors at a time and the hidden state (module docstring)."""
-        h, i = self.hidden_size, self.intermediate_size
-        mlp = 4 * h + (3 if self.family == "qwen2_5_vl" else 2) * 2 * i
-        return max(22 * h, mlp) + 2 * h
+        """A forward without gradient: its peak per patch (module docstring; measured)."""
+        h, i, rotary = self.hidden_size, self.intermediate_size, 8 * self._head_dim
+        if self.family == "qwen3_vl":
+            return max(42 * h + 64, 10 * h + 4 * i + rotary + 96)
+        return max(34 * h, 6 * h + 6 * i) + rotary + (16 if self.family == "qwen2_vl" else 18)
 
     def feature_bytes_per_patch(self) -> int:
         """The merged features a forward hands the language model (bf16), deepstack's included."""

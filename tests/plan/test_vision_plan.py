@@ -224,3 +224,57 @@ def test_vision_flops_per_patch_by_hand():
     # embed 1 x 1 x 2 x 2 x 8 = 32; block linears: qkv 8x24+24 + proj 8x8+8 + fc1 8x16+16 + fc2 16x8+8 = 568;
     # merger linears 32x32+32 + 32x4+4 = 1188 over 4 patches = 297; attention 4 x 8 x 16 patches = 512
     assert vision.forward_flops_per_patch(16) == 2 * (32 + 568 + 297) + 512
+
+
+def _no_grad_peak(model, pixels, grid) -> int:
+    """The running total's peak of every CPU allocation and free in a no-grad forward (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model(pixels, grid_thw=grid)
+    current = peak = 0
+    events = (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        current += event.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+NO_GRAD = [  # (family, width, MLP width, heads): one attention-bound, one MLP-bound each
+    ("qwen2_5_vl", 640, 320, 8), ("qwen2_5_vl", 320, 1600, 4), ("qwen2_vl", 640, 640, 8), ("qwen2_vl", 320, 1600, 4),
+    ("qwen3_vl", 576, 576, 8), ("qwen3_vl", 288, 4608, 4)]
+
+
+@pytest.mark.parametrize("kind, width, mlp, heads", NO_GRAD)
+def test_a_no_grad_forwards_peak_per_patch_is_the_planned_working_set(kind, width, mlp, heads):
+    """The planner's working set of a forward without gradient against the profiler's allocation peak of
+    transformers' bf16 tower (the slope between two picture sizes), within 2% (a few bytes a patch of allocator
+    rounding move with the size)."""
+    from transformers import Qwen2_5_VLVisionConfig, Qwen2VLVisionConfig, Qwen3VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    if kind == "qwen2_5_vl":
+        config = Qwen2_5_VLVisionConfig(depth=2, hidden_size=width, intermediate_size=mlp, num_heads=heads,
+                                        out_hidden_size=64, fullatt_block_indexes=[1])
+        cls = Qwen2_5_VisionTransformerPretrainedModel
+    elif kind == "qwen2_vl":
+        config = Qwen2VLVisionConfig(depth=2, embed_dim=width, mlp_ratio=mlp // width, num_heads=heads, hidden_size=64)
+        cls = Qwen2VisionTransformerPretrainedModel
+    else:
+        config = Qwen3VLVisionConfig(depth=2, hidden_size=width, intermediate_size=mlp, num_heads=heads,
+                                     out_hidden_size=64, deepstack_visual_indexes=[0])
+        cls = Qwen3VLVisionModel
+    config._attn_implementation = "sdpa"
+    vision = VisionShape(kind, 2, width, mlp, heads, 64, patch_size=config.patch_size,
+                         num_deepstack=1 if kind == "qwen3_vl" else 0)
+    torch.manual_seed(0)
+    tower = cls(config).to(torch.bfloat16).eval()
+    patch = 3 * 2 * config.patch_size ** 2
+    peaks = {}
+    for side in (8, 16):
+        pixels = torch.randn(4 * side * side, patch, dtype=torch.bfloat16)
+        peaks[4 * side * side] = _no_grad_peak(tower, pixels, torch.tensor([[1, 2 * side, 2 * side]]))
+    (small, a), (large, b) = sorted(peaks.items())
+    assert (b - a) / (large - small) == pytest.approx(vision.working_bytes_per_patch(), rel=0.02)
