@@ -1,7 +1,8 @@
 """``npu-rl plan [--device h200] [key=value ...]``: will this job fit? The per-device memory of each phase of one
 step (rollout, log-probs, reference, critic, update), the peak, whether it fits the named device, the one or two
 keys that would make it fit, and the host memory per node; for a mixture of experts also the total and active
-parameters, the expert shards under ``--ep`` and the all-to-all buffers and routed activations; then a roofline
+parameters, the expert shards under ``--ep`` and the all-to-all buffers and routed activations; for a Qwen-VL model
+its vision tower and the images assumed (``--images-per-prompt``, ``--image-size``, ``--vision-encode``); then a roofline
 estimate of each phase's seconds, s/step and tokens/s per device (npu_rl/plan/timing.py; h200, h100, atlas-a2,
 atlas-a3; responses at ``data.max_response_length`` unless ``--mean-response-length``). Nothing is loaded:
 model shapes come from config.json (``--model-config FILE`` for a Hub id that is not on this machine). The
@@ -35,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
                         "assumes (default: data.max_prompt_length)")
     parser.add_argument("--mean-response-length", type=int, default=None, help="mean response tokens the time "
                         "estimate assumes (default: data.max_response_length)")
+    parser.add_argument("--images-per-prompt", type=int, default=None, help="a Qwen-VL actor: images in each prompt "
+                        "(default 1)")
+    parser.add_argument("--image-size", default=None, help="a Qwen-VL actor: the pictures' size in pixels, 448 or "
+                        "WIDTHxHEIGHT, resized as the data set does (default: builtin://shapes' size, else max_pixels)")
+    parser.add_argument("--vision-encode", choices=("once", "per-row"), default=None, help="a Qwen-VL actor: "
+                        "whether each prompt's images are encoded once per pass (transformers >= 5.19) or by every row "
+                        "(older transformers; default: this machine's transformers)")
     parser.add_argument("--config-name", "-cn", default="ppo_trainer")
     parser.add_argument("--config-path", "-cp", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")
@@ -47,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         result = plan_config(config, args.device or this_device(), model_config=args.model_config,
                              critic_model_config=args.critic_model_config, ep=args.ep,
                              mean_prompt_length=args.mean_prompt_length,
-                             mean_response_length=args.mean_response_length)
+                             mean_response_length=args.mean_response_length,
+                             images_per_prompt=args.images_per_prompt, image_size=args.image_size,
+                             vision_encode=args.vision_encode)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"npu-rl plan: {exc}", file=sys.stderr)
         return 2

@@ -35,6 +35,8 @@ from npu_rl.plan.memory import (
     rollout_awake,
 )
 from npu_rl.plan.timing import StepTime, StepWork, step_time
+from npu_rl.plan.vision import (ImageLoad, VisionShape, image_load, parse_image_size, pixel_bounds,
+                                transformers_encodes_once, vision_shape_from_config)
 
 PROCESS_HOST_GIB = 4.0  # one worker process's host memory before any model (torch, the runtime, Ray's worker)
 
@@ -79,8 +81,8 @@ def _moe_fields(cfg: dict) -> dict:
 
 def _language_model_config(cfg: dict) -> dict:
     """A multimodal config's language model: its ``text_config`` over the top level's fields (transformers 5 nests
-    them; Qwen2.5-VL's Hub configs are flat, and keep ``tie_word_embeddings`` at the top). The vision tower is not
-    planned (docs/vl.md)."""
+    them; Qwen2.5-VL's Hub configs are flat, and keep ``tie_word_embeddings`` at the top). The vision tower:
+    npu_rl/plan/vision.py."""
     text = cfg.get("text_config")
     if not isinstance(text, dict):
         return cfg
@@ -88,8 +90,9 @@ def _language_model_config(cfg: dict) -> dict:
 
 
 def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
-    """The shape of a model from its config.json's contents (dense, MoE with shared experts, MLA); of a
-    vision-language model, its language model's."""
+    """The shape of a model from its config.json's contents (dense, MoE with shared experts, MLA); of a Qwen-VL
+    model, its language model's with its vision tower."""
+    vision = vision_shape_from_config(cfg, source)
     cfg = _language_model_config(cfg)
     qwen2_bias = ("qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text")
     try:
@@ -101,7 +104,7 @@ def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
             head_dim=int(cfg.get("head_dim") or 0),
             attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") in qwen2_bias)),
             qk_norm=cfg.get("model_type") in ("qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_text"),
-            name=str(cfg.get("model_type", "")),
+            name=str(cfg.get("model_type", "")), vision=vision,
             **_moe_fields(cfg))
     except KeyError as exc:
         raise ValueError(f"{source}: no {exc.args[0]!r}: not a decoder-only transformer config this planner "
@@ -219,6 +222,7 @@ class JobInputs:
     devices_per_node: int
     ref_in_actor: bool = False
     work: StepWork | None = None  # what one step computes (the time estimate's input)
+    images: ImageLoad | None = None  # a Qwen-VL actor's images as assumed (printed with the plan)
 
 
 def _fixed_kv_cache_bytes(device: DeviceSpec) -> float | None:
@@ -335,7 +339,7 @@ def plan(inputs: JobInputs, device: DeviceSpec) -> JobPlan:
     result = plan_inputs(inputs, device)
     if not result.fits:
         result.fixes = find_fixes(inputs, device)
-    result.model_lines = model_summary(inputs.actor_shape, inputs.actor)
+    result.model_lines = model_summary(inputs.actor_shape, inputs.actor) + vision_summary(inputs)
     result.time = plan_time(inputs, device, result)
     return result
 
@@ -385,6 +389,31 @@ def model_summary(shape: ModelShape, s: TrainSettings) -> list[str]:
     return lines
 
 
+def vision_summary(inputs: JobInputs) -> list[str]:
+    """A Qwen-VL actor's tower and what the plan assumed of its images (nothing for a text model)."""
+    shape, s, images = inputs.actor_shape, inputs.actor, inputs.images
+    vision = shape.vision
+    if vision is None or images is None:
+        return []
+    state = ("frozen (LoRA on the language model)" if s.lora_rank else
+             "frozen (actor.freeze_vision_tower)" if s.freeze_vision else "trained")
+    full = (f", {vision.num_full_attention_blocks} with full attention, the others windows of {vision.window_size} "
+            "pixels" if vision.window_size else "")
+    lines = [f"vision tower: {vision.family}, {vision.num_params / 1e9:.2f}B parameters ({vision.depth} blocks of "
+             f"{vision.hidden_size}{full}), {state}; language model {shape.language_params / 1e9:.2f}B"]
+    how = ("each prompt's images encoded once per pass (log-probs, reference, "
+           + ("the update, " if state != "trained" else "") + "the hf rollout; transformers >= 5.19)"
+           if images.encode_once else "every row encodes its own images in every pass (transformers < 5.19)")
+    lines.append(f"images: {images.images_per_prompt} a prompt x {images.patches_per_image} patches "
+                 f"({vision.image_tokens(images.patches_per_image)} image tokens), from {images.source}; {how}")
+    role = RoleMemory(shape, s, trainable=True)
+    saved, _ = role.vision_update()
+    if saved:
+        lines.append(f"vision activations: {saved / GIB:.2f} GiB per training micro-batch ({s.update_vision_patches} "
+                     f"patches, gradient checkpointing {'on' if s.gradient_checkpointing else 'off'})")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------- from a config
 def _tokens(rows: int | None, dynamic: bool, max_tokens: int, sp: int, seq: int, response: int,
             rows_default: int) -> tuple[int, int]:
@@ -398,11 +427,16 @@ def _tokens(rows: int | None, dynamic: bool, max_tokens: int, sp: int, seq: int,
 
 def inputs_from_config(config, *, model_config: str | None = None, critic_model_config: str | None = None,
                        devices_per_node: int | None = None, ep: int | None = None,
-                       mean_prompt_length: int | None = None, mean_response_length: int | None = None) -> JobInputs:
+                       mean_prompt_length: int | None = None, mean_response_length: int | None = None,
+                       images_per_prompt: int | None = None, image_size: str | tuple[int, int] | None = None,
+                       vision_encode: str | None = None) -> JobInputs:
     """The arithmetic's inputs from a validated :class:`~npu_rl.config.schema.PPOConfig`; ``ep``: the expert-parallel
     size of a mixture-of-experts actor (``npu-rl plan --ep``; default: the actor's
     ``fsdp_config.expert_parallel_size``); ``mean_prompt_length`` / ``mean_response_length``: the lengths the time
-    estimate assumes (default: the maxima, ``data.max_prompt_length`` / ``max_response_length``)."""
+    estimate assumes (default: the maxima, ``data.max_prompt_length`` / ``max_response_length``). A Qwen-VL actor:
+    ``images_per_prompt`` / ``image_size`` (``--images-per-prompt``, ``--image-size 448`` or ``640x480``; default
+    :func:`npu_rl.plan.vision.image_load`'s) and ``vision_encode`` (``once`` | ``per-row``; default: what this
+    machine's transformers does)."""
     # the memory plan reads no bypass-loss settings: None for them
     run = derive_run_settings(config, estimator_needs(config.algorithm.adv_estimator), None)
     arr, data = config.actor_rollout_ref, config.data
@@ -458,8 +492,77 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
         free_cache_engine=bool(rollout_cfg.free_cache_engine), sleep_level=int(rollout_cfg.sleep_level),
         rows=run.train_rows // dp, sequence_length=seq)
     per_node = devices_per_node or config.trainer.n_gpus_per_node
-    work = step_work(config, mean_prompt_length, mean_response_length)
-    return JobInputs(shape, actor, ref, critic_shape, critic, rollout, world, per_node, run.ref_in_actor, work)
+    images = None
+    if shape.vision is not None:
+        images = job_images(config, shape.vision, model_config, images_per_prompt, image_size, vision_encode)
+        actor, ref, rollout = vision_settings(images, actor, ref, rollout, rows=run.train_rows // dp,
+                                              n=arr.rollout.n, seq=seq, freeze=bool(actor_cfg.freeze_vision_tower))
+    work = replace(step_work(config, mean_prompt_length, mean_response_length), images=images)
+    return JobInputs(shape, actor, ref, critic_shape, critic, rollout, world, per_node, run.ref_in_actor, work,
+                     images)
+
+
+def _processor_config(model_path: str, model_config: str | None) -> dict | None:
+    """The model's preprocessor_config.json (beside ``--model-config``'s file, or in the model folder), if any."""
+    folder = None
+    if model_config:
+        config_file = os.path.expanduser(model_config)
+        folder = config_file if os.path.isdir(config_file) else os.path.dirname(config_file)
+    elif not is_builtin(model_path):
+        folder = local_model_folder(model_path)
+    file = os.path.join(folder, "preprocessor_config.json") if folder else None
+    if not file or not os.path.isfile(file):
+        return None
+    try:
+        with open(file, encoding="utf-8") as f:
+            found = json.load(f)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{file} is not readable JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+    return found if isinstance(found, dict) else None
+
+
+def job_images(config, vision: VisionShape, model_config: str | None, images_per_prompt: int | None,
+               image_size: str | tuple[int, int] | None, vision_encode: str | None) -> ImageLoad:
+    """A Qwen-VL job's images per prompt and patches per image (npu_rl/plan/vision.py ``image_load``)."""
+    if vision_encode not in (None, "once", "per-row"):
+        raise ValueError(f"--vision-encode {vision_encode!r}: expected once or per-row")
+    encode_once = transformers_encodes_once() if vision_encode is None else vision_encode == "once"
+    data = config.data
+    bounds = pixel_bounds(_processor_config(config.actor_rollout_ref.model.path, model_config),
+                          dict(data.mm_processor_kwargs or {}))
+    size = parse_image_size(image_size) if isinstance(image_size, str) else image_size
+    return image_load(vision, images_per_prompt=images_per_prompt, image_size=size, train_files=data.train_files,
+                      max_prompt_length=data.max_prompt_length, bounds=bounds, encode_once=encode_once)
+
+
+def vision_settings(images: ImageLoad, actor: TrainSettings, ref: TrainSettings | None, rollout: RolloutSettings, *,
+                    rows: int, n: int, seq: int, freeze: bool
+                    ) -> tuple[TrainSettings, TrainSettings | None, RolloutSettings]:
+    """The patches each pass runs through the vision tower on one device (docs/vl.md, "one vision forward per
+    prompt"): encoded once, a pass's one call covers this rank's distinct prompts and their features are held; per
+    row, each micro-batch encodes its rows'. A trained tower encodes per micro-batch in the update either way."""
+    per_prompt = images.patches_per_prompt
+    prompts = math.ceil(rows / max(n, 1))
+    frozen = freeze or actor.lora_rank > 0
+
+    def forward(s: TrainSettings) -> TrainSettings:
+        if images.encode_once:
+            return replace(s, forward_vision_patches=prompts * per_prompt, forward_feature_patches=prompts * per_prompt)
+        return replace(s, forward_vision_patches=max(s.forward_tokens // seq, 1) * per_prompt)
+
+    micro_rows = max(actor.micro_tokens // seq, 1)
+    if frozen and images.encode_once:
+        update = dict(update_vision_patches=prompts * per_prompt, update_feature_patches=prompts * per_prompt)
+    else:
+        update = dict(update_vision_patches=micro_rows * per_prompt)
+    actor = replace(forward(actor), freeze_vision=freeze, **update)
+    ref = forward(replace(ref, freeze_vision=False)) if ref is not None else None
+    once = images.encode_once and actor.shard == 1  # a sharded module gets the pixels (npu_rl/rollout/hf.py)
+    in_master = freeze and actor.shard == 1 and not actor.lora_rank  # a frozen tower shared with the master
+    rollout = replace(rollout, vision_patches=(prompts if once else rows) * per_prompt,
+                      feature_patches=rows * per_prompt,
+                      vision_dtype_bytes=dtype_bytes(actor.model_dtype if in_master else actor.param_dtype))
+    return actor, ref, rollout
 
 
 def step_work(config, mean_prompt_length: int | None = None, mean_response_length: int | None = None) -> StepWork:

@@ -48,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from npu_rl.device.vllm_env import DEFAULT_CPU_KVCACHE_GIB
+from npu_rl.plan.vision import VisionShape
 
 GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
@@ -94,6 +95,7 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    vision: VisionShape | None = None  # a Qwen-VL model's vision tower (npu_rl/plan/vision.py)
 
     @property
     def dim(self) -> int:
@@ -152,10 +154,11 @@ class ModelShape:
 
     def gathered_layer_params(self, ep: int) -> int:
         """The largest decoder layer as one rank gathers it, its routed experts split over ``ep`` ranks."""
+        vision_block = self.vision.block_params if self.vision is not None else 0
         if not self.is_moe:
-            return self.dense_layer_params
+            return max(self.dense_layer_params, vision_block)
         moe = self.moe_layer_params(self.num_experts // max(ep, 1))
-        return max(moe, self.dense_layer_params) if self.num_dense_layers else moe
+        return max(moe, self.dense_layer_params if self.num_dense_layers else 0, vision_block)
 
     @property
     def embedding_params(self) -> int:
@@ -167,7 +170,21 @@ class ModelShape:
         return self.embedding_params * (1 if self.tied else 2) + self.hidden_size
 
     @property
+    def vision_params(self) -> int:
+        return self.vision.num_params if self.vision is not None else 0
+
+    @property
+    def fsdp_root_params(self) -> int:
+        """FSDP2's root group: the language model's root and the vision tower's patch embedding and mergers."""
+        return self.root_params + (self.vision.root_params if self.vision is not None else 0)
+
+    @property
     def num_params(self) -> int:
+        """Every parameter: the language model's and the vision tower's."""
+        return self.language_params + self.vision_params
+
+    @property
+    def language_params(self) -> int:
         if not self.is_moe:
             return self.root_params + self.num_layers * self.dense_layer_params
         return (self.root_params + self.num_dense_layers * self.dense_layer_params
@@ -177,7 +194,7 @@ class ModelShape:
     def num_active_params(self) -> int:
         """Parameters one token runs through (embeddings and LM head included; ``experts_per_token`` experts)."""
         if not self.is_moe:
-            return self.num_params
+            return self.language_params
         return (self.root_params + self.num_dense_layers * self.dense_layer_params
                 + self.num_moe_layers * self.moe_layer_params(self.experts_per_token))
 
@@ -303,6 +320,13 @@ class TrainSettings:
     # the gradient accumulation of the code before 2026-12-03 (a master-dtype copy of every gradient at once):
     # the calibration's H200 rows were measured with it (npu_rl/plan/calibration.py); today's code makes none
     grad_cast_copy: bool = False
+    # a Qwen-VL model's vision tower (npu_rl/plan/job.py vision_settings; 0 for a text model): patches of the pass's
+    # largest tower call, and of the features a pass holds while its micro-batches run (images encoded once)
+    freeze_vision: bool = False  # actor.freeze_vision_tower: the tower takes no gradient and no optimizer state
+    forward_vision_patches: int = 0  # a no-grad pass (log-probs, reference): one tower call
+    forward_feature_patches: int = 0
+    update_vision_patches: int = 0  # the update: a micro-batch's rows (a trained tower), or the one encode (frozen)
+    update_feature_patches: int = 0
 
 
 @dataclass
@@ -328,9 +352,24 @@ class RoleMemory:
         total = self.shape.num_params
         if not self.trainable:
             return total, 0
-        if self.s.lora_rank:
+        if self.s.lora_rank:  # adapters on the language model; the vision tower stays frozen (docs/vl.md)
             return total, self.shape.lora_params(self.s.lora_rank)
+        if self.s.freeze_vision:
+            return self.shape.vision_params, total - self.shape.vision_params
         return 0, total
+
+    @property
+    def vision_trained(self) -> bool:
+        """The vision tower takes a gradient in this role's update (not frozen, no LoRA)."""
+        return (self.trainable and self.shape.vision is not None and not self.s.freeze_vision
+                and not self.s.lora_rank)
+
+    def _vision_scale(self) -> float:
+        """The tower's activation bytes relative to bf16: a frozen tower on one device is shared with the fp32 master
+        (docs/vl.md) and runs in the master dtype; otherwise the compute dtype."""
+        s = self.s
+        frozen_in_master = self.trainable and s.shard == 1 and s.freeze_vision and not s.lora_rank
+        return dtype_bytes(s.model_dtype if frozen_in_master else s.param_dtype) / 2
 
     def weights(self) -> float:
         """Device bytes of the weights held between phases."""
@@ -344,7 +383,8 @@ class RoleMemory:
         if not self.trainable:
             return frozen * pb  # the compute copy only
         copy = pb if s.model_dtype != s.param_dtype else 0
-        return frozen * pb + trained * (mb + copy)
+        # a LoRA base is loaded in the compute dtype; a frozen vision tower stays in the master's, shared
+        return frozen * (pb if s.lora_rank else mb) + trained * (mb + copy)
 
     def optimizer(self, on_device_for_step: bool = False) -> float:
         if not self.trainable:
@@ -389,7 +429,7 @@ class RoleMemory:
         if self.s.shard == 1 and not self.s.param_offload:
             return 0.0
         layer = self.shape.gathered_layer_params(self.s.ep)
-        return (self.shape.root_params + 2 * layer) * dtype_bytes(self.s.param_dtype)
+        return (self.shape.fsdp_root_params + 2 * layer) * dtype_bytes(self.s.param_dtype)
 
     def master_grad_cast(self) -> float:
         """``grad_cast_copy`` (the code before 2026-12-03): one device with a master copy in another dtype,
@@ -408,7 +448,8 @@ class RoleMemory:
     def root_grad_buffers(self) -> float:
         if not self.trainable or self.s.shard == 1 or self.s.lora_rank:
             return 0.0
-        return self.shape.root_params * (dtype_bytes(self.s.param_dtype) + dtype_bytes(self.s.reduce_dtype))
+        root = self.shape.root_params + (self.shape.vision.root_params if self.vision_trained else 0)
+        return root * (dtype_bytes(self.s.param_dtype) + dtype_bytes(self.s.reduce_dtype))
 
     def activations(self, tokens: int, grad: bool) -> tuple[float, float]:
         """(saved for backward, one layer's working set) for a micro-batch of ``tokens`` on this device."""
@@ -432,21 +473,50 @@ class RoleMemory:
         saved = rows * vocab * 4 * (2 if self.s.entropy else 1) if grad else 0.0
         return saved + transient
 
+    def vision_encode(self, patches: int) -> float:
+        """A vision-tower call without gradient over ``patches``: one block's tensors at a time."""
+        vision = self.shape.vision
+        return patches * vision.working_bytes_per_patch() * self._vision_scale() if vision is not None else 0.0
+
+    def image_features(self, patches: int) -> float:
+        """The merged features of ``patches`` held for a pass's micro-batches (images encoded once)."""
+        vision = self.shape.vision
+        return patches * vision.feature_bytes_per_patch() * self._vision_scale() if vision is not None else 0.0
+
+    def vision_update(self) -> tuple[float, float]:
+        """(saved for backward, working set) of the tower in one training micro-batch: a trained tower keeps its
+        activations (its blocks' inputs with checkpointing, recomputing one block at a time); a frozen one runs
+        without gradient."""
+        vision, patches = self.shape.vision, self.s.update_vision_patches
+        if vision is None or not patches:
+            return 0.0, 0.0
+        if not self.vision_trained:
+            return 0.0, self.vision_encode(patches)
+        ckpt = self.s.gradient_checkpointing
+        saved = patches * vision.saved_bytes_per_patch(ckpt) * self._vision_scale()
+        return saved, (patches * vision.block_saved_bytes() * self._vision_scale() if ckpt else 0.0)
+
     def forward_peak(self) -> float:
-        """A no-grad forward (old log-probs, reference, values): one layer and the logits at a time."""
+        """A no-grad forward (old log-probs, reference, values): one layer and the logits at a time; a Qwen-VL model
+        first runs its vision tower (and holds the features when they are encoded once for the pass)."""
         _, layer = self.activations(self.s.forward_tokens, grad=False)
-        return self.gathered() + max(layer, self.logits(self.s.forward_response_tokens, grad=False))
+        return (self.gathered() + self.image_features(self.s.forward_feature_patches)
+                + max(layer, self.logits(self.s.forward_response_tokens, grad=False),
+                      self.vision_encode(self.s.forward_vision_patches)))
 
     def update_moments(self) -> dict[str, dict[str, float]]:
         """The four candidate peaks of an update (see the module docstring), each as its parts (bytes)."""
         saved, layer = self.activations(self.s.micro_tokens, grad=True)
+        vision_saved, vision_working = self.vision_update()
         accumulated = self.grads() if self.s.micro_batches_per_step > 1 else 0.0
         weights, states = self.weights(), self.optimizer()
         return {
             "forward/backward": {"weights": weights, "optimizer": states, "gathered": self.gathered(),
                                  "accumulated grads": accumulated, "saved activations": saved,
+                                 "vision activations": vision_saved,
+                                 "image features": self.image_features(self.s.update_feature_patches),
                                  "logits or layer recompute": max(layer, self.logits(self.s.micro_response_tokens,
-                                                                                       grad=True))},
+                                                                                       grad=True), vision_working)},
             "end of backward": {"weights": weights, "optimizer": states, "gathered": self.gathered(),
                                 "grads": self.grads(), "root grad buffers": self.root_grad_buffers()},
             "grads to master": {"weights": weights, "optimizer": states, "grads": self.grads(),
@@ -469,6 +539,11 @@ class RolloutSettings:
     sleep_level: int = 1
     rows: int = 0  # hf: rows generated on this device
     sequence_length: int = 0  # prompt + response
+    # hf with a Qwen-VL model: patches of generate's one vision-tower call (the rows', or the distinct prompts' when
+    # encoded once), patches whose features it scatters into the rows' prompts, the tower's dtype bytes
+    vision_patches: int = 0
+    feature_patches: int = 0
+    vision_dtype_bytes: int = 2
 
 
 def rollout_awake(shape: ModelShape, r: RolloutSettings, device_bytes: float, actor_sharded: bool,
@@ -482,7 +557,14 @@ def rollout_awake(shape: ModelShape, r: RolloutSettings, device_bytes: float, ac
         return {"engine weights": weights, "KV cache": max(total - weights - ENGINE_OVERHEAD, 0.0),
                 "engine overhead": ENGINE_OVERHEAD}
     kv = r.rows * r.sequence_length * shape.num_layers * 2 * shape.kv_dim * 2
-    return {"decoding copy": weights if actor_sharded else 0.0, "KV cache": kv}
+    parts = {"decoding copy": weights if actor_sharded else 0.0, "KV cache": kv}
+    if shape.vision is not None and r.vision_patches:
+        # vLLM's tower runs inside its share (its profile run sizes the KV cache around it); the hf engine's prefill
+        # runs the tower once over generate's pixels and scatters the features into the prompts
+        scale = r.vision_dtype_bytes / 2
+        parts["vision encode"] = r.vision_patches * shape.vision.working_bytes_per_patch() * scale
+        parts["image features"] = r.feature_patches * shape.vision.feature_bytes_per_patch() * scale
+    return parts
 
 
 def rollout_counted_asleep(shape: ModelShape, r: RolloutSettings, awake: dict) -> float:

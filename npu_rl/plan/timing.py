@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass, field
 
 from npu_rl.plan.memory import GIB, ModelShape, RolloutSettings, TrainSettings, dtype_bytes
+from npu_rl.plan.vision import ImageLoad
 
 # ---------------------------------------------------------------------------------------------- constants
 # Measured on one H200 (docs/benchmarks.md); each names the rows it was read from.
@@ -118,6 +119,7 @@ class StepWork:
     ppo_epochs: int = 1
     critic_epochs: int = 1
     enforce_eager: bool = False  # rollout.enforce_eager: no compiled hf decoding
+    images: ImageLoad | None = None  # a Qwen-VL actor's images (npu_rl/plan/vision.py)
 
 
 @dataclass
@@ -221,9 +223,9 @@ def experts_touched(shape: ModelShape, tokens: float) -> float:
 def decode_weight_bytes(shape: ModelShape, rows: float) -> float:
     """bf16 weight bytes one decode step of ``rows`` rows reads (an MoE: the experts its tokens touch)."""
     if not shape.is_moe:
-        return shape.num_params * 2
+        return shape.language_params * 2  # the vision tower runs in the prefill only
     unused = shape.num_moe_layers * (shape.num_experts - experts_touched(shape, rows)) * shape.expert_params
-    return (shape.num_params - unused) * 2
+    return (shape.language_params - unused) * 2
 
 
 # ---------------------------------------------------------------------------------------------- the phases
@@ -336,7 +338,8 @@ def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpe
     parts = {"compute": compute, "communication": comm, "host link": offload}
     seconds = max(compute, comm) + offload
     if update:
-        trained = shape.lora_params(s.lora_rank) if s.lora_rank else shape.num_params
+        trained = (shape.lora_params(s.lora_rank) if s.lora_rank else
+                   shape.num_params - (shape.vision_params if s.freeze_vision else 0))
         step_bytes = trained * OPTIMIZER_BYTES * dtype_bytes(s.model_dtype) / 4 / max(s.shard, 1)
         optimizer = step_bytes / ((HOST_ADAM_GB_S * 1e9) if s.param_offload else speed.hbm_tb_s * 1e12) * epochs
         parts["optimizer"] = optimizer
@@ -344,6 +347,39 @@ def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpe
     detail = f"{micro_batches} micro-batch{'es' if micro_batches > 1 else ''}" + (
         f" x {passes} passes" if update else "") + (f" x {epochs} epochs" if epochs > 1 else "")
     return PhaseTime(name, seconds, _bound(parts), detail)
+
+
+def vision_patches_per_phase(shape: ModelShape, actor: TrainSettings, work: StepWork, world: int,
+                             rollout: RolloutSettings) -> dict[str, tuple[float, int]]:
+    """Per device: (patches through the vision tower, forward-equivalent passes) of each phase whose name starts
+    with the key. Encoded once (transformers >= 5.19): a pass covers each prompt once; else every row. vLLM encodes a
+    prompt's images once for its ``n`` samples (its encoder cache is keyed by the image)."""
+    images = work.images
+    per_prompt = images.patches_per_prompt
+    prompts, rows = work.train_prompts * per_prompt / world, work.train_prompts * work.n * per_prompt / world
+    gen_prompts = work.prompts * per_prompt / world
+    once = images.encode_once
+    hf_once = once and actor.shard == 1
+    generate = gen_prompts if rollout.engine == "vllm" or hf_once else gen_prompts * work.n
+    trained = not actor.freeze_vision and not actor.lora_rank
+    if trained:
+        update = (rows, (3 + (1 if actor.gradient_checkpointing else 0)) * work.ppo_epochs)
+    else:
+        update = (prompts, 1) if once else (rows, work.ppo_epochs)
+    return {"rollout: prefill": (generate, 1), "actor log-probs": (prompts if once else rows, 1),
+            "reference log-probs": (prompts if once else rows, 1), "actor update": update}
+
+
+def add_vision_seconds(phases: list[PhaseTime], shape: ModelShape, actor: TrainSettings, speed: DeviceSpeed,
+                       work: StepWork, world: int, rollout: RolloutSettings) -> None:
+    """The vision tower's matmul FLOPs added to the phases that run it (compute-bound, at MATMUL_EFFICIENCY)."""
+    per_patch = shape.vision.forward_flops_per_patch(work.images.patches_per_image)
+    for prefix, (patches, passes) in vision_patches_per_phase(shape, actor, work, world, rollout).items():
+        for phase in phases:
+            if phase.name == prefix and patches:
+                flops = per_patch * patches * passes
+                phase.seconds += compute_seconds(speed, flops, 0.0, 0.0)
+                phase.detail += ("; " if phase.detail else "") + f"vision {flops / 1e12:,.1f} TFLOP"
 
 
 def engine_kind(rollout: RolloutSettings, speed: DeviceSpeed, work: StepWork) -> str:
@@ -378,6 +414,8 @@ def step_time(*, actor_shape: ModelShape, actor: TrainSettings, ref: TrainSettin
                                   lm_head=False, epochs=work.critic_epochs, **args))
     phases.append(train_phase("actor update", actor_shape, actor, speed, devices_per_node, update=True,
                               epochs=work.ppo_epochs, **args))
+    if actor_shape.vision is not None and work.images is not None:
+        add_vision_seconds(phases, actor_shape, actor, speed, work, world, rollout)
     notes = []
     if work.prompts != work.train_prompts:
         notes.append(f"(one generation batch of {work.prompts} prompts; dynamic sampling may generate up to "

@@ -1,8 +1,13 @@
 """GRPO steps of a Qwen2.5-VL-7B-shape model (its published vision tower and language-model shapes, the language
 model cut to ``--layers`` layers; random bf16 weights; the char tokenizer with the vision tokens, so the vocabulary
 is tiny and the vision tower and decoder layers are what costs) on the shipped visual task with 448 x 448 pictures
-(256 image tokens a prompt), on one accelerator; then ``npu-rl plan`` for the same config. Prints both; writes
-metrics.jsonl and the plan's output to OUT.
+(256 image tokens a prompt), on one accelerator; then ``npu-rl plan`` for the same config (vision tower included:
+its weights, optimizer state, activations and FLOPs; this machine's transformers decides whether each prompt's images
+are encoded once per pass). Prints both; writes to OUT the metrics, the model's config.json, the overrides and the
+plan's own flags (``vl_plan_flags_<engine>.json``), so the plan can be re-run elsewhere:
+
+    npu-rl plan $(python3 -c "import json; print(' '.join(json.load(open('OUT/vl_overrides_hf.json'))
+        + json.load(open('OUT/vl_plan_flags_hf.json'))))") --model-config OUT/vl_config_hf.json
 
     python3 scripts/gpu/vl_grpo_step.py --layers 4 --out $OUT                  # hf rollout
     python3 scripts/gpu/vl_grpo_step.py --layers 4 --engine vllm --out $OUT    # vLLM with images (carry_vllm.sh)
@@ -27,6 +32,7 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from npu_rl.commands.plan import main as plan_main
+from npu_rl.plan.vision import transformers_encodes_once
 from npu_rl.models.synthetic import tiny_image_processor, vl_char_tokenizer
 from npu_rl.trainer.main_ppo import main as train_main
 
@@ -130,10 +136,13 @@ def main() -> int:
             prompt_lengths += [row["prompt_length/mean"] for row in map(json.loads, f) if "prompt_length/mean" in row]
     print(f"== train exit {code}", flush=True)
     sys.stdout.flush()
-    # the plan counts the language model only (its vision tower's weights and activations are left out: docs/vl.md);
-    # its time estimate at the run's measured mean prompt length (image pads included)
+    # the plan for the same config, vision tower included (npu_rl/plan/vision.py): its time estimate at the run's
+    # measured mean prompt length (image pads included), the images encoded as this machine's transformers does
     measured = ["--mean-prompt-length", str(round(sum(prompt_lengths) / len(prompt_lengths)))] if prompt_lengths else []
-    plan_code = plan_main(overrides + ["--model-config", os.path.join(model_dir, "config.json"), *measured])
+    flags = [*measured, "--vision-encode", "once" if transformers_encodes_once() else "per-row"]
+    with open(os.path.join(args.out, f"vl_plan_flags_{args.engine}.json"), "w") as f:
+        json.dump(flags, f)
+    plan_code = plan_main(overrides + ["--model-config", os.path.join(model_dir, "config.json"), *flags])
     print(f"== plan exit {plan_code}", flush=True)
     return code
 

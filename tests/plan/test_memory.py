@@ -166,9 +166,10 @@ def test_vllm_cpu_cache_is_its_fixed_size_not_a_share(monkeypatch):
     assert phase(plan_config(config, "h200")).parts["KV cache"] > 50 * GIB  # a share of the card there
 
 
-def test_a_vision_language_config_is_planned_by_its_language_model(tmp_path):
+def test_a_vision_language_config_is_planned_by_its_language_model_and_tower(tmp_path):
     """Qwen2.5-VL's Hub config is flat (the language model's fields at the top), transformers 5 nests them in
-    text_config: both give the language model's shape (the vision tower is not planned; docs/vl.md)."""
+    text_config: both give the language model's shape, and the vision tower from vision_config
+    (tests/plan/test_vision_plan.py counts it)."""
     text = {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
             "num_key_value_heads": 2, "vocab_size": 151936}
     flat = {"model_type": "qwen2_5_vl", "tie_word_embeddings": True, "vision_config": {"depth": 32}, **text}
@@ -181,3 +182,5 @@ def test_a_vision_language_config_is_planned_by_its_language_model(tmp_path):
         shape = shape_from_config_json(str(folder))
         assert (shape.hidden_size, shape.num_layers, shape.num_kv_heads, shape.tied) == (2048, 36, 2, True)
         assert shape.attention_bias  # Qwen2.5-VL's q/k/v have biases, as Qwen2's
+        assert shape.vision is not None and shape.vision.depth == 32
+        assert shape.num_params == shape.language_params + shape.vision.num_params
