@@ -211,8 +211,12 @@ def test_ep2_clipped_adamw_steps_equal_one_process(dist_pool2, kind):
     for result in results:
         torch.testing.assert_close(result["norms"], ref["norms"], **TOL)
         assert result["params"].keys() == model.state_dict().keys()  # parameters and persistent buffers
+        # Adam divides each gradient by its own root mean square: where a gradient is near eps (1e-8) its rounding
+        # moves the weight by up to ~lr x 1e-4 (one of 8,192 elements, 1.4e-6 here with transformers 5.19), so the
+        # weights get an absolute tolerance of lr x 1e-3; the norms are held to TOL (the gradients: the tests above)
         for name, value in model.state_dict().items():
-            torch.testing.assert_close(result["params"][name], value, **TOL, msg=name)
+            torch.testing.assert_close(result["params"][name], value, rtol=TOL["rtol"], atol=1e-5,
+                                       msg=lambda m: f"{name}: {m}")
 
 
 def ulysses_ep_job(kind: str) -> dict:
