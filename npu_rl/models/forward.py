@@ -54,6 +54,20 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, compute_en
     return logprobs, entropy
 
 
+def tempered_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    temperature: torch.Tensor | float) -> torch.Tensor:
+    """``F.linear(hidden, weight, bias).float() / temperature`` [N, V] with one float32 buffer of [N x V], not two:
+    the float32 logits are a fresh tensor that nothing saves for the backward (the matmul saves its inputs, the
+    cast and a division by a constant save nothing), so the division runs in place; at temperature 1.0 (the
+    rollout default) it is skipped. ``temperature``: a number or a [N, 1] tensor without gradient."""
+    logits = F.linear(hidden, weight, bias).float()
+    if isinstance(temperature, torch.Tensor):
+        if temperature.requires_grad or torch.result_type(logits, temperature) != logits.dtype:
+            return logits / temperature
+        return logits.div_(temperature)
+    return logits if temperature == 1 else logits.div_(temperature)
+
+
 def plain_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                           targets: torch.Tensor, temperature: torch.Tensor | float, compute_entropy: bool,
                           chunk_rows: int):
@@ -61,9 +75,9 @@ def plain_linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torc
     out_lp, out_ent = [], []
     for start in range(0, hidden.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        logits = F.linear(hidden[rows], weight, bias).float()
         temp = temperature[rows].unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
-        lp, ent = logprobs_from_logits(logits / temp, targets[rows], compute_entropy)
+        lp, ent = logprobs_from_logits(tempered_logits(hidden[rows], weight, bias, temp), targets[rows],
+                                       compute_entropy)
         out_lp.append(lp)
         out_ent.append(ent)
     logprobs = torch.cat(out_lp)
@@ -76,9 +90,8 @@ def plain_linear_sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, bias
     out = []
     for start in range(0, hidden.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        logits = F.linear(hidden[rows], weight, bias).float()
         temp = temperature[rows].unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
-        out.append(torch.softmax(logits / temp, dim=-1).square().sum(-1))
+        out.append(torch.softmax(tempered_logits(hidden[rows], weight, bias, temp), dim=-1).square().sum(-1))
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
 
@@ -91,9 +104,8 @@ def plain_linear_topk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     out_lp, out_ids = [], []
     for start in range(0, hidden.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        logits = F.linear(hidden[rows], weight, bias).float()
         temp = temperature[rows].unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
-        logprobs = torch.log_softmax(logits / temp, dim=-1)
+        logprobs = torch.log_softmax(tempered_logits(hidden[rows], weight, bias, temp), dim=-1)
         own = torch.topk(logprobs.detach(), k=k, dim=-1).indices
         out_lp.append(logprobs.gather(-1, own if gather_ids is None else gather_ids[rows].long()))
         out_ids.append(own)
