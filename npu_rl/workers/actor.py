@@ -52,6 +52,11 @@ from npu_rl.workers.engine import MicroLoss, Routing, TrainingEngine, UpdateSett
 from npu_rl.workers.model_runner import MicroBatching, sharded_load_folder
 
 
+# The micro-batch tensors the loss reads (besides the forward's inputs), where present.
+LOSS_INPUTS = ("response_mask", "old_logprobs", "advantages", "ref_logprobs", "rollout_is_weights", "teacher_logprobs",
+               "teacher_topk_logprobs", "teacher_topk_ids")
+
+
 def build_policy_engine(model_cfg: ModelConfig, fsdp_config, *, role: str, run_settings: RunSettings, forward_micro: MicroBatching,
                         sp_size: int, trainable: bool, optim_config=None, total_training_steps=None,
                         update: UpdateSettings | None = None, compile_blocks: bool = False,
@@ -209,20 +214,24 @@ class ActorWorker:
         teacher_ids = None
         if spec is not None and spec.uses_topk:  # the student's log-probs at the teacher's top-k ids, same forward
             options.topk, teacher_ids = spec.topk, mb["teacher_topk_ids"]
+        # Copied before the forward is queued: a blocking host-to-device copy waits for all the device's queued
+        # work (CUDA: ATen's memcpy_and_sync), so after it the host would sit idle until the forward had run, and
+        # only then launch the backward (with 8-row micro-batches the update is bound by those launches).
+        on_device = {key: mb[key].to(device) for key in LOSS_INPUTS if key in mb}
         stats, routed = self.engine.forward_logprob_stats(mb, self.run_settings.logprob_temperature, options, routing,
                                                           topk_ids=teacher_ids)
         logprobs, entropy = stats["logprobs"], stats.get("entropy")
-        response_mask = mb["response_mask"].to(device)
+        response_mask = on_device["response_mask"]
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=denominators["global_num_tokens"],
                    global_num_seqs=denominators["global_num_seqs"],
                    loss_scale_factor=cfg.loss_scale_factor or self.run_settings.max_response_length)
-        ref = mb["ref_logprobs"].to(device) if cfg.use_kl_loss else None
+        ref = on_device["ref_logprobs"] if cfg.use_kl_loss else None
         low, high = resolved_clip_ratios(cfg.clip_ratio, cfg.clip_ratio_low, cfg.clip_ratio_high)
         pl = cfg.policy_loss
         loss_mode = self.run_settings.policy_loss_mode  # bypass_mode in algorithm.rollout_correction's bypass mode
-        weights = mb["rollout_is_weights"].to(device) if "rollout_is_weights" in mb else None
+        weights = on_device.get("rollout_is_weights")
         inputs = PolicyLossInputs(
-            old_logprobs=mb["old_logprobs"].to(device), logprobs=logprobs, advantages=mb["advantages"].to(device),
+            old_logprobs=on_device["old_logprobs"], logprobs=logprobs, advantages=on_device["advantages"],
             response_mask=response_mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=cfg.clip_ratio_c,
             clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
             kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, rollout_is_weights=weights,
@@ -246,12 +255,12 @@ class ActorWorker:
         if spec is not None:
             if spec.uses_topk:
                 topk = {"student_topk_logprobs": stats["topk_logprobs"], "student_topk_ids": stats["topk_ids"],
-                        "teacher_topk_logprobs": mb["teacher_topk_logprobs"].to(device),
-                        "teacher_topk_ids": teacher_ids.to(device)}
+                        "teacher_topk_logprobs": on_device["teacher_topk_logprobs"],
+                        "teacher_topk_ids": on_device["teacher_topk_ids"]}
                 distill = distillation_loss(inputs=inputs, spec=spec, topk=topk)
             else:
                 distill = distillation_loss(inputs=inputs, spec=spec,
-                                            teacher_logprobs=mb["teacher_logprobs"].to(device))
+                                            teacher_logprobs=on_device["teacher_logprobs"])
             loss = combined_loss(loss, distill.loss, spec)
             shares["actor/distillation/loss"] = distill.loss.detach()
             for key, value in distill.metrics.items():
