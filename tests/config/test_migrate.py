@@ -294,8 +294,10 @@ LIMIT = f"the script started more than {script_module.MAX_PROCESSES} processes a
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="counts processes through /proc")
 @pytest.mark.parametrize("body, said", [
     (":(){ :|:& };:\nwhile :; do :; done", LIMIT),  # the classic fork bomb, the script still running
-    ("while :; do ( coproc { read -t 3 x; }; wait ) & done", LIMIT),  # a loop of '( ... ) &' that wait
-    ("set -m; while :; do ( coproc { read -t 3 x; }; wait ) & done", LIMIT),  # job control: dropped
+    # a loop of '( ... ) &' that wait (longer than the time limit: however slowly a loaded machine forks, the
+    # processes only add up until the limit stops them)
+    ("while :; do ( coproc { read -t 10 x; }; wait ) & done", LIMIT),
+    ("set -m; while :; do ( coproc { read -t 10 x; }; wait ) & done", LIMIT),  # job control: dropped
     # job control on all the same: each job in a group of its own, all in bash's session (a loop, not a bomb:
     # this machine is shared, and the exponential form under job control is not run here)
     ("builtin set -m; while :; do ( coproc { read x; }; wait ) & done", LIMIT),
@@ -312,6 +314,22 @@ def test_fork_bombs_are_stopped_at_the_process_limit_and_leave_nothing_behind(bo
     with pytest.raises(ScriptError, match=said):
         read_script(body)
     assert time.monotonic() - start < script_module.TIME_LIMIT_S + 3  # the limits hold (a kill takes a moment)
+    assert _none_left_under(tmp_path)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="counts processes through /proc")
+def test_the_limit_holds_while_other_programs_threads_end_as_fast_as_the_script_forks(tmp_path, monkeypatch):
+    """The machine's thread total only says when to count early: here it never grows, as when other programs'
+    threads end while the script forks (a loaded machine), and the session is counted all the same."""
+    import tempfile
+    import time
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(script_module, "_threads_total", lambda: 1000)
+    start = time.monotonic()
+    with pytest.raises(ScriptError, match=LIMIT):
+        read_script("builtin set -m; while :; do ( coproc { read x; }; wait ) & done")
+    assert time.monotonic() - start < script_module.TIME_LIMIT_S  # stopped by the process limit, not the time limit
     assert _none_left_under(tmp_path)
 
 

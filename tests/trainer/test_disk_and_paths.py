@@ -12,11 +12,10 @@ import pytest
 from npu_rl.config.loader import load_config
 from npu_rl.parallel.manifest import MANIFEST, verify_manifest, write_manifest
 from npu_rl.tracking.backends import tracker_folder_problems
-from npu_rl.trainer.checkpoint import CheckpointManager, disk_full_error, step_dir, verify_step
+from npu_rl.trainer.checkpoint import CheckpointManager, disk_full_error, verify_step
 from npu_rl.trainer.preflight import run_folder_problems
 from npu_rl.utils.paths import check_output_dir
 from npu_rl.utils.safe_load import CorruptFileError
-from tests.trainer.conftest import base_overrides, reward_file  # noqa: F401 (fixture)
 
 UNWRITABLE = "/proc/npu_rl_nowhere"  # exists-looking, permission bits say writable to root, mkdir fails
 
@@ -84,29 +83,6 @@ def test_disk_full_is_said_in_words(tmp_path):
     error = disk_full_error(dcp_style, str(tmp_path))
     assert error is not None and error.strerror.startswith(f"disk full at {tmp_path / 'x.distcp'} (")
     assert disk_full_error(RuntimeError("something else"), str(tmp_path)) is None
-
-
-def test_a_save_on_a_full_disk_keeps_latest_and_says_so(tiny_model_dir, tmp_path, reward_file, capsys, monkeypatch):
-    from npu_rl.trainer import checkpoint
-    from npu_rl.trainer.main_ppo import main
-
-    real, calls = checkpoint.save_state, []
-
-    def fills_up(state, path):
-        calls.append(path)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, "No space left on device", path)
-        return real(state, path)
-
-    monkeypatch.setattr(checkpoint, "save_state", fills_up)
-    out = str(tmp_path / "out")
-    overrides = base_overrides(tiny_model_dir, out, reward_file) + [
-        "preset=grpo", "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.val_before_train=False"]
-    assert main(overrides, default_config="ppo_trainer") == 1
-    err = capsys.readouterr().err
-    assert f"npu-rl: error: disk full at {step_dir(out, 2)}.tmp/trainer_state.pt" in err and "Traceback" not in err
-    assert checkpoint.latest_step(out) == 1 and sorted(os.listdir(out)) == ["global_step_1",
-                                                                           "latest_checkpointed_iteration.txt", "logs"]
 
 
 def test_too_little_free_space_for_a_checkpoint_is_found_before_the_models_load(tiny_model_dir, tmp_path, monkeypatch):
