@@ -5,8 +5,9 @@ parameters, the expert shards under ``--ep`` and the all-to-all buffers and rout
 its vision tower and the images assumed (``--images-per-prompt``, ``--image-size``, ``--vision-encode``); then a roofline
 estimate of each phase's seconds, s/step and tokens/s per device (npu_rl/plan/timing.py; h200, h100, atlas-a2,
 atlas-a3; responses at ``data.max_response_length`` unless ``--mean-response-length``). Nothing is loaded:
-model shapes come from config.json (``--model-config FILE`` for a Hub id that is not on this machine). The
-arithmetic: npu_rl/plan/memory.py.
+model shapes come from config.json (``--model-config FILE`` for a Hub id that is not on this machine). With no
+``--config-name`` it plans what ``npu-rl train`` with the same arguments runs (the embedded default, quickstart); a verl
+script's job is ``--config-name ppo_trainer key=value ...``. The arithmetic: npu_rl/plan/memory.py.
 
 The config is checked first with training's own value checks (``--cfg job``'s, without the files and the device):
 0 or a negative number of devices, lengths <= 0, a micro-batch of 0, a tensor-parallel size that does not divide the
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vision-encode", choices=("once", "per-row"), default=None, help="a Qwen-VL actor: "
                         "whether each prompt's images are encoded once per pass (transformers >= 5.19) or by every row "
                         "(older transformers; default: this machine's transformers)")
-    parser.add_argument("--config-name", "-cn", default="ppo_trainer")
+    parser.add_argument("--config-name", "-cn", default="quickstart",
+                        help="the config to plan, as `npu-rl train` takes it (default: the embedded default, "
+                        "quickstart, which `npu-rl train` runs; ppo_trainer is verl's)")
     parser.add_argument("--config-path", "-cp", default=None)
     parser.add_argument("overrides", nargs="*", help="key=value overrides (verl's keys)")
     args = parser.parse_args(argv)

@@ -173,7 +173,8 @@ def _uneven_micro_batches(config: PPOConfig, micro: MicroBatchSizes, use_critic:
     notes = []
     for key, role, size in roles:
         mini, sp = _as_int(role.ppo_mini_batch_size), _as_int(role.ulysses_sequence_parallel_size) or 1
-        if role.use_dynamic_bsz is True or size is None or mini is None or size <= 0 or sp <= 0 or world % sp:
+        if (role.use_dynamic_bsz is True or size is None or mini is None or size <= 0 or sp <= 0 or world <= 0
+                or world % sp):  # 0 devices: the checks refuse it, naming the key
             continue
         rows, dp = mini * arr.rollout.n, world // sp
         if rows % dp or (rows // dp) % size == 0:

@@ -103,7 +103,8 @@ def main() -> int:
         shutil.copy(path, os.path.join(args.out, f"moe_metrics_{args.engine}_{args.replay}{args.tag}.jsonl"))
     print(f"== train exit {code}", flush=True)
     sys.stdout.flush()
-    plan_code = plan_main(overrides + ["--model-config", os.path.join(model_dir, "config.json")])
+    plan_code = plan_main(["--config-name", "ppo_trainer"] + overrides +
+                          ["--model-config", os.path.join(model_dir, "config.json")])
     print(f"== plan exit {plan_code}", flush=True)
     return code
 

@@ -142,7 +142,8 @@ def main() -> int:
     flags = [*measured, "--vision-encode", "once" if transformers_encodes_once() else "per-row"]
     with open(os.path.join(args.out, f"vl_plan_flags_{args.engine}.json"), "w") as f:
         json.dump(flags, f)
-    plan_code = plan_main(overrides + ["--model-config", os.path.join(model_dir, "config.json"), *flags])
+    plan_code = plan_main(["--config-name", "ppo_trainer"] + overrides +
+                          ["--model-config", os.path.join(model_dir, "config.json"), *flags])
     print(f"== plan exit {plan_code}", flush=True)
     return code
 

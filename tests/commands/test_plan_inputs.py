@@ -12,8 +12,9 @@ import pytest
 from npu_rl.commands.plan import main as plan
 
 
-def _args(model_config, *overrides):
-    return ["--device", "h200", "--model-config", model_config, "algorithm.adv_estimator=grpo", *overrides]  # no critic
+def _args(model_config, *overrides):  # a verl job (8 devices), no critic
+    return ["--config-name", "ppo_trainer", "--device", "h200", "--model-config", model_config,
+            "algorithm.adv_estimator=grpo", *overrides]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,22 @@ def test_inputs_training_refuses_are_refused_naming_the_key(model_config, capsys
     assert plan(_args(model_config, override)) == 2
     captured = capsys.readouterr()
     assert words in captured.err and "fits" not in captured.out.lower(), (captured.out, captured.err)
+
+
+@pytest.mark.parametrize("override", ["trainer.n_gpus_per_node=0", "trainer.nnodes=-1"])
+def test_the_embedded_default_with_no_devices_is_refused_naming_the_key(capsys, override):
+    """`npu-rl plan` plans the embedded default when no --config-name is given, as `npu-rl train` does; 0 devices
+    there ended in a ZeroDivisionError in the micro-batch note before the checks could name the key."""
+    assert plan(["--device", "h200", override]) == 2
+    assert "trainer.nnodes and trainer.n_gpus_per_node must be >= 1" in capsys.readouterr().err
+
+
+def test_no_config_name_plans_what_npu_rl_train_runs(capsys):
+    """With no --config-name the plan is the embedded default's (SmolLM2-135M, 1 device), never verl's ppo_trainer
+    default, whose model path (~/models/deepseek-llm-7b-chat) is on nobody's machine."""
+    assert plan(["--device", "h200"]) == 0
+    captured = capsys.readouterr()
+    assert "1 devices: fits" in captured.out and "deepseek" not in captured.out + captured.err, captured
 
 
 def test_a_sound_config_is_still_planned(model_config, capsys):
