@@ -11,6 +11,7 @@ short prompts saves most of the work.
 from __future__ import annotations
 
 import copy
+import types
 from dataclasses import dataclass
 
 import torch
@@ -110,15 +111,60 @@ def compile_elementwise_blocks(model: torch.nn.Module) -> int:
     experts: the experts modules compile with symbolic token counts, one graph for every batch length
     (:func:`npu_rl.models.compiled_experts.compile_experts`; the routers stay eager for replay), and the shared
     experts' MLPs (``shared_experts`` / ``shared_expert``) as the dense MLPs. Returns how many blocks were
-    compiled."""
+    compiled.
+
+    Each block sees its input as rows ``[N, hidden]`` (:func:`compile_on_rows`): every RMSNorm of a model shares
+    one code object and so one cache of graphs, and under torch's defaults each input rank (the language model's
+    ``[B, T, H]``, Qwen3's per-head q/k norms ``[B, T, heads, D]``, a vision tower's ``[patches, H]``), grad mode
+    and size-1 dimension (one-token decode, one row) cost a graph, twice (static first, symbolic on the first
+    change). The H100 runs of a 4-layer Qwen3-MoE and a Qwen2.5-VL GRPO step (2026-12-07) hit dynamo's limit of 8
+    graphs a function that way, after which the rest ran eager. On rows, with symbolic row counts from the first
+    call, a block class needs a graph per width (parameters keep static shapes: Qwen3's hidden and head norms, a
+    vision tower's), grad mode and ``N == 1`` or not; dynamo's limit is raised to :data:`RECOMPILE_LIMIT` a
+    function (process-wide, as torch keeps it; never lowered) so that no variant falls back to eager
+    (tests/e2e/test_compile_blocks.py counts them)."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
     count = 0
     for name, module in model.named_modules():
         kind = type(module).__name__
         mlp = name.rpartition(".")[2] in ("mlp", "shared_experts", "shared_expert") and kind.endswith("MLP")
         if (kind.endswith("RMSNorm") or mlp) and not has_lora_layers(module):
-            module.compile()
+            compile_on_rows(module)
             count += 1
     return count + compile_experts(model)
+
+
+def compile_on_rows(module: torch.nn.Module) -> None:
+    """Compile ``module`` (an RMSNorm or an MLP: both act on the last dimension alone) in place, run on its input
+    flattened to rows: ``forward(x)`` becomes ``compiled(module, x.reshape(-1, x.shape[-1])).view(*x.shape[:-1],
+    -1)``, the reshape and view eager (free for a contiguous input); ``compiled`` is the class's forward under
+    ``torch.compile(dynamic=True)``, one cache of graphs for every instance. A call with more than the one tensor (a
+    gated norm's ``gate``) runs the compiled forward as it is. Names, parameters and state dicts are unchanged, and a
+    deep copy calls its own weights (the forward is a bound method)."""
+    module.forward = types.MethodType(_forward_on_rows, module)
+
+
+def is_compiled_block(module: torch.nn.Module) -> bool:
+    """Whether :func:`compile_elementwise_blocks` compiled ``module`` (on rows, or in place as the experts)."""
+    return (getattr(module, "_compiled_call_impl", None) is not None
+            or getattr(module.forward, "__func__", None) is _forward_on_rows)
+
+
+RECOMPILE_LIMIT = 32  # graphs a compiled function may hold (torch's default: 8); see compile_elementwise_blocks
+_COMPILED_FORWARDS: dict = {}  # a block class's forward -> its torch.compile wrapper
+
+
+def _forward_on_rows(self: torch.nn.Module, hidden_states, *args, **kwargs):
+    forward = type(self).forward
+    compiled = _COMPILED_FORWARDS.get(forward)
+    if compiled is None:
+        compiled = _COMPILED_FORWARDS[forward] = torch.compile(forward, dynamic=True)
+    if args or kwargs or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() < 2:
+        return compiled(self, hidden_states, *args, **kwargs)
+    shape = hidden_states.shape
+    return compiled(self, hidden_states.reshape(-1, shape[-1])).view(*shape[:-1], -1)
 
 
 def sharded_load_folder(path: str) -> str | None:

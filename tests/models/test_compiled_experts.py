@@ -10,7 +10,7 @@ import torch
 
 from npu_rl.models.compiled_experts import (compile_experts, gather_rows, grouped_mm, grouped_mm_weight_grad,
                                            unsort_rows)
-from npu_rl.workers.model_runner import compile_elementwise_blocks
+from npu_rl.workers.model_runner import compile_elementwise_blocks, is_compiled_block
 from tests.models.moe_models import tiny_moe
 
 
@@ -89,10 +89,10 @@ def test_expert_parallel_and_other_implementations_stay_eager_with_a_reason(capl
 
 def test_use_torch_compile_compiles_the_experts_and_the_shared_experts():
     model = tiny_moe("deepseek_v3")
-    compiled = {name for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
+    compiled = {name for name, m in model.named_modules() if is_compiled_block(m)}
     assert not compiled
     count = compile_elementwise_blocks(model)
-    compiled = {name for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
+    compiled = {name for name, m in model.named_modules() if is_compiled_block(m)}
     assert {"model.layers.1.mlp.experts", "model.layers.2.mlp.experts", "model.layers.1.mlp.shared_experts",
             "model.layers.0.mlp"} <= compiled and count == len(compiled)
     assert not any(name.endswith("gate") for name in compiled)  # routers stay eager (replay hooks them)
