@@ -2,7 +2,7 @@
 
 ``pool.run(fn, *args)`` runs the module-level function ``fn`` on every rank at once and returns the per-rank
 results (rank order). Spawning and importing torch + transformers costs seconds, so the pools are shared by all
-distributed tests (``dist_pool2`` / ``dist_pool1`` fixtures in conftest.py). A failure on any rank raises here
+distributed tests (``dist_pool2`` / ``dist_pool1`` fixtures in tests/conftest.py). A failure on any rank raises here
 with that rank's traceback; the pool is then restarted on next use, since the other ranks may be stuck in a
 collective.
 """
