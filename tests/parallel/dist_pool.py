@@ -45,6 +45,9 @@ def _worker(rank: int, world_size: int, port: int, tasks, results) -> None:
             results.put((rank, True, _dumps(fn(*args, **kwargs))))
         except BaseException:  # report everything, keep serving
             results.put((rank, False, traceback.format_exc()))
+    # Asked to stop (close), every result of this rank was already read by the parent, so nothing is left to flush:
+    # leaving without the interpreter's teardown of torch, transformers and the gloo group takes 1-3 s less a pool.
+    os._exit(0)
 
 
 class DistPool:
