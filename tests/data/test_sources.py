@@ -88,7 +88,7 @@ def test_hub_files_download_then_read_offline(data_hub, tmp_path, monkeypatch):
 
 
 _THROUGH_DATASETS = textwrap.dedent("""\
-    import json, sys
+    import json, os, sys
     from npu_rl.data.sources import data_files_problems, resolve_data_files
     from npu_rl.data.io import read_rows
     out = []
@@ -96,7 +96,8 @@ _THROUGH_DATASETS = textwrap.dedent("""\
         problems = data_files_problems("train_files", uri)
         rows = [] if problems else [r for p in resolve_data_files(uri) for r in read_rows(p)]
         out.append({"problems": problems, "rows": rows})
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    os._exit(0)  # read and printed: the interpreter's teardown of datasets and pyarrow checks nothing
     """)
 
 
