@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from npu_rl.device.backend import select_backend
+from tests.parallel.dist_pool import DistPool
 
 # A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler; the
 # Ctrl-C tests (tests/e2e/test_interrupt.py) test what a user at a terminal gets, so the suite starts from Python's usual handler.
@@ -95,6 +96,24 @@ def tiny_model_dir_pad_is_eos(tmp_path_factory) -> str:
     from tests.helpers import save_tiny_model_dir
 
     return save_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model_pad_eos")), pad_is_eos=True)
+
+
+@pytest.fixture(scope="session")
+def dist_pool2():
+    """Two gloo ranks for the whole session (tests/parallel/dist_pool.py). Defined here, once, so that every folder
+    shares it: a copy imported into a test module or a folder's conftest is a fixture of its own, and starts (and
+    imports torch and transformers in) a pool of its own."""
+    pool = DistPool(2)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def dist_pool1():
+    """One gloo rank for the whole session, shared like dist_pool2."""
+    pool = DistPool(1)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(scope="module")

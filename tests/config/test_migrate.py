@@ -236,7 +236,9 @@ def test_migrate_command_passes_cfg_job_on_verl_example_scripts(capsys, tmp_path
 # ---------------------------------------------------------------------- hostile or odd scripts (issue 29)
 @pytest.fixture
 def short_limits(monkeypatch):
-    monkeypatch.setattr(script_module, "TIME_LIMIT_S", 2.0)
+    """Limits the bombs meet sooner than the reader's own (5 s, 512 MiB): what is tested is that one of them stops
+    the script, and each second of the time limit is a second an endless loop holds the lane."""
+    monkeypatch.setattr(script_module, "TIME_LIMIT_S", 1.0)
     monkeypatch.setattr(script_module, "MEMORY_LIMIT", 256 << 20)
 
 

@@ -88,21 +88,26 @@ def test_hub_files_download_then_read_offline(data_hub, tmp_path, monkeypatch):
 
 
 _THROUGH_DATASETS = textwrap.dedent("""\
-    import json, sys
+    import json, os, sys
     from npu_rl.data.sources import data_files_problems, resolve_data_files
     from npu_rl.data.io import read_rows
-    problems = data_files_problems("train_files", sys.argv[1])
-    rows = [] if problems else [r for p in resolve_data_files(sys.argv[1]) for r in read_rows(p)]
-    print(json.dumps({"problems": problems, "rows": rows}))
+    out = []
+    for uri in sys.argv[1:]:
+        problems = data_files_problems("train_files", uri)
+        rows = [] if problems else [r for p in resolve_data_files(uri) for r in read_rows(p)]
+        out.append({"problems": problems, "rows": rows})
+    print(json.dumps(out), flush=True)
+    os._exit(0)  # read and printed: the interpreter's teardown of datasets and pyarrow checks nothing
     """)
 
 
-def _in_process(env_extra: dict, uri: str) -> dict:
+def _in_process(env_extra: dict, *uris: str) -> list[dict]:
     """huggingface_hub and datasets read HF_HUB_OFFLINE / HF_ENDPOINT / HF_HOME once, at import: a fresh
-    interpreter sees the environment as a user's run would."""
+    interpreter sees the environment as a user's run would. The URIs are read one after the other in that one
+    interpreter (importing datasets costs seconds): one result each."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
     env.update(env_extra, PYTHONPATH=REPO_ROOT)
-    out = subprocess.run([sys.executable, "-c", _THROUGH_DATASETS, uri], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", _THROUGH_DATASETS, *uris], env=env, capture_output=True, text=True,
                          timeout=240, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -112,13 +117,13 @@ def test_hub_data_sets_through_datasets_online_then_from_its_cache_offline(data_
     home = str(tmp_path / "hf")
     online = {"HF_HOME": home, "HF_ENDPOINT": data_hub.endpoint, "HF_HUB_OFFLINE": "0",
               "NPU_RL_CACHE": str(tmp_path / "npu_rl_a")}
-    got = _in_process(online, "hf://datasets/tiny-org/tiny-set?split=train")
+    (got,) = _in_process(online, "hf://datasets/tiny-org/tiny-set?split=train")
     assert got["problems"] == [] and got["rows"] == ROWS
     data_hub.stop()
-    # offline, with our own parquet cache empty: datasets' cache (under HF_HOME) still has the set
+    # offline, with our own parquet cache empty: datasets' cache (under HF_HOME) still has the set, not the other
     offline = {"HF_HOME": home, "HF_HUB_OFFLINE": "1", "NPU_RL_CACHE": str(tmp_path / "npu_rl_b")}
-    got = _in_process(offline, "hf://datasets/tiny-org/tiny-set?split=train")
+    got, never = _in_process(offline, "hf://datasets/tiny-org/tiny-set?split=train",
+                             "hf://datasets/tiny-org/never-loaded?split=train")
     assert got["problems"] == [] and got["rows"] == ROWS
-    got = _in_process(offline, "hf://datasets/tiny-org/never-loaded?split=train")
-    (problem,) = got["problems"]
+    (problem,) = never["problems"]
     assert "never-loaded" in problem and "HF_HUB_OFFLINE is set and datasets' cache has no copy" in problem

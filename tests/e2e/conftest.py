@@ -1,7 +1,6 @@
 """The end-to-end lane's fixtures: those of the rooms its tests came from (the trainer's reward file, the rollout's
-tiny model vLLM's CPU kernels accept, the gloo process pools, the kernels' device)."""
+tiny model vLLM's CPU kernels accept, the kernels' device); the gloo process pools are tests/conftest.py's."""
 
 from tests.kernels.conftest import device, needs_triton  # noqa: F401
-from tests.parallel.conftest import dist_pool1, dist_pool2  # noqa: F401
 from tests.rollout.conftest import eos_model_dir, eos_model_dir_other_weights  # noqa: F401
 from tests.trainer.conftest import reward_file  # noqa: F401

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.parallel.conftest import dist_pool2  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.dist
 
@@ -45,7 +44,7 @@ def r3_job(model_dir: str, out_dir: str) -> dict:
             "routed": batch["routed_experts"], "metrics": metrics}
 
 
-def test_r3_on_two_fsdp2_ranks(dist_pool2, tmp_path):  # noqa: F811
+def test_r3_on_two_fsdp2_ranks(dist_pool2, tmp_path):
     from tests.models.moe_models import save_tiny_moe
 
     folder = save_tiny_moe(str(tmp_path / "moe"))

@@ -62,7 +62,8 @@ mean_nll(model, ids, mask).backward()
 mean_nll(ref, ids, mask).backward()
 norm = clip_grad_norm(model, 1e9)
 torch.testing.assert_close(norm, torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e9))
-print("OK")
+print("OK", flush=True)
+os._exit(0)  # all checked: the interpreter's teardown of torch and the gloo group costs ~1 s and checks nothing
 """
 
 

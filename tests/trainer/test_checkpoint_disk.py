@@ -4,15 +4,16 @@
 598`` traceback and a leftover ``.tmp`` on a 3 MB tmpfs, a 20 MB one and under ``ulimit -f``).
 
 The file-size limit case runs in a child process: lowering ``RLIMIT_FSIZE`` in pytest's own process could cut its
-capture files."""
+capture files. The child is a fork of pytest's process, which has torch, DCP and the trainer imported already (a fresh
+interpreter spent seconds importing them); Python ignores ``SIGXFSZ``, in the fork as in a fresh interpreter, so the
+write past the limit fails with ``EFBIG`` instead of killing the child."""
 
 from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
-import textwrap
+import resource
+import traceback
 import types
 
 import pytest
@@ -21,7 +22,6 @@ import torch.distributed.checkpoint.filesystem as dcp_filesystem
 from npu_rl.parallel.checkpoint import save_checkpoint
 from npu_rl.trainer.checkpoint import MARKER, CheckpointManager, DiskFullError, disk_full_error
 from npu_rl.trainer.ppo_trainer import PPOTrainer
-from tests.conftest import REPO_ROOT
 from tests.trainer.test_checkpoints import _model_and_optimizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -55,29 +55,47 @@ def test_a_full_disk_inside_dcp_is_said_and_the_tmp_folder_removed(tmp_path, mon
     assert open(os.path.join(root, MARKER)).read().strip() == "1"
 
 
-SAVE_UNDER_A_FILE_SIZE_LIMIT = textwrap.dedent('''
-    import resource, sys
-    from npu_rl.trainer.ppo_trainer import PPOTrainer
-    from tests.trainer.test_checkpoint_disk import _trainer
-    trainer = _trainer(sys.argv[1])
+def _save_under_a_file_size_limit(root: str) -> str:
+    """In the forked child: step 1 saved, then step 2 under a 100 kB file-size limit; what it raised, in words."""
+    trainer = _trainer(root)
     PPOTrainer.save_checkpoint(trainer)
     trainer.global_step = 2
     resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     try:
         PPOTrainer.save_checkpoint(trainer)
     except OSError as exc:
-        print(type(exc).__name__, exc.strerror)
-''')
+        return f"{type(exc).__name__} {exc.strerror}\n"
+    return ""
+
+
+def _in_a_fork(fn, *args) -> str:
+    """``fn(*args)``'s text, run in a forked child (its limits stay its own); a failure there fails the test."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(read_end)
+            text, code = fn(*args), 0
+        except BaseException:
+            text = traceback.format_exc()
+        finally:
+            with os.fdopen(write_end, "w") as out:
+                out.write(text)
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        text = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
+    return text
 
 
 def test_a_file_size_limit_is_said_and_the_tmp_folder_removed(tmp_path):
     root = str(tmp_path / "run")
-    result = subprocess.run([sys.executable, "-c", SAVE_UNDER_A_FILE_SIZE_LIMIT, root], capture_output=True,
-                            text=True, timeout=120, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith(f"DiskFullError file-size limit reached at {root}/global_step_2.tmp/actor/"), \
-        result.stdout
-    assert "(ulimit -f allows 100000 bytes): raise it (ulimit -f unlimited)" in result.stdout
+    stdout = _in_a_fork(_save_under_a_file_size_limit, root)
+    assert stdout.startswith(f"DiskFullError file-size limit reached at {root}/global_step_2.tmp/actor/"), stdout
+    assert "(ulimit -f allows 100000 bytes): raise it (ulimit -f unlimited)" in stdout
     assert sorted(os.listdir(root)) == ["global_step_1", MARKER]
 
 

@@ -15,7 +15,6 @@ from npu_rl.parallel import dist
 from npu_rl.protocol import Batch
 from npu_rl.trainer.preflight import run_settings_for
 from npu_rl.workers.roles import own_pools, worker_specs
-from tests.parallel.conftest import dist_pool2  # noqa: F401  (a fixture)
 from tests.trainer.conftest import base_overrides
 
 _WORKERS: dict[str, object] = {}  # on each rank of the pool: the worker built by _init
