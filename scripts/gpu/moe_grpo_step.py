@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from npu_rl.commands.plan import main as plan_main
 from npu_rl.models.synthetic import char_tokenizer
 from npu_rl.trainer.main_ppo import main as train_main
+from step_figures import print_step_figures  # scripts/gpu/step_figures.py (this script's folder)
 
 QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
                      num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -101,6 +102,7 @@ def main() -> int:
     code = train_main(overrides, default_config="ppo_trainer")
     for path in glob.glob(os.path.join(args.work, "run", "logs", "*", "metrics.jsonl")):
         shutil.copy(path, os.path.join(args.out, f"moe_metrics_{args.engine}_{args.replay}{args.tag}.jsonl"))
+        print_step_figures(path)
     print(f"== train exit {code}", flush=True)
     sys.stdout.flush()
     plan_code = plan_main(["--config-name", "ppo_trainer"] + overrides +

@@ -35,6 +35,7 @@ from npu_rl.commands.plan import main as plan_main
 from npu_rl.plan.vision import transformers_encodes_once
 from npu_rl.models.synthetic import tiny_image_processor, vl_char_tokenizer
 from npu_rl.trainer.main_ppo import main as train_main
+from step_figures import print_step_figures  # scripts/gpu/step_figures.py (this script's folder)
 
 # Qwen/Qwen2.5-VL-7B-Instruct's config.json (text and vision shapes)
 QWEN2_5_VL_7B_TEXT = dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
@@ -132,6 +133,7 @@ def main() -> int:
     prompt_lengths = []
     for path in glob.glob(os.path.join(args.work, "run", "logs", "*", "metrics.jsonl")):
         shutil.copy(path, os.path.join(args.out, f"vl_metrics_{args.engine}.jsonl"))
+        print_step_figures(path)
         with open(path) as f:
             prompt_lengths += [row["prompt_length/mean"] for row in map(json.loads, f) if "prompt_length/mean" in row]
     print(f"== train exit {code}", flush=True)
