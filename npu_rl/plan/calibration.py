@@ -60,6 +60,7 @@ class MeasuredRow:
     update_settings: dict = field(default_factory=dict)  # scope "update": TrainSettings fields
     note: str = ""
     peak_gib: float | None = None  # measured peak memory per device (perf/max_memory_allocated_gb), where reported
+    grad_cast_copy: bool = True  # measured before 2026-12-03's grads_to_master change (TrainSettings.grad_cast_copy)
 
 
 def _same(*values: float) -> tuple[float, float]:
@@ -137,6 +138,17 @@ ROWS = [
                 {"gen": _same(12.4), "old": _same(0.20), "ref": _same(0.21), "update": _same(1.16, 1.19),
                  "step": _same(14.1)}, mean_prompt_length=54, peak_gib=65.1,
                 note="prompts ~54 tokens: the step's tokens/s over 256 x (prompt + 256)"),
+    MeasuredRow("MoE 4 layers (Qwen3-30B-A3B shape), hf, compiled experts (2026-12-07)",
+                "GRPO steps of a Qwen3-30B-A3B shape cut to 4 layers (compiled, H200)", MOE_4_LAYERS,
+                ["preset=grpo", "data.train_batch_size=32", "data.max_prompt_length=128",
+                 "data.max_response_length=256", "actor_rollout_ref.rollout.n=8",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
+                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=64", "trainer.n_gpus_per_node=1"] + _HF,
+                {"gen": _same(2.887, 2.889), "old": _same(0.175, 0.178), "ref": _same(0.169, 0.173),
+                 "update": _same(0.714, 0.782), "step": _same(4.02, 4.16)}, mean_prompt_length=55, peak_gib=52.2,
+                grad_cast_copy=False, note="steps 2-3; the gradient casts one tensor at a time"),
     MeasuredRow("MoE 4 layers, vLLM (R3)", "The same steps with vLLM rollouts (both runs)", MOE_4_LAYERS,
                 ["preset=grpo", "data.train_batch_size=32", "data.max_prompt_length=128",
                  "data.max_response_length=256", "actor_rollout_ref.rollout.n=8",
@@ -207,8 +219,8 @@ def predict(row: MeasuredRow) -> dict[str, float]:
         inputs = inputs_from_config(load_config(overrides, "ppo_trainer"), model_config=config_json,
                                     mean_prompt_length=row.mean_prompt_length,
                                     mean_response_length=row.mean_response_length)
-        # every row was measured before 2026-12-03's grads_to_master change: plan the code that ran
-        inputs = replace(inputs, actor=replace(inputs.actor, grad_cast_copy=True))
+        # plan the code that ran: most rows were measured before 2026-12-03's grads_to_master change
+        inputs = replace(inputs, actor=replace(inputs.actor, grad_cast_copy=row.grad_cast_copy))
         result = plan(inputs, device_spec("h200"))
     time = result.time
     generation = time.phase("rollout: prefill") + time.phase("rollout: decode")
