@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from npu_rl.commands.plan import main as plan_main
 from npu_rl.models.synthetic import char_tokenizer
 from npu_rl.trainer.main_ppo import main as train_main
-from step_figures import print_step_figures  # scripts/gpu/step_figures.py (this script's folder)
+from step_common import fresh_work_folder, print_step_figures  # scripts/gpu/step_common.py (this folder)
 
 QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
                      num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -71,7 +71,7 @@ def main() -> int:
                         "actor_rollout_ref.actor.use_torch_compile=True)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    shutil.rmtree(args.work, ignore_errors=True)  # our own scratch folder
+    fresh_work_folder(args.work)  # emptied only if these scripts made it
     model_dir = save_model(os.path.join(args.work, "model"), args.layers, TINY if args.tiny else QWEN3_30B_A3B)
     overrides = [
         "data.train_files=builtin://arith/train", "data.val_files=builtin://arith/test", "data.train_batch_size=32",

@@ -35,7 +35,7 @@ from npu_rl.commands.plan import main as plan_main
 from npu_rl.plan.vision import transformers_encodes_once
 from npu_rl.models.synthetic import tiny_image_processor, vl_char_tokenizer
 from npu_rl.trainer.main_ppo import main as train_main
-from step_figures import print_step_figures  # scripts/gpu/step_figures.py (this script's folder)
+from step_common import fresh_work_folder, print_step_figures  # scripts/gpu/step_common.py (this folder)
 
 # Qwen/Qwen2.5-VL-7B-Instruct's config.json (text and vision shapes)
 QWEN2_5_VL_7B_TEXT = dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
@@ -121,7 +121,7 @@ def main() -> int:
     if args.tiny and args.image == 448:
         args.image = 56
     os.makedirs(args.out, exist_ok=True)
-    shutil.rmtree(args.work, ignore_errors=True)  # our own scratch folder
+    fresh_work_folder(args.work)  # emptied only if these scripts made it
     text, vision = (TINY_TEXT, TINY_VISION) if args.tiny else (QWEN2_5_VL_7B_TEXT, QWEN2_5_VL_7B_VISION)
     model_dir = save_model(os.path.join(args.work, "model"), args.layers, text, vision, args.image)
     overrides = overrides_for(args, model_dir) + list(args.overrides)
