@@ -143,6 +143,9 @@ def compile_on_rows(module: torch.nn.Module) -> None:
     ``torch.compile(dynamic=True)``, one cache of graphs for every instance. A call with more than the one tensor (a
     gated norm's ``gate``) runs the compiled forward as it is. Names, parameters and state dicts are unchanged, and a
     deep copy calls its own weights (the forward is a bound method)."""
+    forward = type(module).forward
+    if forward not in _COMPILED_FORWARDS:
+        _COMPILED_FORWARDS[forward] = torch.compile(forward, dynamic=True)
     module.forward = types.MethodType(_forward_on_rows, module)
 
 
@@ -157,10 +160,7 @@ _COMPILED_FORWARDS: dict = {}  # a block class's forward -> its torch.compile wr
 
 
 def _forward_on_rows(self: torch.nn.Module, hidden_states, *args, **kwargs):
-    forward = type(self).forward
-    compiled = _COMPILED_FORWARDS.get(forward)
-    if compiled is None:
-        compiled = _COMPILED_FORWARDS[forward] = torch.compile(forward, dynamic=True)
+    compiled = _COMPILED_FORWARDS[type(self).forward]
     if args or kwargs or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() < 2:
         return compiled(self, hidden_states, *args, **kwargs)
     shape = hidden_states.shape
