@@ -189,7 +189,7 @@ class JobPlan:
         """One line: the peak phase, the device, fits or not and what would make it fit."""
         peak = self.peak
         head = (f"memory plan: peak {peak.gib:.1f} GiB per device in '{peak.name}' on {self.device.name} "
-                f"({self.device.memory_gib:.0f} GiB), {self.world_size} devices")
+                f"({self.device.memory_gib:.0f} GiB), {self.world_size} device{'s' if self.world_size != 1 else ''}")
         if self.fits:
             line = f"{head}: fits ({self.device.memory_gib - peak.gib:.1f} GiB spare)"
         else:

@@ -163,7 +163,8 @@ class StepTime:
                  "efficiencies measured on one H200, assumed here (never measured on this device)")
         return (f"time plan (roofline estimate, not a measurement): {self.seconds:.2f} s/step, "
                 f"{self.tokens_per_s_per_device:,.0f} tokens/s per device ({self.rows} sequences, "
-                f"{self.tokens:,.0f} tokens a step on {self.world_size} devices) on {self.device_name}; {where}")
+                f"{self.tokens:,.0f} tokens a step on {self.world_size} device{'s' if self.world_size != 1 else ''}) "
+                f"on {self.device_name}; {where}")
 
 
 # ---------------------------------------------------------------------------------------------- the model's work

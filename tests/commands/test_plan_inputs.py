@@ -55,7 +55,7 @@ def test_no_config_name_plans_what_npu_rl_train_runs(capsys):
     default, whose model path (~/models/deepseek-llm-7b-chat) is on nobody's machine."""
     assert plan(["--device", "h200"]) == 0
     captured = capsys.readouterr()
-    assert "1 devices: fits" in captured.out and "deepseek" not in captured.out + captured.err, captured
+    assert "1 device: fits" in captured.out and "deepseek" not in captured.out + captured.err, captured
 
 
 def test_a_sound_config_is_still_planned(model_config, capsys):
