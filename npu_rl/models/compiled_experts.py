@@ -15,7 +15,9 @@ holds the routing bookkeeping (sort by expert, gather, counts by ``scatter_add``
 activation and product, the routing weights, the unsort and the sum over ``k``), with the token count symbolic
 (``dynamic=True``), so a batch of another length reuses the graph. The two permutations (tokens to their
 expert-sorted slots, and back) are autograd functions whose backwards are gathers through the inverse permutation
-(:func:`gather_rows`, :func:`unsort_rows`), not the scatter-adds that indexing's backward makes.
+(:func:`gather_rows`, :func:`unsort_rows`), not the scatter-adds that indexing's backward makes. Where Triton runs
+(CUDA), the routing-weighted sum over ``k`` and the gather-and-sum of the copy's backward are one kernel each
+(:mod:`npu_rl.kernels.moe_combine`): compiled by inductor they ran at a seventh of the memory bandwidth.
 
 :func:`compile_experts` switches every experts module of transformers' experts interface that runs ``grouped_mm``
 (the default) to :func:`compiled_experts_forward` and compiles it in place (``nn.Module.compile``; names and state
@@ -27,12 +29,14 @@ split sizes) and modules set to another implementation (``eager``, ``batched_mm`
 from __future__ import annotations
 
 import logging
+import os
 import types
 
 import torch
 from torch import nn
 
 from npu_rl.device.grouped_mm import torch_grouped_mm_runs
+from npu_rl.kernels.moe_combine import topk_combine, uses_triton
 from npu_rl.parallel.expert_parallel import is_experts_module
 
 log = logging.getLogger(__name__)
@@ -123,6 +127,9 @@ class _GatherRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (inverse,) = ctx.saved_tensors
+        if combine_kernel(grad):
+            # ``perm`` is read only by the kernel's backward, which a backward never takes: ``inverse`` stands in
+            return topk_combine(grad, inverse, inverse, None, ctx.top_k), None, None, None
         return grad[inverse].view(-1, ctx.top_k, grad.shape[-1]).sum(dim=1), None, None, None
 
 
@@ -139,6 +146,17 @@ class _Unsort(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         (perm,) = ctx.saved_tensors
         return grad[perm], None, None
+
+
+def combine_kernel(rows: torch.Tensor) -> bool:
+    """Whether the gather-and-sum over ``k`` runs as :func:`npu_rl.kernels.moe_combine.topk_combine` (one Triton
+    kernel; where Triton runs for ``rows``' device) rather than as torch ops the compiler fuses.
+    ``NPU_RL_MOE_COMBINE=compiler`` keeps the compiler's (read when the graph is traced)."""
+    choice = os.environ.get("NPU_RL_MOE_COMBINE", "auto")
+    if choice not in ("auto", "compiler"):
+        raise ValueError(f"NPU_RL_MOE_COMBINE={choice!r}: expected auto (the Triton kernel where Triton runs) or "
+                         "compiler (torch ops fused by the compiler)")
+    return choice == "auto" and uses_triton(rows)
 
 
 def gather_rows(x: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -177,6 +195,8 @@ def compiled_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k
         projected = self.act_fn(_linear(rows, weight, offsets, bias, transposed))
     bias = self.down_proj_bias[expert_ids_g] if has_bias else None
     out = _linear(projected, self.down_proj, offsets, bias, transposed)
+    if combine_kernel(out):
+        return topk_combine(out, perm, inverse, sample_weights, num_top_k).to(hidden_states.dtype)
     weighted = unsort_rows(out * weights_g.unsqueeze(-1), perm, inverse)
     return weighted.view(num_tokens, num_top_k, -1).sum(dim=1).to(hidden_states.dtype)
 
