@@ -34,17 +34,28 @@ SHAPES = {
 }
 
 
+# GPT-2's byte-level alphabet for the characters it does not keep as they are (tokenizers' ByteLevel)
+_BYTE_LEVEL = {" ": "\u0120", "\n": "\u010a", "\t": "\u0109"}
+
+
 def char_tokenizer(chat_template: bool = True, pad_is_eos: bool = False):
-    """ids: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|> (end of turn), then the printable characters.
-    ``pad_is_eos`` mimics SmolLM2 (pad == end of turn)."""
+    """ids: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|> (end of turn), then the printable characters, one token
+    each. The characters are spelled in the byte-level alphabet (space as ``\u0120``, newline as ``\u010a``) with a
+    byte-level pre-tokenizer and decoder, as Qwen's and GPT-2's vocabularies are: transformers 5.17 loads a folder
+    whose config says ``model_type: qwen2`` with ``Qwen2Tokenizer`` whatever its tokenizer_config names, rebuilding
+    a byte-level BPE from the vocabulary, and a vocabulary of raw characters then lost every space and newline
+    (verl's Qwen chat builder refused the tokenizer: "\\n" encoded to no token). ``pad_is_eos`` mimics SmolLM2
+    (pad == end of turn)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
+    chars = [_BYTE_LEVEL.get(c, c) for c in string.printable if c not in "\x0b\x0c\r"]
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        pre_tokenizers.Split(Regex("."), behavior="isolated")])
+    tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
         pad_token="<|im_end|>" if pad_is_eos else "<|endoftext|>", additional_special_tokens=SPECIAL_TOKENS)
