@@ -77,6 +77,11 @@ if [ -n "${DIAG_AFTER:-}" ]; then
   diag=$!
 fi
 trl=(); [ -d /tmp/trl_site/trl ] && trl=(--trl-site /tmp/trl_site)  # TRL apart from verl (carry_vllm.sh)
+# the sides' logs are copied under $out every 15 s: a call cut off at the device's limit still brings back how far
+# each side got (2026-12-07: a call killed at its limit brought back nothing but the model folder's progress bar)
+copy_logs() { for f in /tmp/bench-"$row"/*.log; do [ -f "$f" ] && cp "$f" "$out/$row-$(basename "$f")"; done; }
+( while sleep 15; do copy_logs; done ) &
+copier=$!
 bench() { python3 -m npu_rl.cli bench verl --dir "/tmp/bench-$row" --out "$out/$row.json" "${trl[@]}" "$@"; }
 case "$row" in
   embedded) bench --repeat 2 "$@";;
@@ -91,7 +96,8 @@ case "$row" in
   *) echo "bench_verl_calls.sh: unknown row $row" >&2; exit 2;;
 esac
 rc=$?
-for f in /tmp/bench-"$row"/*.log; do [ -f "$f" ] && cp "$f" "$out/$row-$(basename "$f")"; done
+kill "$copier" 2>/dev/null
+copy_logs
 [ -n "${diag:-}" ] && kill "$diag" 2>/dev/null
 # Ray's worker logs (verl's vLLM server and its engine process log there, not to the driver): the last 200 KB of each
 ray_logs "$out/$row-ray"
