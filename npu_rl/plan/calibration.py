@@ -34,6 +34,19 @@ MOE_4_LAYERS = dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=
 SMOLLM2 = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)
 
+# Qwen2.5-VL-7B-Instruct's vision tower and language layers cut to 4 (scripts/gpu/vl_grpo_step.py's model; the
+# char tokenizer's vocabulary)
+QWEN2_5_VL_7B_4_LAYERS = dict(
+    model_type="qwen2_5_vl", tie_word_embeddings=False, image_token_id=102, video_token_id=103,
+    vision_start_token_id=100, vision_end_token_id=101,
+    text_config=dict(model_type="qwen2_5_vl_text", bos_token_id=None, eos_token_id=2, hidden_size=3584,
+                     intermediate_size=18944, num_hidden_layers=4, num_attention_heads=28, num_key_value_heads=4,
+                     vocab_size=104, tie_word_embeddings=False, max_position_embeddings=128000,
+                     rope_parameters={"mrope_section": [16, 24, 24], "rope_theta": 1000000.0, "rope_type": "default"}),
+    vision_config=dict(model_type="qwen2_5_vl_vision", depth=32, hidden_size=1280, intermediate_size=3420,
+                       num_heads=16, out_hidden_size=3584, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                       window_size=112, fullatt_block_indexes=[7, 15, 23, 31], in_chans=3))
+
 _BENCH = ["preset=grpo", "data.train_batch_size=16", "data.max_prompt_length=128", "data.max_response_length=256",
           "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.rollout.n=4",
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
@@ -67,6 +80,8 @@ class MeasuredRow:
     note: str = ""
     peak_gib: float | None = None  # measured peak memory per device (perf/max_memory_allocated_gb), where reported
     grad_cast_copy: bool = True  # measured before 2026-12-03's grads_to_master change (TrainSettings.grad_cast_copy)
+    device: str = "h200"  # the card it ran on (a device_spec name); the plan is made for that card
+    vision_encode: str | None = None  # a Qwen-VL row: "per-row" where transformers < 5.19 ran it (npu-rl plan's flag)
 
 
 def _same(*values: float) -> tuple[float, float]:
@@ -159,6 +174,22 @@ ROWS = [
                 {"old": _same(0.21, 0.23), "update": _same(1.30, 1.42), "step": _same(2.50, 2.89)},
                 mean_prompt_length=144, peak_gib=81.4,
                 note="SDPA with left padding; 400 tokens a row from its tokens/s"),
+    MeasuredRow("Qwen2.5-VL-7B shape, 4 layers, hf, 448 x 448 pictures (2026-12-07)",
+                "GRPO steps at the Qwen2.5-VL-7B shape cut to 4 layers", QWEN2_5_VL_7B_4_LAYERS,
+                ["preset=grpo", "data.train_files='builtin://shapes/train?size=448&num_train=512&num_test=8'",
+                 "data.val_files='builtin://shapes/test?size=448&num_train=512&num_test=8'",
+                 "data.train_batch_size=32", "data.max_prompt_length=512", "data.max_response_length=256",
+                 "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=8",
+                 "actor_rollout_ref.rollout.ignore_eos=True", "actor_rollout_ref.model.use_remove_padding=True",
+                 "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+                 "actor_rollout_ref.actor.freeze_vision_tower=False", "trainer.n_gpus_per_node=1"],
+                {"gen": _same(7.27), "old": _same(5.88), "ref": _same(5.37), "update": _same(37.96),
+                 "step": _same(56.5)}, mean_prompt_length=334, peak_gib=36.07, grad_cast_copy=False, device="h100",
+                vision_encode="per-row", note="step 3; vision tower trained, each row's pictures encoded per pass"),
     MeasuredRow("embedded default (SmolLM2-135M), vLLM, steady step", "vLLM on one H200 (embedded default)",
                 SMOLLM2, ["preset=grpo", "actor_rollout_ref.actor.use_kl_loss=False", "data.train_batch_size=4",
                           "actor_rollout_ref.rollout.n=8", "data.max_prompt_length=64", "data.max_response_length=64",
@@ -192,7 +223,7 @@ def _shape(model: str) -> ModelShape:
 
 
 def predict(row: MeasuredRow) -> dict[str, float]:
-    """The planner's seconds for the row's phases (on the H200)."""
+    """The planner's seconds for the row's phases (on the row's card)."""
     if row.scope == "update":
         phase = train_phase("actor update", _shape(row.model), TrainSettings(**row.update_settings), SPEEDS["h200"],
                             8, tokens=row.update_settings["micro_tokens"],
@@ -207,10 +238,10 @@ def predict(row: MeasuredRow) -> dict[str, float]:
         overrides = row.overrides + [f"actor_rollout_ref.model.path={folder}"]
         inputs = inputs_from_config(load_config(overrides, "ppo_trainer"), model_config=config_json,
                                     mean_prompt_length=row.mean_prompt_length,
-                                    mean_response_length=row.mean_response_length)
+                                    mean_response_length=row.mean_response_length, vision_encode=row.vision_encode)
         # plan the code that ran: most rows were measured before 2026-12-03's grads_to_master change
         inputs = replace(inputs, actor=replace(inputs.actor, grad_cast_copy=row.grad_cast_copy))
-        result = plan(inputs, device_spec("h200"))
+        result = plan(inputs, device_spec(row.device))
     time = result.time
     generation = time.phase("rollout: prefill") + time.phase("rollout: decode")
     out = {"gen": time.phase("rollout") if "sync" not in row.measured and row.scope == "step" else generation,
@@ -218,6 +249,10 @@ def predict(row: MeasuredRow) -> dict[str, float]:
            "ref": time.phase("reference log-probs"), "update": time.phase("actor update"), "step": time.seconds}
     # the measured peaks are torch's allocated counter, which keeps a sleeping vLLM's unmapped tensors
     return {k: v for k, v in out.items() if k in row.measured} | {PEAK: result.allocated_counter_gib}
+
+
+def _label(row: MeasuredRow) -> str:
+    return row.label if row.device == "h200" else f"{row.label} [{row.device.upper()}]"
 
 
 def error(predicted: float, measured: tuple[float, float]) -> float:
@@ -238,14 +273,14 @@ def predictions() -> tuple[dict[str, float], ...]:
 
 def table() -> str:
     """The markdown table of docs/benchmarks.md: one line per row and phase."""
-    lines = ["| measured row (one H200) | phase | measured s | predicted s | error | fit? |",
+    lines = ["| measured row (one H200 unless named) | phase | measured s | predicted s | error | fit? |",
              "|---|---|---|---|---|---|"]
     for row, predicted in zip(ROWS, predictions()):
         for phase, measured in row.measured.items():
             err = error(predicted[phase], measured)
             flag = " **over 25%**" if abs(err) > LIMIT else ""
             fit = "fit" if phase in row.fit else ""
-            label = row.label + (f" ({row.note})" if row.note else "")
+            label = _label(row) + (f" ({row.note})" if row.note else "")
             lines.append(f"| {label} | {phase} | {_seconds(measured)} | {predicted[phase]:.3g} | "
                          f"{err:+.0%}{flag} | {fit} |")
     return "\n".join(lines)
@@ -264,12 +299,13 @@ def outliers() -> list[tuple[str, str, float]]:
 
 def memory_table() -> str:
     """The rows that report a peak: the memory plan's peak per device against it (goal: within 15%)."""
-    lines = ["| measured row (one H200) | measured peak GiB | planned peak GiB | error |", "|---|---|---|---|"]
+    lines = ["| measured row (one H200 unless named) | measured peak GiB | planned peak GiB | error |",
+             "|---|---|---|---|"]
     for row, predicted in zip(ROWS, predictions()):
         if row.peak_gib is not None:
             err = predicted[PEAK] / row.peak_gib - 1
             flag = " **over 15%**" if abs(err) > MEMORY_LIMIT else ""
-            lines.append(f"| {row.label} | {row.peak_gib:.1f} | {predicted[PEAK]:.1f} | {err:+.0%}{flag} |")
+            lines.append(f"| {_label(row)} | {row.peak_gib:.1f} | {predicted[PEAK]:.1f} | {err:+.0%}{flag} |")
     return "\n".join(lines)
 
 
