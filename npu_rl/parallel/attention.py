@@ -34,6 +34,11 @@ from npu_rl.parallel.varlen_kernels import VarlenKernel, resolve_kernel, sdpa_va
 logger = logging.getLogger(__name__)
 
 ATTN_IMPLEMENTATION = "npu_rl_varlen"
+# A Qwen-VL vision tower's attention over its windows and pictures as one packed call. transformers' vision attention
+# passes ``cu_seqlens`` only to an implementation whose name says "flash" (``is_flash_attention_requested``); any
+# other runs one SDPA call per window after a host sync (``cu_seqlens.tolist()``), 16 windows a 448 x 448 picture in
+# each of Qwen2.5-VL's 28 windowed blocks.
+VISION_ATTN_IMPLEMENTATION = "npu_rl_flash_vision"
 
 
 
@@ -131,6 +136,38 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     return out, None
 
 
+def select_bidirectional_kernel() -> tuple[str, VarlenKernel]:
+    """The first kernel of the device layer's preference list that attends over whole segments (name, kernel)."""
+    backend = get_backend()
+    return resolve_kernel(backend.packed_attention_kernels, accelerator=backend.is_accelerator, causal=False)
+
+
+def _vision_attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None,
+                      cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, is_causal=False,
+                      **kwargs):
+    """The vision tower's registered attention: ``[1, H, S, D]`` in, segments ``cu_seq_lens_q`` (windows or whole
+    pictures), each attending over itself; ``([1, S, H, D], None)`` out. Called without segments (another model's
+    use of the name), it is sdpa."""
+    kwargs.pop(LAYOUT_KWARG, None)
+    if cu_seq_lens_q is None or query.size(0) != 1 or is_causal:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(cu_seq_lens_k,
+                                                                                             cu_seq_lens_q):
+        raise NotImplementedError("packed vision attention expects the same segments for queries and keys")
+    name, kernel = select_bidirectional_kernel()
+    cu_seqlens = cu_seq_lens_q.to(torch.int32)
+    # host lengths only for the kernels that loop or build a mask from them (one sync a call, not one per window)
+    seqlens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist() if name in ("sdpa", "flex") else None
+    max_seqlen = int(max_length_q) if max_length_q is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [S, heads, D]
+    out = kernel(q, k, v, cu_seqlens=cu_seqlens, seqlens=seqlens, max_seqlen=max_seqlen, scale=scaling,
+                 dropout=dropout)
+    return out.unsqueeze(0), None
+
+
 def _mask(*args, **kwargs):
     """No mask in packed mode (segments come from the layout); otherwise exactly sdpa's mask."""
     if _active_layout() is not None:
@@ -151,6 +188,7 @@ def register_varlen_attention() -> str:
 
         AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _mask)
+        AttentionInterface.register(VISION_ATTN_IMPLEMENTATION, _vision_attention)
         _REGISTERED[0] = True
     return ATTN_IMPLEMENTATION
 
@@ -161,11 +199,13 @@ def use_varlen_attention(model: torch.nn.Module) -> torch.nn.Module:
     name = register_varlen_attention()
     vision = getattr(model.config, "vision_config", None)
     vision_attention = (vision._attn_implementation if vision is not None else None) or "sdpa"
+    if vision_attention in ("sdpa", name):
+        # a vision-language model's tower attends within its own segments (windows, pictures), not the rows':
+        # packed per segment by :func:`_vision_attention`; a FlashAttention tower keeps FlashAttention
+        vision_attention = VISION_ATTN_IMPLEMENTATION
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
-        if vision is not None and vision_attention != name:
-            # a vision-language model: the language model packs its rows; the vision tower keeps its own attention
-            # (it has its own segments per image) and ignores the layout keyword it is passed along
+        if vision is not None:
             model.set_attn_implementation({"vision_config": vision_attention})
     else:
         model.config._attn_implementation = name

@@ -113,7 +113,7 @@ def test_gradients_reach_the_vision_tower():
 @pytest.mark.parametrize("kind", VL_KINDS)
 def test_packed_forward_equals_padded(kind):
     """Remove-padding: rows packed into one sequence (varlen attention in the language model, the vision tower's
-    own attention untouched), each of the 3 rotary axes packed like the ids."""
+    windows and pictures packed per segment), each of the 3 rotary axes packed like the ids."""
     batch, _, tokenizer = _batch(kind)
     model = random_vl_model(kind, tokenizer, seed=5).eval()
     images = multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu")
@@ -122,7 +122,7 @@ def test_packed_forward_equals_padded(kind):
     with torch.no_grad():
         padded = response_logprobs(model, *args, model_inputs=images)
         use_varlen_attention(model)
-        assert model.model.visual.config._attn_implementation == "sdpa"
+        assert model.model.visual.config._attn_implementation == "npu_rl_flash_vision"
         packed = packed_response_logprobs(model, *args, model_inputs=images)
     mask = batch["response_mask"].bool()
     for ours, theirs in zip(packed, padded):
@@ -194,3 +194,32 @@ def test_freeze_vision_tower():
     assert all(p.requires_grad for n, p in model.named_parameters() if not n.startswith("model.visual."))
     with pytest.raises(ValueError, match="freeze_vision_tower=True.*no vision tower"):
         freeze_vision_tower(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("kind", VL_KINDS)
+def test_the_packed_vision_attention_equals_the_per_window_loop(kind, monkeypatch):
+    """After use_varlen_attention the vision tower attends through one packed call a block (npu_rl_flash_vision:
+    transformers passes it the windows' and pictures' cu_seqlens) instead of one SDPA call per window: the image
+    features equal the sdpa tower's, in values and in the gradients of the tower's weights (fp32)."""
+    import copy
+
+    from npu_rl.parallel import attention
+
+    batch, _, tokenizer = _batch(kind)
+    plain = random_vl_model(kind, tokenizer, seed=9)
+    packed = use_varlen_attention(copy.deepcopy(plain))
+    assert vision_tower(packed).config._attn_implementation == "npu_rl_flash_vision"
+    segments = []
+    kernel_of = attention.select_bidirectional_kernel
+    monkeypatch.setattr(attention, "select_bidirectional_kernel", lambda: (segments.append(1), kernel_of())[1])
+    inputs = multi_modal_kwargs(batch.non_tensors["multi_modal_inputs"], "cpu")
+    outs = []
+    for model in (plain, packed):
+        features = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+        features = torch.cat(list(features))
+        (features ** 2).sum().backward()
+        outs.append((features.detach(), [p.grad for p in vision_tower(model).parameters()]))
+    assert segments  # the packed path ran (once per block)
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-6)
+    for ours, theirs in zip(outs[1][1], outs[0][1]):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

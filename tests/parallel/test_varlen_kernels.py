@@ -187,3 +187,47 @@ def test_model_packed_forward_backward_with_flex_equals_padded():
     mean_nll(padded_model, input_ids, mask).backward()
     for (name, p), q in zip(packed_model.named_parameters(), padded_model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _full_segments(q, k, v, seqlens, scale):
+    """Every token attends over its whole segment: plain softmax attention per segment, GQA by repetition."""
+    outs, start = [], 0
+    repeat = q.size(1) // k.size(1)
+    for length in seqlens:
+        qs, ks, vs = (t[start:start + length] for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(repeat, 1), vs.repeat_interleave(repeat, 1)
+        weights = torch.softmax(torch.einsum("qhd,khd->hqk", qs, ks) * scale, dim=-1)
+        outs.append(torch.einsum("hqk,khd->qhd", weights, vs))
+        start += length
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_bidirectional_kernels_attend_over_whole_segments(kv_heads):
+    """causal=False (a vision tower's windows): the reference and flex attend over the whole segment."""
+    q, k, v, layout = _qkv([5, 3, 7], heads=4, kv_heads=kv_heads)
+    expected = _full_segments(q, k, v, layout["seqlens"], layout["scale"])
+    for name in ("sdpa", "flex"):
+        kernel = kernel_by_name(name, causal=False)
+        torch.testing.assert_close(kernel(q, k, v, **layout), expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(sdpa_varlen(q, k, v, **layout), expected)  # the causal default differs
+    assert resolve_kernel(("npu_fusion", "sdpa"), accelerator=True, causal=False)[0] == "sdpa"  # unchecked there
+
+
+def test_torch_varlen_adapter_bidirectional_window_and_flag():
+    seen = []
+
+    def new_signature(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                      enable_gqa=False):
+        seen.append(window_size)
+        return query
+
+    def old_signature(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False):
+        seen.append(is_causal)
+        return query
+
+    q, k, v, layout = _qkv([4, 6], heads=4, kv_heads=4)
+    layout["scale"] = q.size(-1) ** -0.5
+    torch_varlen_call(new_signature, causal=False)(q, k, v, **layout)
+    torch_varlen_call(old_signature, causal=False)(q, k, v, **layout)
+    assert seen == [(-1, -1), False]
