@@ -20,6 +20,7 @@ wins over the list, and :func:`set_varlen_kernel` over both (tests).
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -199,10 +200,13 @@ def use_varlen_attention(model: torch.nn.Module) -> torch.nn.Module:
     name = register_varlen_attention()
     vision = getattr(model.config, "vision_config", None)
     vision_attention = (vision._attn_implementation if vision is not None else None) or "sdpa"
-    if vision_attention in ("sdpa", name):
+    if vision_attention in ("sdpa", name) and os.environ.get("NPU_RL_VISION_ATTENTION") != "transformers":
         # a vision-language model's tower attends within its own segments (windows, pictures), not the rows':
-        # packed per segment by :func:`_vision_attention`; a FlashAttention tower keeps FlashAttention
+        # packed per segment by :func:`_vision_attention`; a FlashAttention tower keeps FlashAttention, and
+        # NPU_RL_VISION_ATTENTION=transformers keeps transformers' per-window SDPA calls (to compare)
         vision_attention = VISION_ATTN_IMPLEMENTATION
+    elif vision_attention == name:
+        vision_attention = "sdpa"
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
         if vision is not None:

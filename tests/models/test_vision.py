@@ -223,3 +223,10 @@ def test_the_packed_vision_attention_equals_the_per_window_loop(kind, monkeypatc
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-6)
     for ours, theirs in zip(outs[1][1], outs[0][1]):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_npu_rl_vision_attention_transformers_keeps_the_per_window_tower(monkeypatch):
+    monkeypatch.setenv("NPU_RL_VISION_ATTENTION", "transformers")
+    model = use_varlen_attention(random_vl_model("qwen2_5_vl", vl_char_tokenizer(), seed=3))
+    assert vision_tower(model).config._attn_implementation == "sdpa"
+    assert model.config.text_config._attn_implementation == "npu_rl_varlen"
