@@ -8,6 +8,7 @@ Public API:
 - :func:`policy_loss_and_kl` the PPO dual-clip policy loss, the KL estimator and the clip flags per token, in one pass
   over the ``[B, T]`` tensors; :func:`kl_estimate` the KL estimators alone (k1 / abs / k2 / k3, ``+`` variants);
 - :func:`select_tiles` the device-budgeted tile choice (:mod:`npu_rl.kernels.tiles`);
+- :mod:`npu_rl.kernels.moe_combine` the top-k combine of a mixture-of-experts layer (the compiled experts use it);
 - :mod:`npu_rl.commands.bench_kernels` ``main(argv)``: ``npu-rl bench kernels``.
 
 Each op has a chunked torch implementation (the CPU / NPU fallback) and a Triton one (CUDA; Ascend through
