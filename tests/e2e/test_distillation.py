@@ -15,7 +15,7 @@ import torch
 from tests.conftest import REPO_ROOT
 from tests.trainer.conftest import base_overrides, final_weights, step_rows
 
-STEPS = 8
+STEPS = 10  # 8 before the char tokenizer kept spaces and newlines: the student then lags a step or two
 
 
 def _teacher_favouring_seven(path: str) -> str:
