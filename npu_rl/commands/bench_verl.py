@@ -41,6 +41,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -305,6 +306,22 @@ def summarize_trl(result: dict, wall_s: float) -> dict:
     return out
 
 
+_ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)")
+
+
+def first_error(log_text: str) -> str | None:
+    """The first ``SomeError: message`` line of a side's log (Ray's worker prefix and warnings left out): a run whose
+    own last words are a consequence (verl: "Sync replay buffer selected terminal groups with no materializable
+    trajectories" after every rollout failed in its agent loop) still names the cause."""
+    for line in log_text.splitlines():
+        if "Warning" in line:
+            continue
+        match = _ERROR_LINE.search(line)
+        if match:
+            return f"{match.group(1)}: {match.group(2).strip()}"
+    return None
+
+
 def run_side(side: str, overrides: list[str], folder: str, run: int, timeout: float, trl: dict | None = None
              ) -> dict:
     run_dir = os.path.join(folder, f"{side}-run{run}")
@@ -321,9 +338,10 @@ def run_side(side: str, overrides: list[str], folder: str, run: int, timeout: fl
     wall = time.perf_counter() - start
     if code != 0:
         with open(log, encoding="utf-8", errors="replace") as fh:
-            tail = fh.read()[-2500:]
+            text = fh.read()
+        first = first_error(text)
         raise RuntimeError(f"the {side} side's run {run} failed (exit {code}) after {wall:.0f} s; its log: {log}\n"
-                           f"{tail}")
+                           + (f"first error in the log: {first}\n" if first else "") + text[-2500:])
     if side == "trl":
         with open(os.path.join(run_dir, "result.json"), encoding="utf-8") as fh:
             result = summarize_trl(json.load(fh), wall)

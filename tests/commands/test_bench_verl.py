@@ -196,3 +196,18 @@ def test_trl_figures_in_the_reports_terms():
                              _args())
     assert "ours / trl (cold): wall 0.50x, steady step 0.50x, tokens/s/GPU 2.00x, peak memory 0.50x" in text
     assert "0.500 -> 0.750" in text
+
+
+def test_a_failed_sides_first_error_is_named_not_only_its_last_words():
+    """verl 0.9.1 on the H100 (2026-12-07): every rollout failed in its agent loop, and the run ended on a
+    consequence; the warnings about engines it lacks come first and are not errors."""
+    log = "\n".join([
+        "(TaskRunnerV1 pid=7376) /tmp/site/verl/workers/engine/__init__.py:32: UserWarning: torchtitan engine is not "
+        "available: ModuleNotFoundError(\"No module named 'torchtitan'\")",
+        "(AgentLoopWorkerTQ pid=8802) ERROR:2026-12-07 08:03:38,534:Error in _run_prompt for uid=cf70",
+        "(AgentLoopWorkerTQ pid=8802) Traceback (most recent call last):",
+        "(AgentLoopWorkerTQ pid=8802) ValueError: Expected Qwen newline to tokenize to one token, got []",
+        "RuntimeError: Sync replay buffer selected terminal groups with no materializable trajectories.",
+    ])
+    assert bench_verl.first_error(log) == "ValueError: Expected Qwen newline to tokenize to one token, got []"
+    assert bench_verl.first_error("all fine\nUserWarning: x\n") is None
