@@ -10,7 +10,7 @@ gather-sum, of a 40.9 ms layer). :func:`topk_combine` is one pass: a program per
 token's ``k`` slot indices and weights, reads the ``k`` rows once and writes the sum, accumulated in fp32. Measured
 there (2026-12-07): the two combines 8.9 -> 1.6 ms, the layer 42.2 -> 35.1 ms (docs/benchmarks.md).
 
-It is a custom op (``npu_rl::topk_combine``), opaque to the compiler, with a backward in plain torch ops that the
+It is a custom op (:func:`topk_combine`, ``npu_rl::topk_combine``), opaque to the compiler, with a backward in plain torch ops that the
 compiler fuses: ``grad_y[s] = w[perm[s]] * grad_out[perm[s] // k]`` and
 ``grad_w[j] = <grad_out[j // k], y[inverse[j]]>``. The Triton kernel runs for CUDA tensors when Triton is installed
 (or CPU tensors under ``TRITON_INTERPRET=1``, for the tests); everything else, NPU tensors included (never run with
@@ -99,17 +99,17 @@ def topk_combine_triton(y: torch.Tensor, inverse: torch.Tensor, weight: torch.Te
 
 
 @torch.library.custom_op("npu_rl::topk_combine", mutates_args=())
-def topk_combine_op(y: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None,
-                    top_k: int) -> torch.Tensor:
+def topk_combine(y: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None,
+                 top_k: int) -> torch.Tensor:
     """``out [T, H]``: ``sum_i weight[t*k + i] * y[inverse[t*k + i]]`` (``weight`` None: 1). ``y [T*k, H]`` in
     expert-sorted order, ``perm`` the sort (sorted row to slot) and ``inverse`` its inverse, ``weight [T*k]`` in slot
-    order."""
+    order. Differentiable in ``y`` and ``weight``."""
     if uses_triton(y):
         return topk_combine_triton(y, inverse, weight, top_k)
     return topk_combine_torch(y, inverse, weight, top_k)
 
 
-@topk_combine_op.register_fake
+@topk_combine.register_fake
 def _topk_combine_shape(y, perm, inverse, weight, top_k):
     return y.new_empty(inverse.shape[0] // top_k, y.shape[1])
 
@@ -132,11 +132,5 @@ def _backward(ctx, grad: torch.Tensor):
     return grad_y, None, None, grad_weight, None
 
 
-topk_combine_op.register_autograd(_backward, setup_context=_setup_context)
+topk_combine.register_autograd(_backward, setup_context=_setup_context)
 
-
-def topk_combine(y: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor, weight: torch.Tensor | None,
-                 top_k: int) -> torch.Tensor:
-    """The routing-weighted sum of each token's ``k`` expert rows (:func:`topk_combine_op`), differentiable in ``y``
-    and ``weight``."""
-    return topk_combine_op(y, perm, inverse, weight, top_k)

@@ -19,6 +19,7 @@ wins over the list, and :func:`set_varlen_kernel` over both (tests).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from contextlib import contextmanager
@@ -138,9 +139,15 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
 
 def select_bidirectional_kernel() -> tuple[str, VarlenKernel]:
-    """The first kernel of the device layer's preference list that attends over whole segments (name, kernel)."""
+    """The first kernel of the device layer's preference list that attends over whole segments (name, kernel);
+    resolved once per preference list (a vision tower asks in every block of every pass)."""
     backend = get_backend()
-    return resolve_kernel(backend.packed_attention_kernels, accelerator=backend.is_accelerator, causal=False)
+    return _bidirectional_kernel(tuple(backend.packed_attention_kernels), backend.is_accelerator)
+
+
+@functools.lru_cache(maxsize=None)
+def _bidirectional_kernel(preferences: tuple[str, ...], accelerator: bool) -> tuple[str, VarlenKernel]:
+    return resolve_kernel(preferences, accelerator=accelerator, causal=False)
 
 
 def _vision_attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None,
@@ -160,9 +167,10 @@ def _vision_attention(module, query, key, value, attention_mask=None, dropout=0.
         raise NotImplementedError("packed vision attention expects the same segments for queries and keys")
     name, kernel = select_bidirectional_kernel()
     cu_seqlens = cu_seq_lens_q.to(torch.int32)
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     # host lengths only for the kernels that loop or build a mask from them (one sync a call, not one per window)
-    seqlens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist() if name in ("sdpa", "flex") else None
-    max_seqlen = int(max_length_q) if max_length_q is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    seqlens = lengths.tolist() if name in ("sdpa", "flex") else None
+    max_seqlen = int(max_length_q) if max_length_q is not None else int(lengths.max())
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [S, heads, D]
     out = kernel(q, k, v, cu_seqlens=cu_seqlens, seqlens=seqlens, max_seqlen=max_seqlen, scale=scaling,
                  dropout=dropout)
@@ -194,23 +202,25 @@ def register_varlen_attention() -> str:
     return ATTN_IMPLEMENTATION
 
 
+def _vision_tower_attention(current: str) -> str:
+    """A vision-language model's tower attends within its own segments (windows, pictures), not the rows': packed
+    per segment (:func:`_vision_attention`) unless it runs FlashAttention (kept) or
+    ``NPU_RL_VISION_ATTENTION=transformers`` asks for transformers' per-window SDPA calls (to compare)."""
+    if current not in ("sdpa", ATTN_IMPLEMENTATION):
+        return current
+    return "sdpa" if os.environ.get("NPU_RL_VISION_ATTENTION") == "transformers" else VISION_ATTN_IMPLEMENTATION
+
+
 def use_varlen_attention(model: torch.nn.Module) -> torch.nn.Module:
     """Select ``npu_rl_varlen`` on an HF model (in place; returns it). Call before ``apply_fsdp2`` or after:
     it only changes ``config._attn_implementation``."""
     name = register_varlen_attention()
     vision = getattr(model.config, "vision_config", None)
-    vision_attention = (vision._attn_implementation if vision is not None else None) or "sdpa"
-    if vision_attention in ("sdpa", name) and os.environ.get("NPU_RL_VISION_ATTENTION") != "transformers":
-        # a vision-language model's tower attends within its own segments (windows, pictures), not the rows':
-        # packed per segment by :func:`_vision_attention`; a FlashAttention tower keeps FlashAttention, and
-        # NPU_RL_VISION_ATTENTION=transformers keeps transformers' per-window SDPA calls (to compare)
-        vision_attention = VISION_ATTN_IMPLEMENTATION
-    elif vision_attention == name:
-        vision_attention = "sdpa"
+    tower = _vision_tower_attention(vision._attn_implementation or "sdpa") if vision is not None else None
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
-        if vision is not None:
-            model.set_attn_implementation({"vision_config": vision_attention})
+        if tower is not None:
+            model.set_attn_implementation({"vision_config": tower})
     else:
         model.config._attn_implementation = name
     if model.config._attn_implementation != name:
