@@ -22,6 +22,7 @@ from npu_rl.compat.verl.translate import translate_overrides
 from npu_rl.config.loader import ConfigError, load_config
 from npu_rl.plan.job import plan_config, this_device
 from npu_rl.plan.memory import DEVICES
+from npu_rl.plan.vision import VISION_ENCODE_MODES
 from npu_rl.trainer.preflight import check
 
 
@@ -41,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 1)")
     parser.add_argument("--image-size", default=None, help="a Qwen-VL actor: the pictures' size in pixels, 448 or "
                         "WIDTHxHEIGHT, resized as the data set does (default: builtin://shapes' size, else max_pixels)")
-    parser.add_argument("--vision-encode", choices=("once", "per-row"), default=None, help="a Qwen-VL actor: "
-                        "whether each prompt's images are encoded once per pass (transformers >= 5.19) or by every row "
-                        "(older transformers; default: this machine's transformers)")
+    parser.add_argument("--vision-encode", choices=VISION_ENCODE_MODES, default=None, help="a Qwen-VL actor: "
+                        "each prompt's images encoded once per pass where no gradient reaches the tower (transformers "
+                        ">= 5.19), else each micro-batch's distinct prompts' images (once), or always those "
+                        "(per-micro-batch: older transformers), or every row's (per-row: the code before the tower's "
+                        "dedup, or NPU_RL_VISION_DEDUP=0; default: this machine's transformers and that switch)")
     parser.add_argument("--config-name", "-cn", default="quickstart",
                         help="the config to plan, as `npu-rl train` takes it (default: the embedded default, "
                         "quickstart, which `npu-rl train` runs; ppo_trainer is verl's)")

@@ -19,6 +19,10 @@ the ``<|image_pad|>`` positions as it does its own; Qwen3-VL's deepstack feature
 matched by identity, so two equal dicts that are different objects are simply encoded twice. Used where no gradient
 has to reach the vision tower: log-prob and reference passes, and the update when the tower is frozen
 (``actor.freeze_vision_tower``, or LoRA adapters on the language model only).
+
+Where the pixels go in instead (the update of a trained tower, every pass with transformers < 5.19), a forward's
+tower call still computes each distinct dict's images once and hands their features to every row that shares them
+(npu_rl.models.vision_dedup; ``NPU_RL_VISION_DEDUP=0`` turns it off).
 """
 
 from __future__ import annotations

@@ -13,13 +13,14 @@ import json
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from npu_rl.config.derived import derive_run_settings
 from npu_rl.core import estimator_needs
 from npu_rl.device import get_backend
 from npu_rl.models.loader import cache_dir, gguf_source, is_builtin, local_model_folder
 from npu_rl.models.check import moe_layer_indices
+from npu_rl.models.vision_dedup import vision_dedup_enabled
 from npu_rl.plan.memory import (
     GIB,
     dtype_bytes,
@@ -36,8 +37,9 @@ from npu_rl.plan.memory import (
     rollout_awake,
 )
 from npu_rl.plan.timing import StepTime, StepWork, step_time
-from npu_rl.plan.vision import (ImageLoad, VisionShape, image_load, parse_image_size, pixel_bounds,
-                                transformers_encodes_once, vision_shape_from_config)
+from npu_rl.plan.vision import (VISION_ENCODE_MODES, ImageLoad, VisionShape, image_load, parse_image_size,
+                                pixel_bounds, prompts_in_micro_batch, transformers_encodes_once,
+                                vision_shape_from_config)
 
 PROCESS_HOST_GIB = 4.0  # one worker process's host memory before any model (torch, the runtime, Ray's worker)
 
@@ -411,9 +413,16 @@ def vision_summary(inputs: JobInputs) -> list[str]:
             "pixels" if vision.window_size else "")
     lines = [f"vision tower: {vision.family}, {vision.num_params / 1e9:.2f}B parameters ({vision.depth} blocks of "
              f"{vision.hidden_size}{full}), {state}; language model {shape.language_params / 1e9:.2f}B"]
-    how = ("each prompt's images encoded once per pass (log-probs, reference, "
-           + ("the update, " if state != "trained" else "") + "the hf rollout; transformers >= 5.19)"
-           if images.encode_once else "every row encodes its own images in every pass (transformers < 5.19)")
+    distinct = "each micro-batch's forward encodes its distinct prompts' images"
+    if images.encode_once:
+        how = ("each prompt's images encoded once per pass (log-probs, reference, "
+               + ("the update, " if state != "trained" else "") + "the hf rollout; transformers >= 5.19)")
+        if state == "trained":
+            how += f"; in the update {distinct}" if images.dedup else "; in the update every row encodes its own"
+    elif images.dedup:
+        how = f"{distinct} in every pass (transformers < 5.19; one per micro-batch of up to n = rollout.n rows)"
+    else:
+        how = "every row encodes its own images in every pass (per-row: transformers < 5.19 without the dedup)"
     lines.append(f"images: {images.images_per_prompt} a prompt x {images.patches_per_image} patches "
                  f"({vision.image_tokens(images.patches_per_image)} image tokens), from {images.source}; {how}")
     role = RoleMemory(shape, s, trainable=True)
@@ -445,8 +454,8 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
     ``fsdp_config.expert_parallel_size``); ``mean_prompt_length`` / ``mean_response_length``: the lengths the time
     estimate assumes (default: the maxima, ``data.max_prompt_length`` / ``max_response_length``). A Qwen-VL actor:
     ``images_per_prompt`` / ``image_size`` (``--images-per-prompt``, ``--image-size 448`` or ``640x480``; default
-    :func:`npu_rl.plan.vision.image_load`'s) and ``vision_encode`` (``once`` | ``per-row``; default: what this
-    machine's transformers does)."""
+    :func:`npu_rl.plan.vision.image_load`'s) and ``vision_encode`` (``once`` | ``per-micro-batch`` | ``per-row``;
+    default: what this machine's transformers and ``NPU_RL_VISION_DEDUP`` do)."""
     # the memory plan reads no bypass-loss settings: None for them
     run = derive_run_settings(config, estimator_needs(config.algorithm.adv_estimator), None)
     arr, data = config.actor_rollout_ref, config.data
@@ -505,8 +514,11 @@ def inputs_from_config(config, *, model_config: str | None = None, critic_model_
     images = None
     if shape.vision is not None:
         images = job_images(config, shape.vision, model_config, images_per_prompt, image_size, vision_encode)
+        order = RowOrder(update=not (actor_cfg.shuffle or actor_cfg.use_dynamic_bsz),
+                         logprobs=not rollout_cfg.log_prob_use_dynamic_bsz, ref=not ref_cfg.log_prob_use_dynamic_bsz)
         actor, ref, rollout = vision_settings(images, actor, ref, rollout, rows=run.train_rows // dp,
-                                              n=arr.rollout.n, seq=seq, freeze=bool(actor_cfg.freeze_vision_tower))
+                                              n=arr.rollout.n, seq=seq, freeze=bool(actor_cfg.freeze_vision_tower),
+                                              order=order)
     work = replace(step_work(config, mean_prompt_length, mean_response_length), images=images)
     return JobInputs(shape, actor, ref, critic_shape, critic, rollout, world, per_node, run.ref_in_actor, work,
                      images)
@@ -534,40 +546,65 @@ def _processor_config(model_path: str, model_config: str | None) -> dict | None:
 def job_images(config, vision: VisionShape, model_config: str | None, images_per_prompt: int | None,
                image_size: str | tuple[int, int] | None, vision_encode: str | None) -> ImageLoad:
     """A Qwen-VL job's images per prompt and patches per image (npu_rl/plan/vision.py ``image_load``)."""
-    if vision_encode not in (None, "once", "per-row"):
-        raise ValueError(f"--vision-encode {vision_encode!r}: expected once or per-row")
-    encode_once = transformers_encodes_once() if vision_encode is None else vision_encode == "once"
+    if vision_encode not in (None, *VISION_ENCODE_MODES):
+        raise ValueError(f"--vision-encode {vision_encode!r}: expected {' | '.join(VISION_ENCODE_MODES)}")
+    if vision_encode is None:  # what this machine's transformers and NPU_RL_VISION_DEDUP would do
+        encode_once, dedup = transformers_encodes_once(), vision_dedup_enabled()
+    else:
+        encode_once, dedup = vision_encode == "once", vision_encode != "per-row"
     data = config.data
     bounds = pixel_bounds(_processor_config(config.actor_rollout_ref.model.path, model_config),
                           dict(data.mm_processor_kwargs or {}))
     size = parse_image_size(image_size) if isinstance(image_size, str) else image_size
     return image_load(vision, images_per_prompt=images_per_prompt, image_size=size, train_files=data.train_files,
-                      max_prompt_length=data.max_prompt_length, bounds=bounds, encode_once=encode_once)
+                      max_prompt_length=data.max_prompt_length, bounds=bounds, encode_once=encode_once, dedup=dedup)
+
+
+class RowOrder(NamedTuple):
+    """Whether a pass's micro-batches keep a prompt's samples side by side (not shuffled, not regrouped by a token
+    budget): the update's, the actor's log-prob pass's, the reference's."""
+
+    update: bool = True
+    logprobs: bool = True
+    ref: bool = True
 
 
 def vision_settings(images: ImageLoad, actor: TrainSettings, ref: TrainSettings | None, rollout: RolloutSettings, *,
-                    rows: int, n: int, seq: int, freeze: bool
+                    rows: int, n: int, seq: int, freeze: bool, order: RowOrder = RowOrder()
                     ) -> tuple[TrainSettings, TrainSettings | None, RolloutSettings]:
     """The patches each pass runs through the vision tower on one device (docs/vl.md, "one vision forward per
-    prompt"): encoded once, a pass's one call covers this rank's distinct prompts and their features are held; per
-    row, each micro-batch encodes its rows'. A trained tower encodes per micro-batch in the update either way."""
+    prompt"): encoded once, a pass's one call covers this rank's distinct prompts and their features are held;
+    handed pixels, each micro-batch's forward encodes its distinct prompts' images
+    (:func:`~npu_rl.plan.vision.prompts_in_micro_batch`) with the tower's dedup, every row's without it (``per-row``).
+    So the tower's activations, working set and FLOPs scale with the images it computes; the share of a pass's rows
+    it computes (``vision_*_share``) goes to the time estimate. A trained tower is handed pixels in the update."""
     per_prompt = images.patches_per_prompt
     prompts = math.ceil(rows / max(n, 1))
     frozen = freeze or actor.lora_rank > 0
 
-    def forward(s: TrainSettings) -> TrainSettings:
+    def encoded(micro_rows: int, grouped: bool) -> int:
+        return prompts_in_micro_batch(micro_rows, n, grouped) if images.dedup else micro_rows
+
+    def forward(s: TrainSettings, grouped: bool) -> TrainSettings:
         if images.encode_once:
-            return replace(s, forward_vision_patches=prompts * per_prompt, forward_feature_patches=prompts * per_prompt)
-        return replace(s, forward_vision_patches=max(s.forward_tokens // seq, 1) * per_prompt)
+            return replace(s, forward_vision_patches=prompts * per_prompt, forward_feature_patches=prompts * per_prompt,
+                           vision_forward_share=prompts / max(rows, 1))
+        micro_rows = max(s.forward_tokens // seq, 1)
+        return replace(s, forward_vision_patches=encoded(micro_rows, grouped) * per_prompt,
+                       vision_forward_share=encoded(micro_rows, grouped) / micro_rows)
 
     micro_rows = max(actor.micro_tokens // seq, 1)
     if frozen and images.encode_once:
-        update = dict(update_vision_patches=prompts * per_prompt, update_feature_patches=prompts * per_prompt)
+        update = dict(update_vision_patches=prompts * per_prompt, update_feature_patches=prompts * per_prompt,
+                      vision_update_share=prompts / max(rows, 1))
     else:
-        update = dict(update_vision_patches=micro_rows * per_prompt)
-    actor = replace(forward(actor), freeze_vision=freeze, **update)
-    ref = forward(replace(ref, freeze_vision=False)) if ref is not None else None
-    once = images.encode_once and actor.shard == 1  # a sharded module gets the pixels (npu_rl/rollout/hf.py)
+        update = dict(update_vision_patches=encoded(micro_rows, order.update) * per_prompt,
+                      vision_update_share=encoded(micro_rows, order.update) / micro_rows)
+    actor = replace(forward(actor, order.logprobs), freeze_vision=freeze, **update)
+    ref = forward(replace(ref, freeze_vision=False), order.ref) if ref is not None else None
+    # hf generate: encoded once where the module takes features and has no FSDP hooks (npu_rl/rollout/hf.py), else
+    # the pixels repeated per sample, whose one prefill call the dedup cuts to the distinct prompts
+    once = (images.encode_once and actor.shard == 1) or images.dedup
     in_master = freeze and actor.shard == 1 and not actor.lora_rank  # a frozen tower shared with the master
     rollout = replace(rollout, vision_patches=(prompts if once else rows) * per_prompt,
                       feature_patches=rows * per_prompt,

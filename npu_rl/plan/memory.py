@@ -325,8 +325,12 @@ class TrainSettings:
     freeze_vision: bool = False  # actor.freeze_vision_tower: the tower takes no gradient and no optimizer state
     forward_vision_patches: int = 0  # a no-grad pass (log-probs, reference): one tower call
     forward_feature_patches: int = 0
-    update_vision_patches: int = 0  # the update: a micro-batch's rows (a trained tower), or the one encode (frozen)
+    update_vision_patches: int = 0  # the update: a micro-batch's distinct images (a trained tower), or the one encode
     update_feature_patches: int = 0
+    # the share of a pass's rows whose images its tower calls compute (time): 1 per row, ~1/n encoded once or with the
+    # tower's dedup of the rows that share a prompt's images (npu_rl/plan/vision.py prompts_in_micro_batch)
+    vision_forward_share: float = 1.0
+    vision_update_share: float = 1.0
 
 
 @dataclass

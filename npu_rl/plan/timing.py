@@ -353,22 +353,25 @@ def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpe
 def vision_patches_per_phase(shape: ModelShape, actor: TrainSettings, work: StepWork, world: int,
                              rollout: RolloutSettings) -> dict[str, tuple[float, int]]:
     """Per device: (patches through the vision tower, forward-equivalent passes) of each phase whose name starts
-    with the key. Encoded once (transformers >= 5.19): a pass covers each prompt once; else every row. vLLM encodes a
-    prompt's images once for its ``n`` samples (its encoder cache is keyed by the image)."""
+    with the key. Encoded once (transformers >= 5.19): a pass covers each prompt once; handed pixels, each micro-batch
+    its distinct prompts' (the tower's dedup: ``vision_*_share`` of the rows, npu_rl/plan/job.py vision_settings),
+    or every row (``per-row``). vLLM encodes a prompt's images once for its ``n`` samples (its encoder cache is keyed
+    by the image); the hf rollout's prefill once per prompt encoded once or with the dedup."""
     images = work.images
     per_prompt = images.patches_per_prompt
     prompts, rows = work.train_prompts * per_prompt / world, work.train_prompts * work.n * per_prompt / world
     gen_prompts = work.prompts * per_prompt / world
     once = images.encode_once
-    hf_once = once and actor.shard == 1
+    hf_once = (once and actor.shard == 1) or images.dedup
     generate = gen_prompts if rollout.engine == "vllm" or hf_once else gen_prompts * work.n
     trained = not actor.freeze_vision and not actor.lora_rank
     if trained:
-        update = (rows, (3 + (1 if actor.gradient_checkpointing else 0)) * work.ppo_epochs)
+        update = (rows * actor.vision_update_share, (3 + (1 if actor.gradient_checkpointing else 0)) * work.ppo_epochs)
     else:
-        update = (prompts, 1) if once else (rows, work.ppo_epochs)
-    return {"rollout: prefill": (generate, 1), "actor log-probs": (prompts if once else rows, 1),
-            "reference log-probs": (prompts if once else rows, 1), "actor update": update}
+        update = (prompts, 1) if once else (rows * actor.vision_update_share, work.ppo_epochs)
+    logprobs = prompts if once else rows * actor.vision_forward_share  # the reference's micro-batches taken alike
+    return {"rollout: prefill": (generate, 1), "actor log-probs": (logprobs, 1), "reference log-probs": (logprobs, 1),
+            "actor update": update}
 
 
 def add_vision_seconds(phases: list[PhaseTime], shape: ModelShape, actor: TrainSettings, speed: DeviceSpeed,

@@ -32,6 +32,7 @@ plus the rotary tables (``8 head_dim``) and a few bytes (``tests/plan/test_visio
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
@@ -194,22 +195,49 @@ def vision_shape_from_config(cfg: dict, source: str = "config.json") -> VisionSh
 
 
 # ---------------------------------------------------------------------------------------------- the job's images
+VISION_ENCODE_MODES = ("once", "per-micro-batch", "per-row")  # npu-rl plan --vision-encode
+
+
 @dataclass(frozen=True)
 class ImageLoad:
-    """The images a job's prompts carry, as the planner assumes them, and where the tower runs once per prompt.
+    """The images a job's prompts carry, as the planner assumes them, and how often the tower runs on them
+    (``--vision-encode``, :data:`VISION_ENCODE_MODES`).
 
     ``encode_once``: transformers >= 5.19 (``mm_encoder_outputs``): the log-prob and reference passes, the update
-    with a frozen tower and the hf rollout encode each prompt's images once (docs/vl.md); else every row (each of a
-    prompt's ``n`` samples) encodes its own, per micro-batch."""
+    with a frozen tower and the hf rollout encode each prompt's images once per pass (docs/vl.md).
+    ``dedup``: a forward that is handed pixels (the update of a trained tower; every pass without ``encode_once``)
+    runs the tower on its micro-batch's distinct prompts' images only (npu_rl/models/vision_dedup.py): about
+    :func:`prompts_in_micro_batch` prompts a micro-batch instead of one a row.
+    Modes: ``once`` = both; ``per-micro-batch`` = dedup only (transformers < 5.19); ``per-row`` = neither, every row
+    (each of a prompt's ``n`` samples) encodes its own in every micro-batch (the code before the dedup, or
+    ``NPU_RL_VISION_DEDUP=0`` with transformers < 5.19)."""
 
     images_per_prompt: int
     patches_per_image: int
     source: str  # what the numbers were taken from (printed)
     encode_once: bool
+    dedup: bool = True
 
     @property
     def patches_per_prompt(self) -> int:
         return self.images_per_prompt * self.patches_per_image
+
+    @property
+    def mode(self) -> str:
+        """The ``--vision-encode`` mode these flags are (``once`` without dedup: ``once, per-row updates``)."""
+        if self.encode_once:
+            return "once" if self.dedup else "once, per-row updates"
+        return "per-micro-batch" if self.dedup else "per-row"
+
+
+def prompts_in_micro_batch(rows: int, n: int, grouped: bool = True) -> int:
+    """Prompts whose images a micro-batch of ``rows`` rows carries, as the planner assumes: the rollout puts a
+    prompt's ``n`` samples side by side, so consecutive rows span ``ceil(rows / n)`` prompts (at least 1; one while
+    ``rows`` <= ``n``). A micro-batch that straddles a prompt boundary carries one more, and ``trainer.balance_batch``
+    over several ranks deals a prompt's samples out to them: both are left out. Rows that were regrouped
+    (``grouped=False``: ``actor.shuffle``, token-budget micro-batches) are assumed to be all different prompts."""
+    rows = max(rows, 1)
+    return max(1, math.ceil(rows / max(n, 1))) if grouped else rows
 
 
 def shapes_image_side(train_files) -> int | None:
@@ -243,7 +271,8 @@ def transformers_encodes_once() -> bool:
 
 
 def image_load(vision: VisionShape, *, images_per_prompt: int | None, image_size: tuple[int, int] | None,
-               train_files, max_prompt_length: int, bounds: tuple[int, int], encode_once: bool) -> ImageLoad:
+               train_files, max_prompt_length: int, bounds: tuple[int, int], encode_once: bool,
+               dedup: bool = True) -> ImageLoad:
     """The job's images: as told (``--images-per-prompt``, ``--image-size``), else the shipped shapes task's picture
     size, else one picture at ``max_pixels`` (the largest the data set resizes to), fewer patches if its tokens
     would pass ``data.max_prompt_length`` (such prompts are refused or dropped)."""
@@ -270,7 +299,7 @@ def image_load(vision: VisionShape, *, images_per_prompt: int | None, image_size
             source += f", cut to data.max_prompt_length={max_prompt_length} tokens"
     if images_per_prompt is not None:
         source += f", --images-per-prompt {images}"
-    return ImageLoad(images, patches, source, encode_once)
+    return ImageLoad(images, patches, source, encode_once, dedup)
 
 
 def parse_image_size(text: str | None) -> tuple[int, int] | None:

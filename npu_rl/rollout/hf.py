@@ -34,10 +34,11 @@ Images (a Qwen-VL module, rows with ``multi_modal_inputs``; npu_rl.models.vision
 once (one vision-tower call over the batch's distinct prompts, ``encode_images``) and its ``n`` samples hand
 ``generate`` the same features (``mm_encoder_outputs``), with the rows' ``image_grid_thw`` and ``mm_token_type_ids``
 (1 on ``<|image_pad|>``) from which transformers computes the 3-D rotary ids of the prefill and their deltas for the
-decoded tokens; where the module cannot take features, the pixels go to ``generate`` repeated per sample. The
-vision placeholder tokens are never sampled (``vision_token_ids``): the recorded log-probs are of that distribution,
-renormalised without them (as top-k truncates), while the actor recomputes full-vocabulary ones. Decoding stays
-eager for such a module (compiled decoding of a Qwen-VL model is not verified).
+decoded tokens; where the module cannot take features, the pixels go to ``generate`` repeated per sample and the
+prefill's tower call still computes each prompt's images once (npu_rl.models.vision_dedup). The vision placeholder
+tokens are never sampled (``vision_token_ids``): the recorded log-probs are of that distribution, renormalised
+without them (as top-k truncates), while the actor recomputes full-vocabulary ones. Decoding stays eager for such a
+module (compiled decoding of a Qwen-VL model is not verified).
 
 Other transformers generation settings (e.g. ``repetition_penalty``) pass through ``rollout.engine_kwargs.hf``;
 the model folder's own ``generation_config.json`` sampling defaults are NOT applied (RL needs the configured
@@ -60,6 +61,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from npu_rl.device import get_backend
 from npu_rl.models.moe import GenerationRouting
 from npu_rl.models.vision import MULTI_MODAL_KEY, encode_images, multi_modal_kwargs, placeholder_token_ids
+from npu_rl.models.vision_dedup import vision_dedup
 from npu_rl.parallel.dist import world_size
 from npu_rl.parallel.unshard import PlainView, UnshardStats, is_sharded, unsharded
 from npu_rl.protocol import Batch
@@ -104,6 +106,12 @@ def _no_router_loss(module) -> dict:
 def vision_token_ids(module) -> list[int]:
     """A Qwen-VL module's vision placeholder ids, banned from responses (``placeholder_token_ids``). [] for text."""
     return placeholder_token_ids(getattr(module, "config", None))
+
+
+def _sample_rows(prompts: Batch, n: int) -> list:
+    """The prompts' ``multi_modal_inputs`` repeated ``n`` times, as ``generate``'s rows: each sample keeps its
+    prompt's dict (one object)."""
+    return [row for row in prompts.non_tensors.get(MULTI_MODAL_KEY, []) for _ in range(n)]
 
 
 def _image_token_id(module) -> int | None:
@@ -249,16 +257,20 @@ class HFRolloutEngine:
                     module = self._plain_view.bind(self.module)
                 compiled = self._compiles(module)
                 image_inputs = self._image_inputs(module, prompts, n, input_ids, device)
+                # pixels repeated per sample: the prefill's tower call computes each prompt's images once
+                pixel_rows = _sample_rows(prompts, n) if "pixel_values" in image_inputs else None
                 routing = GenerationRouting(module) if self.record_routing else None
                 decode_start = time.perf_counter()
                 try:
-                    sequences = module.generate(
-                        input_ids=input_ids, attention_mask=attention_mask,
-                        generation_config=self._generation_config(sampling, compiled),
-                        logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
-                        stopping_criteria=StoppingCriteriaList([StopWhenAsked(should_stop)] if should_stop else []),
-                        **_no_router_loss(module), **image_inputs,
-                    )
+                    with vision_dedup(module, pixel_rows):
+                        sequences = module.generate(
+                            input_ids=input_ids, attention_mask=attention_mask,
+                            generation_config=self._generation_config(sampling, compiled),
+                            logits_processor=LogitsProcessorList([processor]), synced_gpus=synced,
+                            stopping_criteria=StoppingCriteriaList([StopWhenAsked(should_stop)] if should_stop
+                                                                   else []),
+                            **_no_router_loss(module), **image_inputs,
+                        )
                     decode_s = time.perf_counter() - decode_start  # generate returns tokens: synchronised
                 finally:
                     if routing is not None:
@@ -309,7 +321,7 @@ class HFRolloutEngine:
             raise ValueError(f"the prompts carry images but the rollout module ({type(self.module).__name__}) is not "
                              "a Qwen-VL model")
         dtype = next(self.module.parameters()).dtype
-        sample_rows = [row for row in rows for _ in range(n)]  # each sample keeps its prompt's dict (one object)
+        sample_rows = _sample_rows(prompts, n)
         features = (encode_images(module, rows, device, dtype)
                     if self.encode_images_once and not is_sharded(module) else None)
         if features is not None:

@@ -32,6 +32,7 @@ from npu_rl.core import loss_denominators
 from npu_rl.device import get_backend
 from npu_rl.models import moe
 from npu_rl.models.vision import MULTI_MODAL_KEY, ImageFeatures, encode_images, multi_modal_kwargs, vision_tower_frozen
+from npu_rl.models.vision_dedup import images_deduplicated, vision_dedup
 from npu_rl.models.forward import (
     LogprobOptions,
     packed_response_logprobs,
@@ -156,7 +157,8 @@ class TrainingEngine:
         self.seed = seed
         self.num_updates = 0
         # A Qwen-VL model: a pass encodes each prompt's images once (npu_rl.models.vision.ImageFeatures) where no
-        # gradient reaches the vision tower; False: every row of every micro-batch runs it (the plain path)
+        # gradient reaches the vision tower; False: every micro-batch's forward runs it, on the micro-batch's distinct
+        # images (npu_rl.models.vision_dedup; on every row's with NPU_RL_VISION_DEDUP=0)
         self.encode_images_once = True
         self.image_features: ImageFeatures | None = None  # set during a pass
         self.optimizer = self.scheduler = None
@@ -201,6 +203,12 @@ class TrainingEngine:
         if self.image_features is not None:
             return self.image_features.model_inputs(rows)
         return multi_modal_kwargs(rows, self.device, self.runner.param_dtype)
+
+    def _images_deduplicated(self, mb: Batch, images: dict):
+        """Around a forward handed a micro-batch's pixels: the vision tower computes each distinct image once and
+        its features go to every row that shares it (npu_rl.models.vision_dedup; ``NPU_RL_VISION_DEDUP=0``: off)."""
+        rows = mb.non_tensors.get(MULTI_MODAL_KEY) if "pixel_values" in images else None
+        return vision_dedup(self.compute_model, rows)
 
     @contextlib.contextmanager
     def images_encoded_once(self, batch: Batch, *, training: bool = False):
@@ -263,13 +271,14 @@ class TrainingEngine:
         routed = self._arm_routing(inputs, kept, routing)
         want_spi = options.compute_sum_pi_squared
         gather = topk_ids[:, :kept].to(self.device) if topk_ids is not None else None
-        if self.runner.packed:
-            out = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group,
-                                           return_sum_pi_squared=want_spi, model_inputs=self._image_inputs(mb),
-                                           topk_ids=gather)
-        else:
-            out = response_logprobs(*args, temperature, options, return_sum_pi_squared=want_spi,
-                                    model_inputs=self._image_inputs(mb), topk_ids=gather)
+        images = self._image_inputs(mb)
+        with self._images_deduplicated(mb, images):
+            if self.runner.packed:
+                out = packed_response_logprobs(*args, temperature, options, sp_group=self.runner.sp_group,
+                                               return_sum_pi_squared=want_spi, model_inputs=images, topk_ids=gather)
+            else:
+                out = response_logprobs(*args, temperature, options, return_sum_pi_squared=want_spi,
+                                        model_inputs=images, topk_ids=gather)
         names = ("logprobs", "entropy") + (("sum_pi_squared",) if want_spi else ()) + ("topk_logprobs", "topk_ids")
         stats = {name: pad_right(t, self.response_length) for name, t in zip(names, out) if t is not None}
         return stats, routed
@@ -312,6 +321,7 @@ class TrainingEngine:
         self.runner.train()
         metrics: list[dict[str, torch.Tensor]] = []
         generator = torch.Generator().manual_seed(self.seed + self.num_updates)
+        deduplicated = images_deduplicated(self.compute_model)  # None: no vision tower
         with self.images_encoded_once(batch, training=True):  # a frozen vision tower: its features stay the same
             for _ in range(settings.epochs):
                 order = (torch.randperm(len(batch), generator=generator) if settings.shuffle
@@ -331,6 +341,9 @@ class TrainingEngine:
         out = mean_of(metrics)
         out[f"{self.role}/lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
         out[f"{self.role}/nan_skipped"] = skipped
+        if deduplicated is not None:  # a Qwen-VL model: copies its tower was handed in this update and skipped
+            out[f"{self.role}/vision/images_deduplicated"] = torch.tensor(
+                float(images_deduplicated(self.compute_model) - deduplicated))
         return {k: float(v) for k, v in out.items()}
 
     def _update_mini_batch(self, mini: Batch, loss_fn: LossFn) -> dict[str, torch.Tensor]:

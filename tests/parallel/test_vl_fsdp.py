@@ -38,21 +38,27 @@ def step_job(folder: str, out_dir: str, remove_padding: bool = False, extra: tup
     per_rank = len(batch) // world
     mine = batch.split(per_rank)[rank] if world > 1 else batch
     logprobs = worker.compute_logprobs(mine)["old_logprobs"]
-    worker.update_policy(mine.union(Batch({"old_logprobs": logprobs})))
+    metrics = worker.update_policy(mine.union(Batch({"old_logprobs": logprobs}))).metrics
     groups = sorted({type(m).__name__ for m in fsdp_modules(worker.model)}) if world > 1 else []
-    return {"logprobs": logprobs, "groups": groups, 
+    return {"logprobs": logprobs, "groups": groups, "metrics": metrics,
             "full": {n: t.detach().clone() for n, t in iter_full_parameters(worker.model, include_tied=True)}}
 
 
 FROZEN = ("actor_rollout_ref.actor.freeze_vision_tower=True",)
 LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8")
+# update micro-batches of 2 rows: a prompt's 2 samples together in some (the tower computes one image for the two:
+# npu_rl/models/vision_dedup.py), a row of each of two prompts in others
+PAIRS = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",)
 
 
-@pytest.mark.parametrize("remove_padding,extra", [(False, ()), (True, ()), (False, FROZEN), (True, LORA)],
-                         ids=["padded", "packed", "frozen-tower", "lora"])
+@pytest.mark.parametrize("remove_padding,extra", [(False, ()), (True, ()), (False, FROZEN), (True, LORA),
+                                                  (True, PAIRS)],
+                         ids=["padded", "packed", "frozen-tower", "lora", "tower-dedup"])
 def test_two_ranks_equal_one(dist_pool2, dist_pool1, tmp_path, remove_padding, extra):
     """With a frozen tower (freeze_vision_tower, or LoRA on the language model) the update's one vision forward per
-    pass runs as a forward of the FSDP2 root on both ranks."""
+    pass runs as a forward of the FSDP2 root on both ranks. With micro-batches of 2 rows the trained tower computes
+    a micro-batch's shared image once: rows 0-1, 2-3, 4-5 (3 prompts x n=2) on one rank; of two ranks, rank 0's
+    0-1 (then 2) and none of rank 1's 3-4, 5."""
     folder = save_random_vl_model(str(tmp_path / "vl"))
     one = dist_pool1.run(step_job, folder, str(tmp_path / "one"), remove_padding, extra)[0]
     two = dist_pool2.run(step_job, folder, str(tmp_path / "two"), remove_padding, extra)
@@ -65,6 +71,10 @@ def test_two_ranks_equal_one(dist_pool2, dist_pool1, tmp_path, remove_padding, e
     # name not found would be initialised fresh and differ here
     for name, value in one["full"].items():
         torch.testing.assert_close(two[0]["full"][name], value, rtol=1e-4, atol=1e-5, msg=name)
+    deduplicated = "actor/vision/images_deduplicated"
+    counts = (one["metrics"][deduplicated], two[0]["metrics"][deduplicated], two[1]["metrics"][deduplicated])
+    # one row a micro-batch, or the frozen tower's features: no tower call is handed a copy
+    assert counts == ((3, 1, 0) if extra == PAIRS else (0, 0, 0))
 
 
 def rollout_job(folder: str, out_dir: str) -> dict:

@@ -10,9 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from npu_rl.plan.job import plan_config, shape_from_config
+from npu_rl.plan.job import job_images, plan_config, shape_from_config
 from npu_rl.plan.memory import GIB, RoleMemory, TrainSettings
-from npu_rl.plan.vision import VisionShape, image_load, parse_image_size, shapes_image_side, vision_shape_from_config
+from npu_rl.plan.vision import (VisionShape, image_load, parse_image_size, prompts_in_micro_batch, shapes_image_side,
+                                transformers_encodes_once, vision_shape_from_config)
 
 # Qwen/Qwen2.5-VL-7B-Instruct's vision_config (scripts/gpu/vl_grpo_step.py) and language width
 QWEN2_5_VL_7B_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
@@ -194,28 +195,62 @@ def _vl_config(tmp_path, *extra):
 
 
 def test_the_plan_counts_the_tower_per_phase_and_says_what_it_assumed(tmp_path):
+    """32 prompts x n = 8 on one device, update micro-batches of 16 rows, log-prob micro-batches of 32, a trained
+    tower: ``once`` encodes each prompt once in the no-grad passes and 16 / 8 = 2 prompts' images in an update
+    micro-batch; ``per-micro-batch`` (transformers < 5.19 with the tower's dedup) 32 / 8 = 4 prompts' in a log-prob
+    micro-batch and 2 in an update one; ``per-row`` every row's."""
     config = _vl_config(tmp_path)
     once = plan_config(config, "h200", vision_encode="once")
+    per_micro = plan_config(config, "h200", vision_encode="per-micro-batch")
     per_row = plan_config(config, "h200", vision_encode="per-row")
     assert any("1 a prompt x 1024 patches (256 image tokens), from builtin://shapes pictures of 448x448" in line
+               and "in the update each micro-batch's forward encodes its distinct prompts' images" in line
                for line in once.model_lines)
-    rollout = {p.name: p for p in per_row.phases}["rollout"]
-    # hf generate encodes all 256 rows' pixels in one call per row, 32 prompts' once
+    assert any("every row encodes its own images in every pass" in line for line in per_row.model_lines)
     vision = _shape().vision
-    assert rollout.parts["vision encode"] == 256 * 1024 * vision.working_bytes_per_patch()
-    assert {p.name: p for p in once.phases}["rollout"].parts["vision encode"] == 32 * 1024 * \
-        vision.working_bytes_per_patch()
-    update = next(p for p in once.phases if p.name.startswith("actor update"))
-    assert update.parts["vision activations"] == 16 * 1024 * vision.saved_bytes_per_patch(True)
-    # time: the per-row passes run the tower n = 8 times as often in the log-prob and reference passes
-    t_once, t_row = ({p.name: p.seconds for p in plan.time.phases} for plan in (once, per_row))
-    assert t_row["actor log-probs"] > t_once["actor log-probs"]
-    assert t_row["actor update"] == pytest.approx(t_once["actor update"])  # a trained tower: per row either way
+    phases = {name: {p.name.split(" (")[0]: p for p in plan.phases}
+              for name, plan in (("once", once), ("micro", per_micro), ("row", per_row))}
+    # hf generate: one call over all 256 rows' pixels per row; each of the 32 prompts once, encoded once or deduplicated
+    assert phases["row"]["rollout"].parts["vision encode"] == 256 * 1024 * vision.working_bytes_per_patch()
+    for name in ("once", "micro"):
+        assert phases[name]["rollout"].parts["vision encode"] == 32 * 1024 * vision.working_bytes_per_patch()
+    update = {name: next(p for p in plan.phases if p.name.startswith("actor update"))
+              for name, plan in (("once", once), ("micro", per_micro), ("row", per_row))}
+    for name, prompts in (("once", 2), ("micro", 2), ("row", 16)):
+        assert update[name].parts["vision activations"] == prompts * 1024 * vision.saved_bytes_per_patch(True)
+    # time: the per-row passes run the tower n = 8 times as often in the log-prob and reference passes, and in the
+    # update (16 rows a micro-batch encode 16 prompts' images instead of 2)
+    t_once, t_micro, t_row = ({p.name: p.seconds for p in plan.time.phases} for plan in (once, per_micro, per_row))
+    assert t_row["actor log-probs"] > t_micro["actor log-probs"] == pytest.approx(t_once["actor log-probs"])
+    assert t_row["actor update"] > t_once["actor update"] == pytest.approx(t_micro["actor update"])
     frozen = plan_config(_vl_config(tmp_path, "actor_rollout_ref.actor.freeze_vision_tower=True"), "h200",
                          vision_encode="once")
     assert {p.name: p.seconds for p in frozen.time.phases}["actor update"] < t_once["actor update"]
     assert "vision activations" not in next(p for p in frozen.phases if p.name.startswith("actor update")).parts \
         or next(p for p in frozen.phases if p.name.startswith("actor update")).parts["vision activations"] == 0
+    # shuffled update rows: a micro-batch's 16 rows are assumed to be 16 prompts
+    shuffled = plan_config(_vl_config(tmp_path, "actor_rollout_ref.actor.shuffle=True"), "h200", vision_encode="once")
+    assert next(p for p in shuffled.phases if p.name.startswith("actor update")).parts["vision activations"] == \
+        update["row"].parts["vision activations"]
+    with pytest.raises(ValueError, match="--vision-encode 'twice': expected once | per-micro-batch | per-row"):
+        plan_config(config, "h200", vision_encode="twice")
+
+
+def test_prompts_in_a_micro_batch():
+    # n = 8: 16 rows are 2 prompts, 4 rows (fewer than n) 1, 20 rows ceil(2.5) = 3; n = 1: every row its own prompt
+    assert [prompts_in_micro_batch(rows, 8) for rows in (16, 4, 20, 8, 0)] == [2, 1, 3, 1, 1]
+    assert prompts_in_micro_batch(5, 1) == 5
+    assert prompts_in_micro_batch(16, 8, grouped=False) == 16  # regrouped rows: no sharing assumed
+
+
+def test_the_default_mode_follows_transformers_and_the_switch(tmp_path, monkeypatch):
+    config = _vl_config(tmp_path)
+    vision = _shape().vision
+    once = transformers_encodes_once()  # transformers >= 5.19
+    assert job_images(config, vision, None, None, None, None).mode == ("once" if once else "per-micro-batch")
+    monkeypatch.setenv("NPU_RL_VISION_DEDUP", "0")
+    assert job_images(config, vision, None, None, None, None).mode == ("once, per-row updates" if once else "per-row")
+    assert job_images(config, vision, None, None, None, "per-micro-batch").mode == "per-micro-batch"
 
 
 def test_vision_flops_per_patch_by_hand():

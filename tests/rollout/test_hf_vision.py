@@ -80,27 +80,37 @@ class _TowerInputs:
 
 @pytest.mark.parametrize("kind", VL_KINDS)
 @pytest.mark.parametrize("greedy", [True, False])
-def test_prefill_encodes_each_prompt_once(kind, greedy, tmp_path):
+def test_prefill_encodes_each_prompt_once(kind, greedy, tmp_path, monkeypatch):
     """Each prompt's images go through the vision tower once (not once per sample), and the tokens and log-probs equal
-    the path that hands ``generate`` the pixels repeated per sample (fp32; sampled with the same seed too)."""
+    the path that hands ``generate`` the pixels repeated per sample (fp32; sampled with the same seed too). Handed
+    the pixels, the tower still computes each prompt's images once (npu_rl.models.vision_dedup), unless
+    ``NPU_RL_VISION_DEDUP=0``."""
     folder = save_random_vl_model(str(tmp_path / kind), kind, seed=5)
     prompts, tokenizer = _prompts(folder, tmp_path)
     model = load_causal_lm(folder)
     tower = _TowerInputs(model.model.visual)
+    computed = _TowerInputs(model.model.visual.patch_embed)  # what the tower computes
     n = 3
     sampling = SamplingParams(n=n, temperature=0.0 if greedy else 1.0, max_new_tokens=6,
                               stop_token_ids=[tokenizer.eos_token_id], return_logprobs=True)
     engine = HFRolloutEngine(model, tokenizer.pad_token_id)
     outs = {}
-    for once in (False, True):
+    for once, dedup in ((False, "0"), (False, "1"), (True, "1")):
+        monkeypatch.setenv("NPU_RL_VISION_DEDUP", dedup)
         engine.encode_images_once = once
         torch.manual_seed(3)
-        outs[once] = engine.generate(prompts, sampling).batch
+        outs[once, dedup] = engine.generate(prompts, sampling).batch
     prompt_patches = sum(len(row["pixel_values"]) for row in prompts.non_tensors["multi_modal_inputs"] if row)
     assert prompt_patches > 0
-    # per sample: one call over every sample's pixels; once: one call over each prompt's pixels
-    assert tower.patches == [n * prompt_patches, prompt_patches]
+    # per sample: one call over every sample's pixels (computed in full, or each prompt's once); once: one call over
+    # each prompt's pixels
+    assert tower.patches == [n * prompt_patches, n * prompt_patches, prompt_patches]
+    assert computed.patches == [n * prompt_patches, prompt_patches, prompt_patches]
+    plain = outs[False, "0"]
     for key in ("responses", "response_mask", "position_ids"):
-        torch.testing.assert_close(outs[True][key], outs[False][key], rtol=0, atol=0)
-    torch.testing.assert_close(outs[True]["rollout_logprobs"], outs[False]["rollout_logprobs"], rtol=1e-5, atol=1e-5)
-    assert outs[True].non_tensors["multi_modal_inputs"][0] is outs[True].non_tensors["multi_modal_inputs"][n - 1]
+        for other in (outs[False, "1"], outs[True, "1"]):
+            torch.testing.assert_close(other[key], plain[key], rtol=0, atol=0)
+    for other in (outs[False, "1"], outs[True, "1"]):
+        torch.testing.assert_close(other["rollout_logprobs"], plain["rollout_logprobs"], rtol=1e-5, atol=1e-5)
+    rows = outs[True, "1"].non_tensors["multi_modal_inputs"]
+    assert rows[0] is rows[n - 1]
