@@ -63,6 +63,14 @@ PHASES = (("gen", "timing_s/gen", "timing_s/gen"),
           ("update_actor", "timing_s/update_actor", "timing_s/update_actor"),
           ("weight_sync", "timing_s/update_weights", "timing_s/rollout_update_weights"))
 
+# Peak memory, the peak of torch's allocator in each side's training process, which is not the same memory: ours
+# runs the rollout engine in that process (vLLM's pool is counted there), verl's actor worker does not (its vLLM
+# server is another process, and verl logs the actor's peak as actor/perf/...), TRL's colocated vLLM sleeps outside it
+PEAK_KEY = {"ours": "perf/max_memory_allocated_gb", "verl": "actor/perf/max_memory_allocated_gb",
+            "trl": "perf/max_memory_allocated_gb"}
+PEAK_SCOPE = {"ours": "trainer process, the rollout engine's memory included",
+              "verl": "actor worker, vLLM's server process apart", "trl": "trainer process, torch's allocator only"}
+
 REWARD_FILE = '''"""The bench's reward, verl's compute_score signature: the same file on both sides."""
 from npu_rl.reward.scorers import arith_score
 
@@ -270,9 +278,8 @@ def summarize(side: str, records: list[dict], wall_s: float) -> dict:
            "first_step_s": steps[0]["timing_s/step"] if steps else float("nan"),
            "steady_step_s": _median([r["timing_s/step"] for r in later]),
            "tokens_per_s_per_gpu": _median([r["perf/throughput"] for r in later if "perf/throughput" in r]),
-           "peak_memory_gb": max((r["perf/max_memory_allocated_gb"] for r in steps
-                                  if "perf/max_memory_allocated_gb" in r), default=float("nan")),
-           "phases_s": {}}
+           "peak_memory_gb": max((r[PEAK_KEY[side]] for r in steps if PEAK_KEY[side] in r), default=float("nan")),
+           "peak_memory_scope": PEAK_SCOPE[side], "phases_s": {}}
     for label, verl_key, our_key in PHASES:
         key = verl_key if side == "verl" else our_key
         values = [r[key] for r in later if key in r]
@@ -299,7 +306,8 @@ def summarize_trl(result: dict, wall_s: float) -> dict:
            "first_step_s": steps[0] if steps else float("nan"),
            "steady_step_s": _median([steps[i] for i in later]),
            "tokens_per_s_per_gpu": _median([tokens[i] / steps[i] for i in later if i < len(tokens) and steps[i]]),
-           "peak_memory_gb": result.get("peak_memory_gb", float("nan")) or float("nan"), "phases_s": {}}
+           "peak_memory_gb": result.get("peak_memory_gb", float("nan")) or float("nan"),
+           "peak_memory_scope": PEAK_SCOPE["trl"], "phases_s": {}}
     if "heldout_after" in result:
         out["held_out_before"] = {"acc/mean@1": result["heldout_before"]} if "heldout_before" in result else None
         out["held_out_after"] = {"acc/mean@1": result["heldout_after"]}
@@ -407,6 +415,15 @@ def render(results: list[dict], args) -> str:
     def ratio(a, b):
         return "-" if not (a == a and b == b and b) else f"{a / b:.2f}x"
 
+    def peak_ratio(o, v):
+        if o.get("peak_memory_scope") != v.get("peak_memory_scope"):
+            return "not comparable (see peak GiB above)"
+        return ratio(o["peak_memory_gb"], v["peak_memory_gb"])
+
+    scopes = {r["side"]: r["peak_memory_scope"] for r in results if r.get("peak_memory_scope")}
+    if scopes:
+        lines.append("peak GiB: torch's allocator, " + "; ".join(f"{side}: {scope}" for side, scope in scopes.items()))
+
     for warm in (False, True):
         pair = {r["side"]: r for r in results if r["warm"] == warm}
         for other in ("verl", "trl"):
@@ -415,7 +432,7 @@ def render(results: list[dict], args) -> str:
                 lines.append(f"ours / {other} ({'warm' if warm else 'cold'}): wall {ratio(o['wall_s'], v['wall_s'])}, "
                              f"steady step {ratio(o['steady_step_s'], v['steady_step_s'])}, tokens/s/GPU "
                              f"{ratio(o['tokens_per_s_per_gpu'], v['tokens_per_s_per_gpu'])}, peak memory "
-                             f"{ratio(o['peak_memory_gb'], v['peak_memory_gb'])}")
+                             f"{peak_ratio(o, v)}")
     return "\n".join(lines)
 
 

@@ -79,12 +79,15 @@ def test_verl_metrics_file_and_summary(tmp_path):
     steps = [{"step": 0, "data": {"val-core/arith/acc/mean@1": 0.25}}]
     for i, t in enumerate([9.0, 2.0, 3.0, 4.0], 1):
         steps.append({"step": i, "data": {"timing_s/step": t, "timing_s/gen": t / 2, "timing_s/update_weights": 0.5,
-                                          "perf/throughput": 100.0 * i, "perf/max_memory_allocated_gb": 10.0 + i}})
+                                          "perf/throughput": 100.0 * i, "actor/perf/max_memory_allocated_gb": 10.0 + i,
+                                          "perf/max_memory_allocated_gb": 99.0}})
     steps[-1]["data"]["val-core/arith/acc/mean@1"] = 0.75
     _write(str(tmp_path / "run" / "metrics.jsonl"), steps)
     s = bench_verl.summarize("verl", bench_verl.read_metrics("verl", str(tmp_path / "run")), wall_s=60.0)
     assert s["num_steps"] == 4 and s["first_step_s"] == 9.0 and s["steady_step_s"] == 3.0  # median of 2, 3, 4
+    # verl logs its actor worker's peak as actor/perf/... (its vLLM server is another process)
     assert s["tokens_per_s_per_gpu"] == 300.0 and s["peak_memory_gb"] == 14.0
+    assert s["peak_memory_scope"] == bench_verl.PEAK_SCOPE["verl"]
     assert s["phases_s"] == {"gen": 1.5, "weight_sync": 0.5}
     assert s["held_out_before"] == {"arith/acc/mean@1": 0.25} and s["held_out_after"] == {"arith/acc/mean@1": 0.75}
 
@@ -114,6 +117,16 @@ def test_render_ratio_pairs_cold_with_cold():
     text = bench_verl.render(results, _args())
     assert "ours / verl (cold): wall 0.50x, steady step 0.50x, tokens/s/GPU 2.00x, peak memory 0.75x" in text
     assert "(warm)" not in text
+
+
+def test_render_peaks_of_different_processes_get_no_ratio():
+    base = {"first_step_s": 1.0, "phases_s": {}, "num_steps": 2, "warm": False, "wall_s": 1.0, "steady_step_s": 1.0,
+            "tokens_per_s_per_gpu": 1.0}
+    results = [{**base, "side": "verl", "peak_memory_gb": 12.0, "peak_memory_scope": bench_verl.PEAK_SCOPE["verl"]},
+               {**base, "side": "ours", "peak_memory_gb": 51.0, "peak_memory_scope": bench_verl.PEAK_SCOPE["ours"]}]
+    text = bench_verl.render(results, _args())
+    assert "peak memory not comparable" in text and "0.24x" not in text
+    assert "verl: actor worker, vLLM's server process apart" in text
 
 
 def test_missing_verl_and_bad_sides_exit_2(monkeypatch, capsys, tmp_path):
@@ -194,7 +207,7 @@ def test_trl_figures_in_the_reports_terms():
     text = bench_verl.render([{**base, "side": "ours", "wall_s": 15.0, "steady_step_s": 0.75,
                                "tokens_per_s_per_gpu": 500.0, "peak_memory_gb": 6.0}, {**out, "warm": False}],
                              _args())
-    assert "ours / trl (cold): wall 0.50x, steady step 0.50x, tokens/s/GPU 2.00x, peak memory 0.50x" in text
+    assert "ours / trl (cold): wall 0.50x, steady step 0.50x, tokens/s/GPU 2.00x, peak memory not comparable" in text
     assert "0.500 -> 0.750" in text
 
 
