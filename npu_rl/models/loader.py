@@ -271,12 +271,36 @@ def _read_tokenizer(folder: str, trust_remote_code: bool, custom_chat_template: 
     if not tokenizer("1 + 1 = 2", add_special_tokens=False)["input_ids"]:
         raise ValueError(f"the tokenizer loaded from {folder} turns text into no tokens (no tokenizer files there?); "
                          "copy the tokenizer files of the base model into the folder")
+    _check_whitespace_survives(tokenizer, folder)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if custom_chat_template:
         tokenizer.chat_template = custom_chat_template
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+WHITESPACE_PROBE = "a b\nc d"
+
+
+def _check_whitespace_survives(tokenizer, folder: str) -> None:
+    """Refuse a tokenizer that loses every space and newline of a text (encode, then decode): prompts would reach the
+    model without them, and nothing downstream would say so. transformers >= 5.17 loads a folder whose config says
+    ``model_type: qwen2`` with ``Qwen2Tokenizer`` whatever its tokenizer_config names, rebuilding a byte-level BPE
+    from the vocabulary; a vocabulary that spells space and newline as raw characters (not as the byte-level ``Ġ`` and
+    ``Ċ``) then drops them (seen with this project's own test tokenizer; verl's chat builder refused it). Only the
+    loss of both is refused: tokenizers legitimately normalise some whitespace."""
+    ids = tokenizer(WHITESPACE_PROBE, add_special_tokens=False)["input_ids"]
+    decoded = tokenizer.decode(ids, skip_special_tokens=False)
+    if " " not in decoded and "\n" not in decoded:
+        import transformers
+
+        raise ValueError(f"the tokenizer loaded from {folder} drops spaces and newlines: {WHITESPACE_PROBE!r} encodes "
+                         f"to {len(ids)} token(s) that decode to {decoded!r} ({type(tokenizer).__name__}, transformers "
+                         f"{transformers.__version__}). If the folder's config.json names a model_type whose tokenizer "
+                         "class transformers forces (qwen2: Qwen2Tokenizer, a byte-level BPE), its vocabulary must "
+                         "spell space and newline in the byte-level alphabet ('\u0120', '\u010a'), or the "
+                         "tokenizer must be saved for the class transformers loads")
 
 
 def stop_token_ids(tokenizer, model_path: str | None = None) -> list[int]:
