@@ -15,7 +15,7 @@ from npu_rl.config.loader import load_config
 from npu_rl.models import modelscope_hub
 from npu_rl.models.loader import check_model_path, load_tokenizer, local_model_folder, resolve_model_path
 from npu_rl.models.modelscope_hub import ModelScopeId, parse_modelscope_id
-from npu_rl.plan.job import model_shape
+from npu_rl.plan.model_shape import model_shape
 from npu_rl.trainer.checks.files import file_problems
 from tests.fake_hub import SilentHub, folder_files
 from tests.fake_modelscope import FakeModelScope

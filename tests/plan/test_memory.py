@@ -20,7 +20,8 @@ import os
 import pytest
 
 from npu_rl.models.synthetic import SHAPES
-from npu_rl.plan.job import inputs_from_config, plan, plan_config, shape_from_config_json
+from npu_rl.plan.job import inputs_from_config, plan, plan_config
+from npu_rl.plan.model_shape import shape_from_config_json
 from npu_rl.plan.memory import GIB, DeviceSpec, ModelShape, RoleMemory, TrainSettings, device_spec
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "plan")

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from npu_rl.plan.job import check_ep, model_summary, shape_from_config
+from npu_rl.plan.job import check_ep, model_summary
+from npu_rl.plan.model_shape import shape_from_config
 from npu_rl.plan.memory import GIB, RoleMemory, TrainSettings
 
 # The published config.json fields that count (Qwen/Qwen3-30B-A3B, deepseek-ai/DeepSeek-V3).

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from npu_rl.plan.job import job_images, plan_config, shape_from_config
+from npu_rl.plan.job import job_images, plan_config
+from npu_rl.plan.model_shape import shape_from_config
 from npu_rl.plan.memory import GIB, RoleMemory, TrainSettings
 from npu_rl.plan.vision import (VisionShape, image_load, parse_image_size, prompts_in_micro_batch, shapes_image_side,
                                 transformers_encodes_once, vision_shape_from_config)
