@@ -14,7 +14,7 @@
 # (silent: verl sets VLLM_LOGGING_LEVEL=WARN unless the shell sets it); run it with DIAG_AFTER="200 350 480".
 # What verl took on an H100 (2026-12-07, docs/benchmarks.md): q05 285 s for 3 steps (~200 s before the first);
 # q05-1k ~240 s to start and 184 s for its first step, so 3 steps do not fit one call: `row q05-1k --sides verl
-# --steps 2 --timeout 560` (a first and one steady step), larger rows likewise with fewer steps.
+# --steps 2 --timeout 560` (a first and one steady step; then ours with the same --steps), larger rows likewise.
 # TRL as a third side: `row q05 --sides trl` (its vLLM colocate mode; TRL is carried into /tmp/trl_site).
 # Rows (each one `npu-rl bench verl` invocation; figures and logs under $OUT):
 #   embedded  the embedded task (SmolLM2-135M, arithmetic) as a first-time user runs it, cold then warm
