@@ -32,6 +32,7 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from npu_rl.commands.plan import main as plan_main
+from npu_rl.models.vision_dedup import vision_dedup_enabled
 from npu_rl.plan.vision import transformers_encodes_once
 from npu_rl.models.synthetic import tiny_image_processor, vl_char_tokenizer
 from npu_rl.trainer.main_ppo import main as train_main
@@ -139,9 +140,11 @@ def main() -> int:
     print(f"== train exit {code}", flush=True)
     sys.stdout.flush()
     # the plan for the same config, vision tower included (npu_rl/plan/vision.py): its time estimate at the run's
-    # measured mean prompt length (image pads included), the images encoded as this machine's transformers does
+    # measured mean prompt length (image pads included), the images encoded as this machine's transformers and
+    # NPU_RL_VISION_DEDUP do
     measured = ["--mean-prompt-length", str(round(sum(prompt_lengths) / len(prompt_lengths)))] if prompt_lengths else []
-    flags = [*measured, "--vision-encode", "once" if transformers_encodes_once() else "per-row"]
+    encode = "once" if transformers_encodes_once() else "per-micro-batch" if vision_dedup_enabled() else "per-row"
+    flags = [*measured, "--vision-encode", encode]
     with open(os.path.join(args.out, f"vl_plan_flags_{args.engine}.json"), "w") as f:
         json.dump(flags, f)
     plan_code = plan_main(["--config-name", "ppo_trainer"] + overrides +
