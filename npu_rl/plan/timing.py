@@ -20,6 +20,13 @@ taken), ``L`` the sequence length:
 - **FSDP2** (``shard`` > 1): every micro-batch gathers the layers (bf16) once per forward, again for the backward,
   and reduce-scatters the gradients (``reduce_dtype``); these overlap compute, so a pass takes the larger of the two.
   ``param_offload`` adds the shard's host-to-device copy per gather (not overlapped).
+- **the host floor**: a micro-batch costs the host (Python, aten dispatch, kernel launches) about the same whatever
+  its rows, so a pass of ``M`` micro-batches takes at least ``M x layers x HOST_LAYER_S[kind] (x epochs)``, where
+  ``layers`` counts the decoder layers (and a Qwen-VL tower's blocks where the tower runs in each micro-batch; once
+  in the pass where it encodes each prompt once) and ``kind`` is a no-grad ``forward`` or an ``update`` (forward +
+  backward, + recompute with gradient checkpointing). Each micro-batch takes the larger of its device time and its
+  host time, so a training phase takes ``max(compute, communication, host floor) + offload + optimizer``; where the
+  floor wins, the phase is ``host (launches)``-bound and larger micro-batches would make it faster.
 - **the rollout**: prefill is compute-bound (2 x active parameters x prompt tokens; vLLM prefills a prompt once for
   its ``n`` samples, from its prefix cache); a decode step reads the weights (a mixture of experts: only the experts
   the step's tokens touch, ``E (1 - (1 - k/E)^B)`` per layer for ``B`` tokens) and the KV cache of every row, and
@@ -32,6 +39,8 @@ taken), ``L`` the sequence length:
 Efficiencies are measured on the H200 (the constants below say from which row) and assumed for the other kinds:
 an H100 differs from an H200 in bandwidth only; the Atlas kinds take their published peaks and the H200's
 efficiencies, and their hf engine decodes eagerly (compiled decoding is CUDA-only, ``Backend.compiled_decode``).
+The host floor was read on the H200's x86 host and is assumed for every kind, the Atlas kinds' Arm hosts included
+(never measured there).
 """
 
 from __future__ import annotations
@@ -66,6 +75,17 @@ HOST_ADAM_GB_S = 10.0  # assumed: a rank's share of host memory bandwidth for th
 # scheduler, sampler and log-probs per request; 0.5B shape, 64 rows 4.0 ms, 256 rows 7.3-10.5 ms a step); the hf
 # engine a part per decoder layer (kernel launches and Python; 0.5B shape: eager 19-20 ms, compiled 5.8 ms a step)
 ENGINE_STEP = {"vllm": (2.0e-3, 0.025e-3, 0.0), "hf_compiled": (0.0, 0.0, 0.23e-3), "hf_eager": (0.0, 0.0, 0.78e-3)}
+# Host seconds per decoder layer per micro-batch (Python, aten dispatch, kernel launches), whatever its rows. The
+# forward's from the H200 row "0.5B, vLLM, `bench verl` padded, 8-row micro-batches" (docs/benchmarks.md): its old
+# log-probs took 0.21-0.23 s for 8 micro-batches x 24 layers, where the roofline puts its device work at 0.06 s:
+# 1.15 ms a layer (the hf engine's eager decode, an independent reading, is 0.78 ms a layer a step: ENGINE_STEP).
+# An update's is that times its aten ops per layer over the forward's, counted on a CPU (scripts/count_aten_ops.py:
+# the 0.5B layer layout, 8 left-padded rows of 160 + 256 tokens, plain log-probs: 80 ops a layer in a no-grad
+# forward, 236 in forward + backward, 373 with gradient checkpointing's recompute): 2.95x and 4.66x. Read on the
+# H200's x86 host; assumed for every kind, the Atlas kinds' Arm hosts included (never measured there).
+FORWARD_HOST_LAYER_S = 1.15e-3
+HOST_LAYER_S = {"forward": FORWARD_HOST_LAYER_S, "update": 2.95 * FORWARD_HOST_LAYER_S,
+                "update with recompute": 4.66 * FORWARD_HOST_LAYER_S}
 SEGMENTS = 16  # decode steps are summed in this many segments of equal length (the context grows linearly)
 
 
@@ -126,7 +146,7 @@ class StepWork:
 class PhaseTime:
     name: str
     seconds: float
-    bound: str  # what limits it: compute, memory, engine, communication, host link
+    bound: str  # what limits it: compute, memory, engine, communication, host link, host (launches)
     detail: str = ""
 
 
@@ -230,6 +250,9 @@ def decode_weight_bytes(shape: ModelShape, rows: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- the phases
+HOST_BOUND = "host (launches)"  # a phase bound by the host floor (HOST_LAYER_S)
+
+
 def _bound(parts: dict[str, float]) -> str:
     return max(parts.items(), key=lambda kv: kv[1])[0]
 
@@ -313,10 +336,30 @@ def _gather_seconds(shape: ModelShape, s: TrainSettings, speed: DeviceSpeed, dev
     return shape.num_params * dtype_bytes(dtype) * (s.shard - 1) / s.shard / (link * 1e9)
 
 
+def host_kind(update: bool, gradient_checkpointing: bool) -> str:
+    """The :data:`HOST_LAYER_S` key of a pass: a no-grad forward, or an update (with the recompute when on)."""
+    if not update:
+        return "forward"
+    return "update with recompute" if gradient_checkpointing else "update"
+
+
+@dataclass(frozen=True)
+class TowerWork:
+    """A Qwen-VL vision tower's share of a training phase: its matmul FLOPs over the phase (every pass and epoch),
+    its blocks, and whether it runs in every micro-batch (``per_micro_batch``) or once in the phase (each prompt
+    encoded once); ``kind`` is the :data:`HOST_LAYER_S` key of its calls."""
+
+    flops: float
+    blocks: int
+    per_micro_batch: bool
+    kind: str
+
+
 def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpeed, devices_per_node: int, *,
                 tokens: float, response_tokens: float, context: float, update: bool, lm_head: bool = True,
-                epochs: int = 1) -> PhaseTime:
-    """A forward pass (``update`` False) or an update over ``tokens`` per device, in micro-batches."""
+                epochs: int = 1, tower: TowerWork | None = None) -> PhaseTime:
+    """A forward pass (``update`` False) or an update over ``tokens`` per device, in micro-batches; ``tower``: a
+    Qwen-VL actor's vision tower in this phase."""
     dense, experts = forward_flops(shape, tokens, response_tokens, context, lm_head)
     hbm = forward_bytes(shape, tokens, response_tokens, lm_head)
     passes, byte_passes = 1, 1.0  # forward-equivalents of matmul FLOPs and of elementwise traffic
@@ -328,6 +371,14 @@ def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpe
                + compute_seconds(speed, 0.0, 0.0, hbm) * byte_passes) * epochs
     micro_tokens = (s.micro_tokens if update else s.forward_tokens) / max(s.sp, 1)
     micro_batches = max(1, math.ceil(tokens / micro_tokens)) if micro_tokens > 0 else 1
+    # the host floor: every micro-batch launches every layer's kernels, whatever its rows (HOST_LAYER_S)
+    kind = host_kind(update, s.gradient_checkpointing)
+    layer_calls = micro_batches * epochs * shape.num_layers
+    host = layer_calls * HOST_LAYER_S[kind]
+    if tower is not None:
+        compute += compute_seconds(speed, tower.flops, 0.0, 0.0)
+        tower_calls = micro_batches * epochs if tower.per_micro_batch else 1
+        host += tower_calls * tower.blocks * HOST_LAYER_S[tower.kind]
     gathers = (2 if update else 1) * micro_batches * epochs
     comm = gathers * _gather_seconds(shape, s, speed, devices_per_node, s.param_dtype)
     if update and not s.lora_rank:
@@ -336,8 +387,8 @@ def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpe
     if s.param_offload:
         offload = gathers * shape.num_params * dtype_bytes(s.model_dtype) / max(s.shard, 1) / (
             speed.host_link_gb_s * 1e9)
-    parts = {"compute": compute, "communication": comm, "host link": offload}
-    seconds = max(compute, comm) + offload
+    parts = {"compute": compute, "communication": comm, HOST_BOUND: host, "host link": offload}
+    seconds = max(compute, comm, host) + offload
     if update:
         trained = (shape.lora_params(s.lora_rank) if s.lora_rank else
                    shape.num_params - (shape.vision_params if s.freeze_vision else 0))
@@ -347,6 +398,12 @@ def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpe
         seconds += optimizer
     detail = f"{micro_batches} micro-batch{'es' if micro_batches > 1 else ''}" + (
         f" x {passes} passes" if update else "") + (f" x {epochs} epochs" if epochs > 1 else "")
+    if tower is not None:
+        detail += f"; vision {tower.flops / 1e12:,.1f} TFLOP"
+    if host > max(compute, comm):
+        detail += (f"; host-bound: {layer_calls:,} layer calls x {HOST_LAYER_S[kind] * 1e3:.2f} ms"
+                   + (" + the vision tower's" if tower is not None else "")
+                   + f" = {host:.3g} s > {max(compute, comm):.3g} s on the device; larger micro-batches would help")
     return PhaseTime(name, seconds, _bound(parts), detail)
 
 
@@ -374,16 +431,34 @@ def vision_patches_per_phase(shape: ModelShape, actor: TrainSettings, work: Step
             "actor update": update}
 
 
-def add_vision_seconds(phases: list[PhaseTime], shape: ModelShape, actor: TrainSettings, speed: DeviceSpeed,
-                       work: StepWork, world: int, rollout: RolloutSettings) -> None:
-    """The vision tower's matmul FLOPs added to the phases that run it (compute-bound, at MATMUL_EFFICIENCY)."""
+def tower_work(shape: ModelShape, actor: TrainSettings, work: StepWork, world: int,
+               rollout: RolloutSettings) -> dict[str, TowerWork]:
+    """The vision tower's share of each training phase, by phase name (:func:`vision_patches_per_phase`'s FLOPs).
+    It runs in every micro-batch where it is handed pixels (a trained tower's update; every pass without
+    ``encode_once``) and once in the phase where each prompt is encoded once; a trained tower's calls take the
+    update's backward (and recompute), the others are no-grad forwards."""
     per_patch = shape.vision.forward_flops_per_patch(work.images.patches_per_image)
-    for prefix, (patches, passes) in vision_patches_per_phase(shape, actor, work, world, rollout).items():
-        for phase in phases:
-            if phase.name == prefix and patches:
-                flops = per_patch * patches * passes
-                phase.seconds += compute_seconds(speed, flops, 0.0, 0.0)
-                phase.detail += ("; " if phase.detail else "") + f"vision {flops / 1e12:,.1f} TFLOP"
+    once = work.images.encode_once
+    trained = not actor.freeze_vision and not actor.lora_rank
+    runs = {"actor log-probs": (not once, "forward"), "reference log-probs": (not once, "forward"),
+            "actor update": (True, host_kind(True, actor.gradient_checkpointing)) if trained else (not once,
+                                                                                                 "forward")}
+    return {name: TowerWork(per_patch * patches * passes, shape.vision.depth, *runs[name])
+            for name, (patches, passes) in vision_patches_per_phase(shape, actor, work, world, rollout).items()
+            if name in runs and patches}
+
+
+def add_prefill_vision_seconds(phases: list[PhaseTime], shape: ModelShape, actor: TrainSettings, speed: DeviceSpeed,
+                               work: StepWork, world: int, rollout: RolloutSettings) -> None:
+    """The vision tower's matmul FLOPs added to the rollout's prefill (compute-bound, at MATMUL_EFFICIENCY); the
+    training phases take theirs in :func:`train_phase` (:func:`tower_work`)."""
+    per_patch = shape.vision.forward_flops_per_patch(work.images.patches_per_image)
+    patches, passes = vision_patches_per_phase(shape, actor, work, world, rollout)["rollout: prefill"]
+    for phase in phases:
+        if phase.name == "rollout: prefill" and patches:
+            flops = per_patch * patches * passes
+            phase.seconds += compute_seconds(speed, flops, 0.0, 0.0)
+            phase.detail += ("; " if phase.detail else "") + f"vision {flops / 1e12:,.1f} TFLOP"
 
 
 def engine_kind(rollout: RolloutSettings, speed: DeviceSpeed, work: StepWork) -> str:
@@ -407,19 +482,23 @@ def step_time(*, actor_shape: ModelShape, actor: TrainSettings, ref: TrainSettin
     seq = work.prompt_length + response
     tokens, response_tokens = rows * seq / world, rows * response / world
     args = dict(tokens=tokens, response_tokens=response_tokens, context=seq / 2)
-    phases.append(train_phase("actor log-probs", actor_shape, actor, speed, devices_per_node, update=False, **args))
+    vision = actor_shape.vision is not None and work.images is not None
+    towers = tower_work(actor_shape, actor, work, world, rollout) if vision else {}
+    phases.append(train_phase("actor log-probs", actor_shape, actor, speed, devices_per_node, update=False,
+                              tower=towers.get("actor log-probs"), **args))
     if use_ref:
         phases.append(train_phase("reference log-probs", actor_shape, ref if ref is not None and not ref_in_actor
-                                  else actor, speed, devices_per_node, update=False, **args))
+                                  else actor, speed, devices_per_node, update=False,
+                                  tower=towers.get("reference log-probs"), **args))
     if critic is not None and critic_shape is not None:
         phases.append(train_phase("critic values", critic_shape, critic, speed, devices_per_node, update=False,
                                   lm_head=False, **args))
         phases.append(train_phase("critic update", critic_shape, critic, speed, devices_per_node, update=True,
                                   lm_head=False, epochs=work.critic_epochs, **args))
     phases.append(train_phase("actor update", actor_shape, actor, speed, devices_per_node, update=True,
-                              epochs=work.ppo_epochs, **args))
-    if actor_shape.vision is not None and work.images is not None:
-        add_vision_seconds(phases, actor_shape, actor, speed, work, world, rollout)
+                              epochs=work.ppo_epochs, tower=towers.get("actor update"), **args))
+    if vision:
+        add_prefill_vision_seconds(phases, actor_shape, actor, speed, work, world, rollout)
     notes = []
     if work.prompts != work.train_prompts:
         notes.append(f"(one generation batch of {work.prompts} prompts; dynamic sampling may generate up to "

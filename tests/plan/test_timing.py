@@ -1,6 +1,6 @@
 """The time model (npu_rl/plan/timing.py): FLOPs and bytes by hand on a tiny shape, the decode / prefill bounds, a
-mixture of experts' active experts, monotonicity, the CLI's time lines, and the docs' calibration table and Atlas
-predictions against the code."""
+mixture of experts' active experts, the host floor per micro-batch, monotonicity, the CLI's time lines, and the docs'
+calibration table and Atlas predictions against the code."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from npu_rl.commands.plan import main as plan_main
 from npu_rl.models.synthetic import SHAPES
 from npu_rl.plan import calibration, timing
 from npu_rl.plan.memory import ModelShape, RolloutSettings, TrainSettings
+from npu_rl.plan.vision import ImageLoad, VisionShape
 from npu_rl.plan.timing import (
     SPEEDS,
     StepWork,
+    TowerWork,
     decode_seconds,
     decode_weight_bytes,
     experts_touched,
@@ -211,7 +213,8 @@ LINKS_ONLY = timing.DeviceSpeed(peak_tflops=1e12, hbm_tb_s=1e12, link_gb_s=100.0
                                 host_link_gb_s=5.0, compiled_decode=False, measured=False)
 
 
-def test_fsdp_gathers_reduce_scatters_and_offload_copies_by_hand():
+def test_fsdp_gathers_reduce_scatters_and_offload_copies_by_hand(monkeypatch):
+    monkeypatch.setattr(timing, "HOST_LAYER_S", dict.fromkeys(timing.HOST_LAYER_S, 0.0))  # links only: no host floor
     shape = _shape("qwen2.5-0.5b")
     n = shape.num_params
     s = TrainSettings(shard=8, micro_tokens=1000, forward_tokens=1000)
@@ -246,3 +249,83 @@ def test_vllm_decodes_in_waves_when_its_kv_cache_is_full(monkeypatch):
     # vLLM prefills a prompt once for its n samples (prefix cache); the hf engine prefills every row
     prefill = {p.name: p.detail for p in roomy}["rollout: prefill"]
     assert prefill == f"{64 * 128:,} prompt tokens"
+
+
+# a device of 2 MFLOP/s whose HBM is effectively free: TINY's matmuls take milliseconds, like a small model's launches
+SLOW = timing.DeviceSpeed(peak_tflops=2e-6, hbm_tb_s=1e12, link_gb_s=100.0, inter_node_gb_s=10.0,
+                          host_link_gb_s=5.0, compiled_decode=False, measured=False)
+# 8 tokens, all response, at a mean context of 4: matmuls 2 x 8 x 1,184 = 18,944; attention 4 x 8 x 4 x 8 x 2 layers
+# = 2,048; LM head 2 x 8 x 80 = 1,280: 22,272 FLOPs, 22,272 / (2e6 x 0.80) = 13.92 ms a forward on SLOW
+TINY_WORK = dict(tokens=8, response_tokens=8, context=4)
+TINY_FORWARD_S = 22272 / (2e6 * 0.80)
+
+
+def test_many_small_micro_batches_are_host_bound_and_one_is_device_bound():
+    assert timing.HOST_LAYER_S == {"forward": 1.15e-3, "update": pytest.approx(3.3925e-3),
+                                   "update with recompute": pytest.approx(5.359e-3)}  # 1.15 ms x 2.95, x 4.66
+    one = timing.train_phase("f", TINY, TrainSettings(forward_tokens=8), SLOW, 8, update=False, **TINY_WORK)
+    # one micro-batch: 2 layers x 1.15 ms = 2.3 ms of launches under 13.92 ms on the device
+    assert one.seconds == pytest.approx(TINY_FORWARD_S) and one.bound == "compute"
+    assert "host" not in one.detail
+    eight = timing.train_phase("f", TINY, TrainSettings(forward_tokens=1), SLOW, 8, update=False, **TINY_WORK)
+    # the same work in 8 micro-batches of one token: 8 x 2 layers x 1.15 ms = 18.4 ms > 13.92 ms
+    assert eight.seconds == pytest.approx(8 * 2 * 1.15e-3) and eight.bound == "host (launches)"
+    assert eight.detail == ("8 micro-batches; host-bound: 16 layer calls x 1.15 ms = 0.0184 s > 0.0139 s on the "
+                            "device; larger micro-batches would help")
+
+
+def test_the_update_floor_counts_its_kind_and_epochs():
+    plain = TrainSettings(micro_tokens=1, gradient_checkpointing=False)
+    update = timing.train_phase("u", TINY, plain, SLOW, 8, update=True, epochs=2, **TINY_WORK)
+    # device: 3 forward-equivalents x 13.92 ms x 2 epochs = 83.52 ms; host: 2 epochs x 8 micro-batches x 2 layers x
+    # 1.15 ms x 2.95 = 108.56 ms (the optimizer's 1,352 fp32 parameters x 44 bytes at 1e24 B/s: nothing)
+    assert update.seconds == pytest.approx(2 * 8 * 2 * 1.15e-3 * 2.95) and update.bound == "host (launches)"
+    assert update.detail.startswith("8 micro-batches x 3 passes x 2 epochs; host-bound: 32 layer calls x 3.39 ms")
+    # gradient checkpointing: 4 forward-equivalents on the device (111.36 ms), 4.66 x 1.15 ms a layer on the host
+    ckpt = timing.train_phase("u", TINY, replace(plain, gradient_checkpointing=True), SLOW, 8, update=True,
+                              epochs=2, **TINY_WORK)
+    assert ckpt.seconds == pytest.approx(2 * 8 * 2 * 1.15e-3 * 4.66)
+    # one micro-batch of 8 tokens: 2 x 2 x 1.15 ms x 4.66 = 21.4 ms under the 111.36 ms on the device
+    whole = timing.train_phase("u", TINY, TrainSettings(micro_tokens=8), SLOW, 8, update=True, epochs=2,
+                               **TINY_WORK)
+    assert whole.seconds == pytest.approx(2 * 4 * TINY_FORWARD_S) and whole.bound == "compute"
+
+
+def test_the_vision_towers_blocks_count_in_each_micro_batch_only_where_it_runs_there():
+    s = TrainSettings(forward_tokens=1)  # 8 micro-batches of TINY's 2 layers
+    each = TowerWork(flops=0.0, blocks=3, per_micro_batch=True, kind="forward")
+    # handed pixels in every micro-batch: 8 x (2 layers + 3 blocks) x 1.15 ms = 46 ms
+    assert timing.train_phase("f", TINY, s, SLOW, 8, update=False, tower=each, **TINY_WORK).seconds == \
+        pytest.approx(8 * 5 * 1.15e-3)
+    # encoded once in the pass: 8 x 2 layers + 3 blocks, x 1.15 ms = 21.85 ms
+    once = replace(each, per_micro_batch=False)
+    assert timing.train_phase("f", TINY, s, SLOW, 8, update=False, tower=once, **TINY_WORK).seconds == \
+        pytest.approx(19 * 1.15e-3)
+    # the tower's FLOPs are device work of the same pass: 2.24 MFLOP / 1.6 MFLOP/s = 1.4 s, the device's
+    heavy = replace(once, flops=2.24e6)
+    phase = timing.train_phase("f", TINY, s, SLOW, 8, update=False, tower=heavy, **TINY_WORK)
+    assert phase.seconds == pytest.approx(TINY_FORWARD_S + 1.4) and phase.bound == "compute"
+    assert "vision 0.0 TFLOP" in phase.detail
+
+
+def test_which_passes_run_the_tower_in_every_micro_batch():
+    vision = VisionShape("qwen2_vl", depth=3, hidden_size=8, intermediate_size=16, num_heads=2, out_hidden_size=8,
+                         patch_size=2, temporal_patch_size=1, spatial_merge_size=2, in_channels=1)
+    shape = replace(TINY, vision=vision)
+    work = _work(images=ImageLoad(images_per_prompt=1, patches_per_image=4, source="test", encode_once=True))
+
+    def runs(actor, work):
+        towers = timing.tower_work(shape, actor, work, 1, RolloutSettings())
+        return {name: (t.blocks, t.per_micro_batch, t.kind) for name, t in towers.items()}
+
+    # encoded once: the no-grad passes run it once; a trained tower runs (and trains) in every update micro-batch
+    assert runs(TrainSettings(), work) == {"actor log-probs": (3, False, "forward"),
+                                           "reference log-probs": (3, False, "forward"),
+                                           "actor update": (3, True, "update with recompute")}
+    # a frozen tower encoded once: once in the update too, without gradient
+    assert runs(TrainSettings(freeze_vision=True), work)["actor update"] == (3, False, "forward")
+    # handed pixels (transformers < 5.19): every micro-batch of every pass
+    per_micro = replace(work, images=replace(work.images, encode_once=False))
+    assert runs(TrainSettings(freeze_vision=True), per_micro) == {
+        "actor log-probs": (3, True, "forward"), "reference log-probs": (3, True, "forward"),
+        "actor update": (3, True, "forward")}
