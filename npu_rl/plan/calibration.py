@@ -172,7 +172,7 @@ ROWS = [
                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
                     "actor_rollout_ref.model.use_remove_padding=False"],
                 {"old": _same(0.21, 0.23), "update": _same(1.30, 1.42), "step": _same(2.50, 2.89)},
-                mean_prompt_length=144, peak_gib=81.4,
+                mean_prompt_length=144, peak_gib=81.4, fit="old (host floor)",
                 note="SDPA with left padding; 400 tokens a row from its tokens/s"),
     MeasuredRow("the same on an H100 (2026-12-07)", "Side by side with verl (ours, attempts 2 and 3)", "qwen2.5-0.5b",
                 [k for k in _BENCH if "micro_batch" not in k and "fused" not in k] + _VLLM + [
