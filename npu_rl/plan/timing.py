@@ -17,6 +17,9 @@ taken), ``L`` the sequence length:
   (+1)`` passes of the elementwise traffic, times ``ppo_epochs``; plus the AdamW step,
   memory-bound: ``OPTIMIZER_BYTES`` per trained parameter (sharded) over HBM, or over the host's memory with
   ``param_offload`` (the step runs on the CPU).
+- **a Qwen-VL tower** (npu_rl/plan/vision.py): its matmul FLOPs per patch (window and full attention included) and
+  its blocks' elementwise traffic, ``ELEMENTWISE_BYTES`` per hidden element per block as the decoder's, in every
+  phase that runs it (:func:`tower_work`; the prefill: :func:`add_prefill_vision_seconds`).
 - **FSDP2** (``shard`` > 1): every micro-batch gathers the layers (bf16) once per forward, again for the backward,
   and reduce-scatters the gradients (``reduce_dtype``); these overlap compute, so a pass takes the larger of the two.
   ``param_offload`` adds the shard's host-to-device copy per gather (not overlapped).
@@ -353,6 +356,7 @@ class TowerWork:
     blocks: int
     per_micro_batch: bool
     kind: str
+    hbm_bytes: float = 0.0  # its blocks' elementwise traffic (tower_bytes_per_patch), every pass and epoch
 
 
 def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpeed, devices_per_node: int, *,
@@ -376,7 +380,7 @@ def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpe
     layer_calls = micro_batches * epochs * shape.num_layers
     host = layer_calls * HOST_LAYER_S[kind]
     if tower is not None:
-        compute += compute_seconds(speed, tower.flops, 0.0, 0.0)
+        compute += compute_seconds(speed, tower.flops, 0.0, tower.hbm_bytes)
         tower_calls = micro_batches * epochs if tower.per_micro_batch else 1
         host += tower_calls * tower.blocks * HOST_LAYER_S[tower.kind]
     gathers = (2 if update else 1) * micro_batches * epochs
@@ -438,26 +442,43 @@ def tower_work(shape: ModelShape, actor: TrainSettings, work: StepWork, world: i
     ``encode_once``) and once in the phase where each prompt is encoded once; a trained tower's calls take the
     update's backward (and recompute), the others are no-grad forwards."""
     per_patch = shape.vision.forward_flops_per_patch(work.images.patches_per_image)
+    bytes_per_patch = tower_bytes_per_patch(shape)
     once = work.images.encode_once
     trained = not actor.freeze_vision and not actor.lora_rank
     runs = {"actor log-probs": (not once, "forward"), "reference log-probs": (not once, "forward"),
             "actor update": (True, host_kind(True, actor.gradient_checkpointing)) if trained else (not once,
                                                                                                  "forward")}
-    return {name: TowerWork(per_patch * patches * passes, shape.vision.depth, *runs[name])
-            for name, (patches, passes) in vision_patches_per_phase(shape, actor, work, world, rollout).items()
-            if name in runs and patches}
+    # elementwise traffic: a forward's per no-grad pass; a trained tower's update moves 1 + BACKWARD_BYTES_FACTOR
+    # (+ 1 recomputed) forwards' worth an epoch, as the decoder's (train_phase)
+    recompute = 1 if actor.gradient_checkpointing else 0
+    update_byte_passes = (1 + BACKWARD_BYTES_FACTOR + recompute) * work.ppo_epochs
+    works = {}
+    for name, (patches, passes) in vision_patches_per_phase(shape, actor, work, world, rollout).items():
+        if name not in runs or not patches:
+            continue
+        byte_passes = update_byte_passes if name == "actor update" and trained else passes
+        works[name] = TowerWork(per_patch * patches * passes, shape.vision.depth, *runs[name],
+                                hbm_bytes=bytes_per_patch * patches * byte_passes)
+    return works
+
+
+def tower_bytes_per_patch(shape: ModelShape) -> float:
+    """HBM traffic of one patch's forward through a Qwen-VL tower's blocks beyond its matmuls: the blocks have the
+    decoder layers' elementwise structure (norms, rotary, the gated MLP's activation, residuals, casts), so
+    ``ELEMENTWISE_BYTES`` per hidden element per block, as :func:`forward_bytes` counts for the decoder."""
+    return shape.vision.depth * shape.vision.hidden_size * ELEMENTWISE_BYTES
 
 
 def add_prefill_vision_seconds(phases: list[PhaseTime], shape: ModelShape, actor: TrainSettings, speed: DeviceSpeed,
                                work: StepWork, world: int, rollout: RolloutSettings) -> None:
-    """The vision tower's matmul FLOPs added to the rollout's prefill (compute-bound, at MATMUL_EFFICIENCY); the
-    training phases take theirs in :func:`train_phase` (:func:`tower_work`)."""
+    """The vision tower's matmul FLOPs (at MATMUL_EFFICIENCY) and elementwise traffic (:func:`tower_bytes_per_patch`)
+    added to the rollout's prefill; the training phases take theirs in :func:`train_phase` (:func:`tower_work`)."""
     per_patch = shape.vision.forward_flops_per_patch(work.images.patches_per_image)
     patches, passes = vision_patches_per_phase(shape, actor, work, world, rollout)["rollout: prefill"]
     for phase in phases:
         if phase.name == "rollout: prefill" and patches:
             flops = per_patch * patches * passes
-            phase.seconds += compute_seconds(speed, flops, 0.0, 0.0)
+            phase.seconds += compute_seconds(speed, flops, 0.0, tower_bytes_per_patch(shape) * patches * passes)
             phase.detail += ("; " if phase.detail else "") + f"vision {flops / 1e12:,.1f} TFLOP"
 
 

@@ -329,3 +329,27 @@ def test_which_passes_run_the_tower_in_every_micro_batch():
     assert runs(TrainSettings(freeze_vision=True), per_micro) == {
         "actor log-probs": (3, True, "forward"), "reference log-probs": (3, True, "forward"),
         "actor update": (3, True, "forward")}
+
+
+def test_the_towers_elementwise_traffic_is_the_decoders_per_block_by_hand():
+    vision = VisionShape("qwen2_vl", depth=3, hidden_size=8, intermediate_size=16, num_heads=2, out_hidden_size=8,
+                         patch_size=2, temporal_patch_size=1, spatial_merge_size=2, in_channels=1)
+    shape = replace(TINY, vision=vision)
+    # 3 blocks x 8 hidden x 110 bytes = 2,640 bytes a patch a forward
+    assert timing.tower_bytes_per_patch(shape) == 3 * 8 * timing.ELEMENTWISE_BYTES == 2640
+    work = _work(images=ImageLoad(images_per_prompt=1, patches_per_image=4, source="test", encode_once=True))
+    towers = timing.tower_work(shape, TrainSettings(), work, 1, RolloutSettings())
+    # encoded once: 16 prompts x 4 patches through one forward
+    assert towers["actor log-probs"].hbm_bytes == 16 * 4 * 2640
+    # a trained tower with checkpointing: 64 rows x 4 patches, 1 + 3 (backward) + 1 (recompute) forwards' traffic
+    assert towers["actor update"].hbm_bytes == 64 * 4 * 2640 * 5
+    frozen = timing.tower_work(shape, TrainSettings(freeze_vision=True), work, 1, RolloutSettings())
+    assert frozen["actor update"].hbm_bytes == 16 * 4 * 2640  # once, no gradient
+    # the traffic is device time of its phase: at 1 TB/s over SLOW's 1e12 TB/s it is nothing, at 1e-9 TB/s 1 s a kB
+    trickle = replace(SLOW, hbm_tb_s=1e-9)
+    tower = TowerWork(flops=0.0, blocks=3, per_micro_batch=False, kind="forward", hbm_bytes=2000.0)
+    phase = timing.train_phase("f", TINY, TrainSettings(forward_tokens=8), trickle, 8, update=False, tower=tower,
+                               **TINY_WORK)
+    no_tower = timing.train_phase("f", TINY, TrainSettings(forward_tokens=8), trickle, 8, update=False,
+                                  **TINY_WORK)
+    assert phase.seconds - no_tower.seconds == pytest.approx(2.0)
