@@ -407,7 +407,9 @@ def train_phase(name: str, shape: ModelShape, s: TrainSettings, speed: DeviceSpe
     if host > max(compute, comm):
         detail += (f"; host-bound: {layer_calls:,} layer calls x {HOST_LAYER_S[kind] * 1e3:.2f} ms"
                    + (" + the vision tower's" if tower is not None else "")
-                   + f" = {host:.3g} s > {max(compute, comm):.3g} s on the device; larger micro-batches would help")
+                   + f" = {host:.3g} s > {max(compute, comm):.3g} s on the device; "
+                   + ("larger micro-batches would help" if micro_batches > 1 else
+                      "one micro-batch already: the model is too small to keep the device busy"))
     return PhaseTime(name, seconds, _bound(parts), detail)
 
 

@@ -267,6 +267,11 @@ def test_many_small_micro_batches_are_host_bound_and_one_is_device_bound():
     # one micro-batch: 2 layers x 1.15 ms = 2.3 ms of launches under 13.92 ms on the device
     assert one.seconds == pytest.approx(TINY_FORWARD_S) and one.bound == "compute"
     assert "host" not in one.detail
+    # one micro-batch that is still host-bound: nothing to gain from larger micro-batches, and the detail says so
+    alone = timing.train_phase("f", TINY, TrainSettings(forward_tokens=8), replace(SLOW, peak_tflops=1.0), 8,
+                               update=False, **TINY_WORK)
+    assert alone.bound == "host (launches)" and alone.detail.endswith(
+        "one micro-batch already: the model is too small to keep the device busy")
     eight = timing.train_phase("f", TINY, TrainSettings(forward_tokens=1), SLOW, 8, update=False, **TINY_WORK)
     # the same work in 8 micro-batches of one token: 8 x 2 layers x 1.15 ms = 18.4 ms > 13.92 ms
     assert eight.seconds == pytest.approx(8 * 2 * 1.15e-3) and eight.bound == "host (launches)"
