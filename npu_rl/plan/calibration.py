@@ -57,6 +57,14 @@ _BENCH = ["preset=grpo", "data.train_batch_size=16", "data.max_prompt_length=128
 _HF, _VLLM = ["actor_rollout_ref.rollout.name=hf"], ["actor_rollout_ref.rollout.name=vllm"]
 _NOCKPT = ["actor_rollout_ref.model.enable_gradient_checkpointing=False"]
 _EAGER = ["actor_rollout_ref.rollout.enforce_eager=True"]
+# `npu-rl bench verl`'s padded job (verl's unfused log-probs, 8-row micro-batches, SDPA with left padding), and the
+# q05 row's sizes on it (_BENCH's, longer prompts)
+_VERL_8_ROW_PADDED = ["actor_rollout_ref.actor.use_kl_loss=False",
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+                      "actor_rollout_ref.model.use_remove_padding=False"]
+_BENCH_VERL_PADDED = ([k for k in _BENCH if "micro_batch" not in k and "fused" not in k] + _VLLM
+                      + ["data.max_prompt_length=160"] + _VERL_8_ROW_PADDED)
 _MOE_STEP = ["preset=grpo", "data.train_batch_size=32", "data.max_prompt_length=128", "data.max_response_length=256",
              "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
@@ -166,20 +174,12 @@ ROWS = [
                 mean_prompt_length=54, note="gen is generation alone here, sync apart"),
     MeasuredRow("0.5B, vLLM, `bench verl` padded, 8-row micro-batches, plain log-probs",
                 "Side by side with verl (ours, attempts 2 and 3)", "qwen2.5-0.5b",
-                [k for k in _BENCH if "micro_batch" not in k and "fused" not in k] + _VLLM + [
-                    "data.max_prompt_length=160", "actor_rollout_ref.actor.use_kl_loss=False",
-                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-                    "actor_rollout_ref.model.use_remove_padding=False"],
+                _BENCH_VERL_PADDED,
                 {"old": _same(0.21, 0.23), "update": _same(1.30, 1.42), "step": _same(2.50, 2.89)},
                 mean_prompt_length=144, peak_gib=81.4, fit="old (host floor)",
                 note="SDPA with left padding; 400 tokens a row from its tokens/s"),
     MeasuredRow("the same on an H100 (2026-12-07)", "Side by side with verl (ours, attempts 2 and 3)", "qwen2.5-0.5b",
-                [k for k in _BENCH if "micro_batch" not in k and "fused" not in k] + _VLLM + [
-                    "data.max_prompt_length=160", "actor_rollout_ref.actor.use_kl_loss=False",
-                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-                    "actor_rollout_ref.model.use_remove_padding=False"],
+                _BENCH_VERL_PADDED,
                 {"gen": _same(1.05), "old": _same(0.25), "update": _same(1.37), "step": _same(2.68)},
                 mean_prompt_length=147, peak_gib=51.1, device="h100", grad_cast_copy=False,
                 note="row q05, steps 2-3"),
@@ -188,11 +188,8 @@ ROWS = [
                 [k for k in _BENCH if "micro_batch" not in k and "fused" not in k and "batch_size" not in k
                  and "rollout.n=" not in k and "_length=" not in k] + _VLLM + [
                     "data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-                    "actor_rollout_ref.rollout.n=8", "data.max_prompt_length=1056", "data.max_response_length=1024",
-                    "actor_rollout_ref.actor.use_kl_loss=False",
-                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-                    "actor_rollout_ref.model.use_remove_padding=False"],
+                    "actor_rollout_ref.rollout.n=8", "data.max_prompt_length=1056", "data.max_response_length=1024"]
+                + _VERL_8_ROW_PADDED,
                 {"gen": _same(5.96), "old": _same(2.27), "update": _same(7.17), "step": _same(15.46, 15.49)},
                 mean_prompt_length=1043, peak_gib=60.0, device="h100", grad_cast_copy=False,
                 note="row q05-1k, steps 2-3"),
