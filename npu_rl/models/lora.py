@@ -342,9 +342,10 @@ def unwrap_expert_adapters(peft_model: nn.Module) -> list[str]:
     ``down_proj``, and ``all-linear``, which expands to them) into ``target_parameters`` on the stacked 3-D experts
     (``mlp.experts.gate_up_proj`` ...) and wraps the experts module in ``ParamWrapper`` layers. npu-rl's weight sync,
     merge and vLLM's LoRA path take adapters of linear layers only, so those wrappers are replaced by the experts
-    module they wrap, and the adapter's config no longer lists the parameters. The same conversion takes those names
-    away from linear layers that share them (a shared expert's or a dense layer's ``gate_proj``): on an MoE model
-    those get no adapter either (docs/moe.md).
+    module they wrap, and the adapter's config no longer lists the parameters (nor the rank and alpha the conversion
+    set for them). Linear layers that share those names (a DeepSeek-V3 shared expert's or dense layer's
+    ``gate_proj``) keep their adapters: PEFT >= 0.22 leaves them targeted (PEFT 0.21 took them off, hence the floor in
+    pyproject.toml; docs/moe.md).
     """
     unwrapped = []
     for name, module in list(peft_model.named_modules()):
@@ -357,8 +358,15 @@ def unwrap_expert_adapters(peft_model: nn.Module) -> list[str]:
         setattr(peft_model.get_submodule(parent_name) if parent_name else peft_model, child, inner)
         unwrapped.append(name)
     for config in getattr(peft_model, "peft_config", {}).values():
-        if getattr(config, "target_parameters", None):
+        fused = {name.rsplit(".", 1)[-1] for name in getattr(config, "target_parameters", None) or ()}
+        if fused:
             config.target_parameters = None
+            # the conversion's rank and alpha for the fused experts (r x 2 on gate_up_proj) no longer match anything
+            patterns = {rf".*\.{re.escape(name)}" for name in fused}
+            for attr in ("rank_pattern", "alpha_pattern"):
+                table = getattr(config, attr, None)
+                if table:
+                    setattr(config, attr, {k: v for k, v in table.items() if k not in patterns})
     return unwrapped
 
 

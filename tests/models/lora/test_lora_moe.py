@@ -15,6 +15,12 @@ from tests.models.moe_models import tiny_moe
 
 ATTENTION = {"qwen3_moe": {"q_proj", "k_proj", "v_proj", "o_proj"},
              "deepseek_v3": {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}}
+# the linear layers of a DeepSeek-V3 MLP outside the routed experts: its dense first layer's and its shared experts'
+# (tiny_moe: first_k_dense_replace=1, three layers)
+DENSE_MLP = {"qwen3_moe": set(),
+             "deepseek_v3": {f"model.layers.{i}.mlp{part}.{proj}" for i, part in ((0, ""), (1, ".shared_experts"),
+                                                                        (2, ".shared_experts"))
+                             for proj in ("gate_proj", "up_proj", "down_proj")}}
 
 
 @pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])
@@ -25,8 +31,10 @@ def test_experts_stay_frozen_and_the_adapter_round_trips(tmp_path, kind):
     plain = {n: t.clone() for n, t in base.state_dict().items()}
     model = apply_lora(base, LoraSpec(rank=4, alpha=8, target_modules="all-linear"), base_path=base_dir)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable}
-    assert adapted == ATTENTION[kind], adapted  # no "experts", no router
+    layers = {n.split(".lora_")[0].removeprefix("base_model.model.") for n in trainable}
+    attention = {n for n in layers if ".self_attn." in n}
+    assert {n.rsplit(".", 1)[-1] for n in attention} == ATTENTION[kind], attention
+    assert layers - attention == DENSE_MLP[kind], layers - attention  # no routed "experts", no router
     assert all("lora_" in n for n in trainable)
     assert not any(type(m).__name__ == "ParamWrapper" for m in model.modules())
     # train the adapter a little: the experts do not move, the merged weights do
@@ -41,10 +49,13 @@ def test_experts_stay_frozen_and_the_adapter_round_trips(tmp_path, kind):
     experts = [n for n in plain if ".experts." in n]
     assert experts and all(torch.equal(merged[n], plain[n]) for n in experts)
     assert any(not torch.equal(merged[n], plain[n]) for n in plain if n.endswith("o_proj.weight"))
+    assert all(not torch.equal(merged[f"{n}.weight"], plain[f"{n}.weight"]) for n in DENSE_MLP[kind])
     # save -> adapter_config.json names no expert parameter; the reload gives the same merged weights
     out = save_adapter(model, str(tmp_path / "adapter"), base_path=base_dir)
     with open(os.path.join(out, "adapter_config.json")) as f:
-        assert not json.load(f).get("target_parameters")
+        saved = json.load(f)
+    assert not saved.get("target_parameters")
+    assert not any("gate_up_proj" in k for k in {**saved["rank_pattern"], **saved["alpha_pattern"]})
     reloaded = dict(merged_named_weights(load_adapter_model(base_dir, out)))
     for name, tensor in merged.items():
         torch.testing.assert_close(reloaded[name], tensor, msg=name)
