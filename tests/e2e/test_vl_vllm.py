@@ -5,7 +5,7 @@ actor's forward.
 vLLM's Qwen-VL modules import torchvision; PyPI's torchvision is a CUDA build that cannot import beside the CPU torch
 (npu_rl.rollout.vllm_images.check_torchvision), so this file is skipped where ``import torchvision`` fails. Run it on
 a CPU box with a CPU torchvision, or with the probe recipe in docs/vl.md (PyPI's wheel unpacked into a temp folder,
-its meta registrations skipped), or on a GPU host with vLLM.
+its meta registrations skipped: CI's vl-vllm lane in .ci/run does that), or on a GPU host with vLLM.
 """
 
 from __future__ import annotations
