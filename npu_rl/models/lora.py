@@ -331,7 +331,25 @@ def _wrap(model: nn.Module, spec: LoraSpec, base_path: str | None, seed: int) ->
             torch.manual_seed(seed)
             peft_model = get_peft_model(model, config, autocast_adapter_dtype=False)
     unwrap_expert_adapters(peft_model)
+    if not spec.adapter_path:  # a loaded adapter brings its own targets (check_adapter)
+        check_every_target_adapted(peft_model, chosen, spec.key)
     return peft_model
+
+
+def check_every_target_adapted(peft_model: nn.Module, chosen: list[str], key: str) -> None:
+    """Every linear layer ``target_modules`` names got an adapter, or a clear error: PEFT may drop targets on its
+    own (0.21 and older, under transformers 5, took a DeepSeek-V3 shared expert's and dense layers' ``gate_proj`` /
+    ``up_proj`` / ``down_proj`` off with the routed experts'), and a run would train fewer layers than asked."""
+    adapted = {name.removeprefix("base_model.model.") for name, _ in lora_layers(peft_model)}
+    missing = [name for name in chosen if name not in adapted]
+    if missing:
+        import peft
+
+        raise LoraConfigError(
+            f"{key}.target_modules: PEFT {peft.__version__} put no adapter on {len(missing)} of the {len(chosen)} "
+            f"linear layers it names ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); PEFT 0.21 and "
+            "older drop a mixture-of-experts model's shared-expert and dense-layer projections: pip install "
+            "'peft>=0.22'")
 
 
 def unwrap_expert_adapters(peft_model: nn.Module) -> list[str]:

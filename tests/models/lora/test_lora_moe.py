@@ -59,3 +59,21 @@ def test_experts_stay_frozen_and_the_adapter_round_trips(tmp_path, kind):
     reloaded = dict(merged_named_weights(load_adapter_model(base_dir, out)))
     for name, tensor in merged.items():
         torch.testing.assert_close(reloaded[name], tensor, msg=name)
+
+
+def test_a_target_peft_left_without_an_adapter_is_an_error(tmp_path):
+    """PEFT 0.21 took the shared experts' and dense layers' projections off along with the routed experts'; a run
+    must not go on training fewer layers than target_modules names."""
+    from npu_rl.models.lora import LoraConfigError, check_every_target_adapted, resolve_target_modules
+
+    base = tiny_moe("deepseek_v3", 0)
+    chosen = resolve_target_modules(base, "all-linear")
+    model = apply_lora(base, LoraSpec(rank=4, alpha=8, target_modules="all-linear"))
+    check_every_target_adapted(model, chosen, "actor_rollout_ref.model")  # all there
+    shared = "model.layers.1.mlp.shared_experts.gate_proj"
+    peft_layer = model.get_submodule(f"base_model.model.{shared}")
+    parent, _, child = f"base_model.model.{shared}".rpartition(".")
+    setattr(model.get_submodule(parent), child, peft_layer.get_base_layer())  # as PEFT 0.21 left it
+    with pytest.raises(LoraConfigError, match=r"target_modules: PEFT .* no adapter on 1 of the .*shared_experts"
+                                              r"\.gate_proj.*peft>=0\.22"):
+        check_every_target_adapted(model, chosen, "actor_rollout_ref.model")
